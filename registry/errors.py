@@ -1,0 +1,515 @@
+"""One exception tree for every refusal capgate makes.
+
+Each class registers a stable machine-readable ``code`` (``CG1xx`` registry,
+``CG2xx`` authorization and gates, ``CG3xx`` execution, ``CG4xx``
+reconciliation and ledger, ``CG5xx`` DDL, ``CG9xx`` configuration) and the CLI
+exit code it maps to.  The class docstring is the long explanation that
+``capgate explain CODE`` prints, so it says what failed and how to fix it.
+
+Details travel as attributes (``details``), not only in the message, so that
+the CLI's ``--json`` output and the MCP server can hand them to a machine.
+
+This module lives in ``registry`` because ``registry`` is the lowest layer:
+``executor`` and ``ddl`` import it, and it imports nothing of theirs.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, ClassVar
+
+EXIT_OK = 0
+EXIT_REFUSED = 1
+EXIT_USAGE = 2
+EXIT_UNKNOWN = 3
+EXIT_APPROVAL_REQUIRED = 4
+
+_BY_CODE: dict[str, type[CapgateError]] = {}
+
+
+class CapgateError(Exception):
+    """The root of every error capgate raises on purpose.
+
+    Catch this one class to handle any refusal; read ``code`` to tell them
+    apart, ``exit_code`` to map to a process status and ``details`` for the
+    structured facts behind the message.
+    """
+
+    code: ClassVar[str] = "CG000"
+    exit_code: ClassVar[int] = EXIT_REFUSED
+    retryable: ClassVar[bool] = False
+
+    def __init_subclass__(
+        cls,
+        code: str | None = None,
+        exit_code: int | None = None,
+        retryable: bool | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init_subclass__(**kwargs)
+        if code is not None:
+            if code in _BY_CODE:
+                raise TypeError(f"error code {code} is already taken by {_BY_CODE[code].__name__}")
+            cls.code = code
+            _BY_CODE[code] = cls
+        if exit_code is not None:
+            cls.exit_code = exit_code
+        if retryable is not None:
+            cls.retryable = retryable
+
+    def __init__(self, message: str, **details: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details: dict[str, Any] = details
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.message}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The shape the CLI prints with ``--json`` and the MCP server returns."""
+        return {
+            "error": type(self).__name__,
+            "code": self.code,
+            "message": self.message,
+            "retryable": self.retryable,
+            "details": self.details,
+        }
+
+
+def lookup(code: str) -> type[CapgateError]:
+    """Return the class registered for ``code`` (e.g. ``"CG140"``)."""
+    try:
+        return _BY_CODE[code.upper()]
+    except KeyError:
+        raise UnknownErrorCode(f"no error has code {code!r}; see `capgate explain --all`") from None
+
+
+def all_codes() -> list[type[CapgateError]]:
+    """Every registered error class, ordered by code."""
+    return [_BY_CODE[k] for k in sorted(_BY_CODE)]
+
+
+def explain(code: str) -> str:
+    """The long explanation of one code, taken from its class docstring."""
+    cls = lookup(code)
+    doc = inspect.cleandoc(cls.__doc__ or "")
+    return f"{cls.code} {cls.__name__} (exit {cls.exit_code})\n\n{doc}\n"
+
+
+class UsageError(CapgateError, code="CG900", exit_code=EXIT_USAGE):
+    """The command was called wrongly: a missing argument, a malformed value.
+
+    Read the command's ``--help`` and call it again.
+    """
+
+
+class UnknownErrorCode(UsageError, code="CG901"):
+    """``capgate explain`` was given a code that no error carries.
+
+    ``capgate explain --all`` lists every code.
+    """
+
+
+class ConfigError(CapgateError, code="CG902", exit_code=EXIT_USAGE):
+    """The configuration (``capgate.toml`` or its environment overrides) is invalid.
+
+    The message names the file and the key.  Fix the value; nothing was
+    executed.
+    """
+
+
+# --- registry (CG1xx) --------------------------------------------------------
+
+
+class RegistryError(CapgateError, code="CG100"):
+    """A capability file could not be loaded or is invalid.
+
+    Each problem is reported as ``path:line:col: CODE: field: message``; fix
+    them in the file and run ``capgate validate`` again.  An invalid file
+    registers nothing.
+    """
+
+    def __init__(self, message: str, problems: list[Problem] | None = None, **details: Any) -> None:
+        super().__init__(message, **details)
+        self.problems: list[Problem] = problems or []
+
+    def to_dict(self) -> dict[str, Any]:
+        d = super().to_dict()
+        d["problems"] = [p.to_dict() for p in self.problems]
+        return d
+
+
+class Problem:
+    """One located finding in a capability file (not an exception itself)."""
+
+    __slots__ = ("code", "col", "field", "line", "message", "path")
+
+    def __init__(self, path: str, line: int, col: int, code: str, field: str, message: str):
+        self.path = path
+        self.line = line
+        self.col = col
+        self.code = code
+        self.field = field
+        self.message = message
+
+    def render(self) -> str:
+        return f"{self.path}:{self.line}:{self.col}: {self.code}: {self.field}: {self.message}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "line": self.line,
+            "col": self.col,
+            "code": self.code,
+            "field": self.field,
+            "message": self.message,
+        }
+
+    def __repr__(self) -> str:
+        return f"Problem({self.render()!r})"
+
+
+# Codes for located findings.  They are registered as classes so that
+# ``capgate explain`` knows them; the loader reports them as Problems.
+
+
+class YamlSyntax(RegistryError, code="CG101"):
+    """The file is not valid YAML (or uses a duplicate key, an alias, a tag).
+
+    Fix the syntax at the reported line; capability files use plain block YAML.
+    """
+
+
+class UnknownKey(RegistryError, code="CG102"):
+    """A key that the capability schema does not know.
+
+    Unknown keys are errors so that a typo (``expect_row``) never silently
+    drops a check.  See the capability file format in the README.
+    """
+
+
+class MissingField(RegistryError, code="CG103"):
+    """A required field is missing from a row or one of its parts."""
+
+
+class InvalidValue(RegistryError, code="CG104"):
+    """A field has the wrong type or a value outside what the schema allows.
+
+    The message says what was expected and what was found, e.g. an expected
+    row count must be an integer or a range ``{min: 0, max: 1}``.
+    """
+
+
+class UnknownBind(RegistryError, code="CG110"):
+    """A ``:bind`` in SQL names no input property.
+
+    Every bind must be declared in the row's ``input.properties``; inputs are
+    the only values SQL can take, and they are always bound, never spliced.
+    """
+
+
+class UnusedInput(RegistryError, code="CG111"):
+    """A required input is used by no statement, check, target or key.
+
+    An input nobody reads is usually a typo in a bind name; remove it or use it.
+    """
+
+
+class OpenInputContract(RegistryError, code="CG112"):
+    """The row's ``input`` schema does not say ``additionalProperties: false``.
+
+    An open contract would accept fields the reviewer never saw.
+    """
+
+
+class MissingStatements(RegistryError, code="CG113"):
+    """A write row has no statements, or a statement has no expected count.
+
+    Every writing statement declares ``expect_rows`` (an integer or a range);
+    a mismatch at run time rolls the call back.
+    """
+
+
+class MissingCompensation(RegistryError, code="CG114"):
+    """A ``compensable`` row declares no ``compensation`` statements.
+
+    Compensation must be written (and reviewed) before the write runs.
+    """
+
+
+class MissingApproverRoles(RegistryError, code="CG115"):
+    """A ``gate`` row names no ``approver_roles``; nobody could approve it."""
+
+
+class UnknownKeyField(RegistryError, code="CG116"):
+    """The ``idempotency_key`` template names a field that is not an input.
+
+    Allowed fields are ``{case}``, ``{operation_id}``, ``{version}`` and the
+    row's input properties.
+    """
+
+
+class WritingRead(RegistryError, code="CG117"):
+    """A ``read`` row (or a verify, replay or probe query) contains a writing statement.
+
+    Reads run in a read-only transaction; move the write to a write row.
+    """
+
+
+class DuplicateRow(RegistryError, code="CG118"):
+    """Two rows share the same ``(operation_id, version)``."""
+
+
+class UndeclaredConnector(RegistryError, code="CG119"):
+    """A row names a ``connector`` that its file does not declare under ``connectors:``."""
+
+
+class SqlParseError(RegistryError, code="CG120"):
+    """A SQL text could not be parsed, so its effect cannot be classified."""
+
+
+class UnknownTargetKey(RegistryError, code="CG121"):
+    """``target.keys`` names a field that is not an input property."""
+
+
+class ShapeMismatch(RegistryError, code="CG122"):
+    """The row's ``shape`` and its parts disagree.
+
+    Leased rows declare ``steps``; collapsed rows declare ``statements``;
+    ``ddl`` rows declare ``ddl`` objects; reads have no shape.
+    """
+
+
+class UnknownStep(RegistryError, code="CG123"):
+    """A leased step's check branches to a step name that does not exist later in the row."""
+
+
+class LockMismatch(RegistryError, code="CG130"):
+    """A locked row changed without a new version.
+
+    A published row is immutable.  Copy it, give the copy ``version: N+1``,
+    keep or retire the old one, then run ``capgate lock``.
+    """
+
+
+class VersionNotIncreasing(RegistryError, code="CG131"):
+    """A new version is not greater than every earlier version of the operation."""
+
+
+class LockFileInvalid(RegistryError, code="CG132"):
+    """``capabilities.lock`` cannot be read.  Regenerate it with ``capgate lock``."""
+
+
+class LockedRowMissing(RegistryError, code="CG133"):
+    """A row pinned in ``capabilities.lock`` is gone from the files.
+
+    Published rows are retired (``retired: true``), never deleted.
+    """
+
+
+class UnknownOperation(CapgateError, code="CG140"):
+    """No capability row declares this operation.
+
+    capgate fails closed: an unlisted operation is a capability gap to
+    escalate to a DBA, never a reason to improvise SQL.
+    """
+
+
+class UnknownVersion(CapgateError, code="CG141"):
+    """The operation exists but not at the requested version.
+
+    ``capgate list`` shows the registered versions.
+    """
+
+
+class RetiredRow(CapgateError, code="CG142"):
+    """The requested row is retired: kept for the record, refused at call time.
+
+    Call the current version instead.
+    """
+
+
+class EnvironmentNotAllowed(CapgateError, code="CG143"):
+    """The row does not allow the connector's environment (e.g. ``prod``).
+
+    The row's ``environments`` list is reviewed by a DBA; change it there.
+    """
+
+
+class CapabilityPathError(RegistryError, code="CG150"):
+    """A capability path does not exist or holds no capability files."""
+
+
+# --- authorization and gates (CG2xx) ------------------------------------------
+
+
+class NotAuthorized(CapgateError, code="CG200"):
+    """The caller holds no grant for this operation's connector and environment.
+
+    Grants live in the grants file (``grants.toml``): a read row needs a read
+    grant, a write row a write grant, on the row's connector and environment.
+    """
+
+
+class ApprovalRequired(CapgateError, code="CG201", exit_code=EXIT_APPROVAL_REQUIRED):
+    """The row is gated and no valid approval exists for this exact plan.
+
+    Nothing was opened.  The details carry the plan hash and the rendered
+    plan; a person holding one of the row's approver roles runs
+    ``capgate approve PLAN_HASH --by WHO --role ROLE``, then the call is
+    repeated unchanged.
+    """
+
+
+class ApprovalExpired(CapgateError, code="CG202", exit_code=EXIT_APPROVAL_REQUIRED):
+    """The approval for this plan has expired.  Ask for a new approval."""
+
+
+class ApprovalUsed(CapgateError, code="CG203", exit_code=EXIT_APPROVAL_REQUIRED):
+    """The approval for this plan was already consumed by an earlier call.
+
+    Approvals are single use.  A new call needs a new approval.
+    """
+
+
+class ApprovalMismatch(CapgateError, code="CG204", exit_code=EXIT_APPROVAL_REQUIRED):
+    """The approval was given for a different plan than the one being called.
+
+    Any change of row, inputs, connector or environment changes the plan hash
+    and needs a new approval.
+    """
+
+
+class SelfApproval(CapgateError, code="CG205"):
+    """Under four eyes the requester may not approve their own plan."""
+
+
+class ApproverLacksRole(CapgateError, code="CG206"):
+    """The approver does not hold the named role, or the row does not accept that role."""
+
+
+class UnknownPlan(CapgateError, code="CG207"):
+    """No plan with this hash was recorded.  Run ``capgate plan`` first."""
+
+
+# --- execution (CG3xx) --------------------------------------------------------
+
+
+class InputInvalid(CapgateError, code="CG300"):
+    """The inputs do not satisfy the row's input contract (JSON Schema).
+
+    The message names the field.  Nothing was opened or written.
+    """
+
+
+class IdempotencyConflict(CapgateError, code="CG301"):
+    """The idempotency key was already used with a different request.
+
+    The same key with the same request returns the recorded outcome; a
+    different request needs a different key.
+    """
+
+
+class CaseConflict(CapgateError, code="CG302"):
+    """The case id was reused for a different request (task-id reuse).
+
+    Use a new case for new work.
+    """
+
+
+class UnknownConnector(CapgateError, code="CG303", exit_code=EXIT_USAGE):
+    """The row names a connector that the configuration does not define."""
+
+
+class ConnectorUnavailable(CapgateError, code="CG304", exit_code=EXIT_UNKNOWN):
+    """The connector's database could not be reached."""
+
+
+class ExecutionTimeout(CapgateError, code="CG310", exit_code=EXIT_UNKNOWN):
+    """The operation exceeded its declared timeout.
+
+    The row's ``timeout.on_timeout`` says whether the effect is known to be
+    rolled back or unknown (then ``capgate resume`` decides).
+    """
+
+
+class ImpactConflict(CapgateError, code="CG320", retryable=True):
+    """Another case holds an impact claim on an overlapping target.
+
+    The details name the holder and its case.  Wait for it to finish or
+    coordinate; two cases never write one target at once.
+    """
+
+
+class BudgetExhausted(CapgateError, code="CG321", retryable=True):
+    """The session budget of the connector or database user is used up.
+
+    capgate refuses before the database would (e.g. ORA-02391).
+    """
+
+
+class LeaseExpired(CapgateError, code="CG322"):
+    """The lease's deadline passed; its transaction was rolled back."""
+
+
+class UnregisteredStep(CapgateError, code="CG323"):
+    """A leased transaction was offered a step function that is not registered.
+
+    Only reviewed, registered, deterministic step functions may run inside a lease.
+    """
+
+
+class StaleFence(CapgateError, code="CG324"):
+    """A write carried a fencing token older than the current claim's.
+
+    The holder's claim expired and was taken over; its late write is refused.
+    """
+
+
+class ReadOnlyViolation(CapgateError, code="CG325"):
+    """A read row attempted to write; the read-only transaction refused it."""
+
+
+# --- reconciliation and ledger (CG4xx) ----------------------------------------
+
+
+class ReconciliationRequired(CapgateError, code="CG400", exit_code=EXIT_UNKNOWN):
+    """The case has an intent whose outcome is not yet known.
+
+    No new call in the case runs until ``capgate resume CASE`` has resolved
+    every in-flight intent.
+    """
+
+
+class OutcomeUnknown(CapgateError, code="CG401", exit_code=EXIT_UNKNOWN):
+    """The outcome could not be established from evidence.
+
+    The intent is parked as an escalation; a person must decide.
+    """
+
+
+class LedgerTampered(CapgateError, code="CG410"):
+    """The ledger's hash chain or a case snapshot does not verify.
+
+    ``capgate ledger verify`` names each broken event.  Do not continue the
+    case until the cause is understood.
+    """
+
+
+class LedgerError(CapgateError, code="CG411", exit_code=EXIT_USAGE):
+    """The ledger store could not be opened or written."""
+
+
+class UnknownCase(CapgateError, code="CG412"):
+    """No such case in the ledger."""
+
+
+class UnknownIntent(CapgateError, code="CG413"):
+    """No such intent in the ledger."""
+
+
+# --- DDL (CG5xx) ---------------------------------------------------------------
+
+
+class DdlError(CapgateError, code="CG500"):
+    """A DDL loop step failed; the message names the object and step."""

@@ -1,0 +1,385 @@
+"""The capability row's Python form: a tree of frozen dataclasses.
+
+The YAML shape is validated by JSON Schema first (``capability.schema.json``);
+``Row.from_dict`` then builds this tree, which the executor and the DDL loop
+read.  Frozen, so a resolved row cannot be altered between plan and call; the
+row's canonical hash (``row_hash``) is computed from the validated mapping and
+recorded with every call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from types import MappingProxyType
+from typing import Any
+
+
+class EffectClass(StrEnum):
+    READ = "read"
+    TRANSACTIONAL = "transactional"
+    COMPENSABLE = "compensable"
+    IRREVERSIBLE = "irreversible"
+    DDL = "ddl"
+
+
+class Shape(StrEnum):
+    COLLAPSED = "collapsed"
+    LEASED = "leased"
+
+
+class AuthKind(StrEnum):
+    READ_GRANT = "read_grant"
+    WRITE_GRANT = "write_grant"
+    GATE = "gate"
+
+
+class OnTimeout(StrEnum):
+    ROLLED_BACK = "rolled_back"
+    UNKNOWN = "unknown"
+
+
+class Recovery(StrEnum):
+    RETRYABLE = "retryable"
+    RECONCILE_FIRST = "reconcile_first"
+    NEVER_RETRY = "never_retry"
+
+
+def _freeze(value: Any) -> Any:
+    """Deep-freeze plain data (dicts become read-only mappings, lists tuples)."""
+    if isinstance(value, Mapping):
+        return MappingProxyType({k: _freeze(v) for k, v in value.items()})
+    if isinstance(value, list | tuple):
+        return tuple(_freeze(v) for v in value)
+    return value
+
+
+def thaw(value: Any) -> Any:
+    """The inverse of ``_freeze``: plain dicts and lists, e.g. for jsonschema or JSON."""
+    if isinstance(value, Mapping):
+        return {k: thaw(v) for k, v in value.items()}
+    if isinstance(value, tuple | list):
+        return [thaw(v) for v in value]
+    return value
+
+
+@dataclass(frozen=True)
+class ExpectRows:
+    """An expected row count: exact when ``minimum == maximum``; ``maximum`` None is open."""
+
+    minimum: int
+    maximum: int | None
+
+    @classmethod
+    def from_value(cls, value: Any) -> ExpectRows:
+        if isinstance(value, int):
+            return cls(value, value)
+        return cls(int(value["min"]), None if value.get("max") is None else int(value["max"]))
+
+    def matches(self, count: int) -> bool:
+        return count >= self.minimum and (self.maximum is None or count <= self.maximum)
+
+    def to_value(self) -> int | dict[str, int]:
+        if self.maximum == self.minimum:
+            return self.minimum
+        if self.maximum is None:
+            return {"min": self.minimum}
+        return {"min": self.minimum, "max": self.maximum}
+
+    def __str__(self) -> str:
+        if self.maximum == self.minimum:
+            return str(self.minimum)
+        if self.maximum is None:
+            return f">= {self.minimum}"
+        return f"{self.minimum}..{self.maximum}"
+
+
+@dataclass(frozen=True)
+class Expect:
+    """What a query must return: a row count and/or its first value, or all its rows."""
+
+    rows: ExpectRows | None = None
+    value: Any = None
+    has_value: bool = False
+    values: tuple[tuple[Any, ...], ...] | None = None
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Expect:
+        return cls(
+            rows=ExpectRows.from_value(d["rows"]) if "rows" in d else None,
+            value=d.get("value"),
+            has_value="value" in d,
+            values=tuple(tuple(r) for r in d["values"]) if "values" in d else None,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.rows is not None:
+            out["rows"] = self.rows.to_value()
+        if self.has_value:
+            out["value"] = self.value
+        if self.values is not None:
+            out["values"] = [list(r) for r in self.values]
+        return out
+
+
+@dataclass(frozen=True)
+class Statement:
+    """One SQL statement with ``:name`` binds and its expected affected-row count."""
+
+    sql: str
+    expect_rows: ExpectRows | None
+    name: str | None = None
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Statement:
+        return cls(
+            sql=d["sql"],
+            expect_rows=ExpectRows.from_value(d["expect_rows"]) if "expect_rows" in d else None,
+            name=d.get("name"),
+        )
+
+
+@dataclass(frozen=True)
+class Check:
+    """A named query and what it must return (verify and post-commit checks)."""
+
+    name: str
+    sql: str
+    expect: Expect
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Check:
+        return cls(name=d["name"], sql=d["sql"], expect=Expect.from_dict(d["expect"]))
+
+
+@dataclass(frozen=True)
+class Step:
+    """A leased step: a statement, a branching check, or a registered function.
+
+    A check whose expectation fails either aborts (``abort`` is the reason) or
+    skips forward to the step named ``skip_to``.
+    """
+
+    name: str
+    sql: str | None = None
+    expect_rows: ExpectRows | None = None
+    check: str | None = None
+    expect: Expect | None = None
+    abort: str | None = None
+    skip_to: str | None = None
+    function: str | None = None
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Step:
+        otherwise = d.get("otherwise") or {}
+        return cls(
+            name=d["name"],
+            sql=d.get("sql"),
+            expect_rows=ExpectRows.from_value(d["expect_rows"]) if "expect_rows" in d else None,
+            check=d.get("check"),
+            expect=Expect.from_dict(d["expect"]) if "expect" in d else None,
+            abort=otherwise.get("abort"),
+            skip_to=otherwise.get("skip_to"),
+            function=d.get("function"),
+        )
+
+
+@dataclass(frozen=True)
+class Target:
+    """Target identity; impact keys are (environment, system, object, key values)."""
+
+    system: str
+    object: str
+    keys: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Authorization:
+    kind: AuthKind
+    approver_roles: tuple[str, ...] = ()
+    four_eyes: bool = False
+    approval_ttl_seconds: int = 3600
+
+
+@dataclass(frozen=True)
+class Timeout:
+    seconds: float
+    on_timeout: OnTimeout
+    lock_seconds: float | None = None
+
+
+@dataclass(frozen=True)
+class Replay:
+    sql: str
+    expect: Expect | None = None
+    max_rows: int | None = None
+
+
+@dataclass(frozen=True)
+class Probe:
+    """A query that tells after the fact whether the effect is present."""
+
+    sql: str
+    expect: Expect
+
+
+@dataclass(frozen=True)
+class DdlObject:
+    type: str
+    name: str
+
+
+@dataclass(frozen=True)
+class DdlScope:
+    objects: tuple[DdlObject, ...]
+    pattern: str | None = None
+
+
+@dataclass(frozen=True)
+class Example:
+    name: str
+    input: Mapping[str, Any]
+    expect_rows: tuple[ExpectRows, ...] | None = None
+    outcome: str = "applied_verified"
+
+
+@dataclass(frozen=True)
+class Row:
+    """One ``(operation_id, version)`` capability, as reviewed by a DBA."""
+
+    operation_id: str
+    version: int
+    connector: str
+    description: str
+    input: Mapping[str, Any]
+    target: Target
+    effect_class: EffectClass
+    authorization: Authorization
+    environments: tuple[str, ...]
+    timeout: Timeout
+    recovery: Recovery
+    row_hash: str
+    source_path: str
+    source_line: int
+    shape: Shape | None = None
+    retired: bool = False
+    idempotency_key: str | None = None
+    idempotent: bool = False
+    max_rows: int | None = None
+    statements: tuple[Statement, ...] = ()
+    steps: tuple[Step, ...] = ()
+    verify: tuple[Check, ...] = ()
+    replay: Replay | None = None
+    landed_probe: Probe | None = None
+    compensation: tuple[Statement, ...] = ()
+    post_commit: tuple[Check, ...] = ()
+    evidence: tuple[str, ...] = ()
+    ddl: DdlScope | None = None
+    examples: tuple[Example, ...] = ()
+    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.operation_id, self.version)
+
+    @property
+    def ref(self) -> str:
+        return f"{self.operation_id}@{self.version}"
+
+    @property
+    def is_write(self) -> bool:
+        return self.effect_class is not EffectClass.READ
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], *, row_hash: str, source_path: str = "",
+                  source_line: int = 0) -> Row:
+        """Build the tree from a mapping that already passed the JSON Schema."""
+        auth = d["authorization"]
+        timeout = d["timeout"]
+        replay = d.get("replay")
+        probe = d.get("landed_probe")
+        ddl = d.get("ddl")
+        effect = EffectClass(d["effect_class"])
+        return cls(
+            operation_id=d["operation_id"],
+            version=int(d["version"]),
+            connector=d["connector"],
+            description=d["description"].strip(),
+            input=_freeze(d["input"]),
+            target=Target(
+                system=d["target"]["system"],
+                object=d["target"]["object"],
+                keys=tuple(d["target"].get("keys", ())),
+            ),
+            effect_class=effect,
+            authorization=Authorization(
+                kind=AuthKind(auth["kind"]),
+                approver_roles=tuple(auth.get("approver_roles", ())),
+                four_eyes=bool(auth.get("four_eyes", False)),
+                approval_ttl_seconds=int(auth.get("approval_ttl_seconds", 3600)),
+            ),
+            environments=tuple(d["environments"]),
+            timeout=Timeout(
+                seconds=float(timeout["seconds"]),
+                on_timeout=OnTimeout(timeout["on_timeout"]),
+                lock_seconds=(
+                    float(timeout["lock_seconds"]) if "lock_seconds" in timeout else None
+                ),
+            ),
+            recovery=Recovery(d["recovery"]),
+            row_hash=row_hash,
+            source_path=source_path,
+            source_line=source_line,
+            shape=Shape(d["shape"]) if "shape" in d else None,
+            retired=bool(d.get("retired", False)),
+            idempotency_key=d.get("idempotency_key"),
+            idempotent=bool(d.get("idempotent", effect is EffectClass.READ)),
+            max_rows=d.get("max_rows"),
+            statements=tuple(Statement.from_dict(s) for s in d.get("statements", ())),
+            steps=tuple(Step.from_dict(s) for s in d.get("steps", ())),
+            verify=tuple(Check.from_dict(c) for c in d.get("verify", ())),
+            replay=(
+                Replay(
+                    sql=replay["sql"],
+                    expect=Expect.from_dict(replay["expect"]) if "expect" in replay else None,
+                    max_rows=replay.get("max_rows"),
+                )
+                if replay
+                else None
+            ),
+            landed_probe=(
+                Probe(sql=probe["sql"], expect=Expect.from_dict(probe["expect"])) if probe else None
+            ),
+            compensation=tuple(Statement.from_dict(s) for s in d.get("compensation", ())),
+            post_commit=tuple(Check.from_dict(c) for c in d.get("post_commit", ())),
+            evidence=tuple(d.get("evidence", ())),
+            ddl=(
+                DdlScope(
+                    objects=tuple(DdlObject(o["type"], o["name"]) for o in ddl["objects"]),
+                    pattern=ddl.get("pattern"),
+                )
+                if ddl
+                else None
+            ),
+            examples=tuple(
+                Example(
+                    name=e["name"],
+                    input=_freeze(e["input"]),
+                    expect_rows=(
+                        tuple(ExpectRows.from_value(x) for x in e["expect_rows"])
+                        if "expect_rows" in e
+                        else None
+                    ),
+                    outcome=e.get("outcome", "applied_verified"),
+                )
+                for e in d.get("examples", ())
+            ),
+            raw=_freeze(d),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The validated mapping the row was built from (its reviewed YAML shape)."""
+        out: dict[str, Any] = thaw(self.raw)
+        return out

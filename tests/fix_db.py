@@ -1,0 +1,301 @@
+"""Real databases for the test suites, chosen by environment.
+
+Order of preference for each engine:
+
+1. a DSN in the environment (``CAPGATE_TEST_PG_DSN``, ``CAPGATE_TEST_MARIADB_DSN``,
+   ``CAPGATE_TEST_ORACLE_DSN``), as a SQLAlchemy URL or ``postgresql://`` style URL;
+   else a server of the machine's own answering on the default port
+   (PostgreSQL 127.0.0.1:5432 as ``postgres``, MariaDB 127.0.0.1:3306 as ``root``);
+2. a container started with testcontainers when a Docker daemon answers;
+3. otherwise the engine's tests are skipped -- unless the engine is listed in
+   ``CAPGATE_REQUIRE_DBS`` (comma separated: ``postgresql,mariadb,oracle``), in
+   which case the run stops at once with one clear message.
+
+Each configured server is probed once per session.  Every test gets its own
+fresh schema (PostgreSQL), database (MariaDB) or user (Oracle), dropped
+afterwards; SQLite gets a file under the test's temp directory.
+
+Fixtures: ``sqlite_url``, ``pg_url``, ``mariadb_url``, ``oracle_url`` (function
+scoped, a URL to an empty place of one's own), ``pg_admin_url`` and friends
+(session scoped, the server itself), and ``target_url`` parametrised over every
+available engine for suites that run the same tests on each.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import URL, make_url
+
+ENGINES = ("postgresql", "mariadb", "oracle")
+LOCAL_DSN = {
+    "postgresql": "postgresql://postgres@127.0.0.1:5432/test",
+    "mariadb": "mysql://root@127.0.0.1:3306/test",
+}
+ENV_DSN = {
+    "postgresql": "CAPGATE_TEST_PG_DSN",
+    "mariadb": "CAPGATE_TEST_MARIADB_DSN",
+    "oracle": "CAPGATE_TEST_ORACLE_DSN",
+}
+
+
+def required_engines() -> set[str]:
+    raw = os.environ.get("CAPGATE_REQUIRE_DBS", "")
+    return {e.strip().lower() for e in raw.split(",") if e.strip()}
+
+
+def normalise_url(engine: str, dsn: str) -> URL:
+    """Accept plain ``postgresql://`` / ``mysql://`` / ``oracle://`` URLs and pin our drivers."""
+    url = make_url(dsn)
+    driver = {"postgresql": "postgresql+psycopg", "mariadb": "mysql+pymysql",
+              "oracle": "oracle+oracledb"}[engine]
+    if url.drivername in ("mariadb", "mysql", "mariadb+pymysql"):
+        url = url.set(drivername="mysql+pymysql")
+    return url.set(drivername=driver)
+
+
+def docker_available() -> bool:
+    try:
+        import docker  # type: ignore[import-untyped]
+
+        client = docker.from_env(timeout=3)
+        client.ping()
+        return True
+    except Exception:
+        return False
+
+
+@dataclass
+class Server:
+    engine: str
+    url: URL
+    container: Any = None
+
+
+_SERVERS: dict[str, Server | None] = {}
+_SKIP_REASON: dict[str, str] = {}
+
+
+def _start_container(engine: str) -> Server:
+    if engine == "postgresql":
+        from testcontainers.postgres import PostgresContainer
+
+        pgc = PostgresContainer("postgres:16", driver="psycopg").start()
+        return Server(engine, normalise_url(engine, pgc.get_connection_url()), pgc)
+    if engine == "mariadb":
+        from testcontainers.mysql import MySqlContainer
+
+        myc = MySqlContainer("mariadb:10.11", username="root", password="capgate",
+                             dbname="test").start()
+        return Server(engine, normalise_url(engine, myc.get_connection_url()), myc)
+    from testcontainers.oracle import OracleDbContainer
+
+    orc = OracleDbContainer("gvenzl/oracle-free:slim").start()
+    return Server(engine, normalise_url(engine, orc.get_connection_url()), orc)
+
+
+def _local_answers(engine: str) -> bool:
+    """A server of the machine's own on the default port (the fresh-machine case)."""
+    try:
+        _probe(Server(engine, normalise_url(engine, LOCAL_DSN[engine])))
+        return True
+    except Exception:
+        return False
+
+
+def _probe(server: Server) -> None:
+    eng = sa.create_engine(server.url, poolclass=sa.pool.NullPool)
+    try:
+        with eng.connect() as conn:
+            conn.execute(sa.text("SELECT 1 FROM dual" if server.engine == "oracle" else "SELECT 1"))
+    finally:
+        eng.dispose()
+
+
+def server_for(engine: str) -> Server | None:
+    """The session's server for ``engine``, probing it once; None if unavailable."""
+    if engine in _SERVERS:
+        return _SERVERS[engine]
+    dsn = os.environ.get(ENV_DSN[engine])
+    server: Server | None = None
+    try:
+        if dsn:
+            server = Server(engine, normalise_url(engine, dsn))
+        elif engine in LOCAL_DSN and _local_answers(engine):
+            dsn = LOCAL_DSN[engine]
+            server = Server(engine, normalise_url(engine, dsn))
+        elif docker_available():
+            server = _start_container(engine)
+        else:
+            _SKIP_REASON[engine] = f"{engine}: no {ENV_DSN[engine]} and no Docker daemon"
+    except Exception as exc:  # a container that fails to start
+        _fail_or_skip(engine, f"{engine}: could not start a container: {exc}")
+    if server is not None:
+        try:
+            _probe(server)
+        except Exception as exc:
+            where = ENV_DSN[engine] if dsn else "the container"
+            _fail_or_skip(
+                engine,
+                f"{engine} from {where} ({server.url.render_as_string(hide_password=True)}) "
+                f"is unreachable: {type(exc).__name__}: {str(exc).splitlines()[0]}",
+            )
+            server = None
+    _SERVERS[engine] = server
+    return server
+
+
+def _fail_or_skip(engine: str, reason: str) -> None:
+    _SKIP_REASON[engine] = reason
+    if engine in required_engines():
+        pytest.exit(f"required database unavailable: {reason}", returncode=3)
+
+
+def require_server(engine: str) -> Server:
+    server = server_for(engine)
+    if server is None:
+        reason = _SKIP_REASON.get(engine, f"{engine} unavailable")
+        if engine in required_engines():
+            pytest.fail(f"required database unavailable (CAPGATE_REQUIRE_DBS): {reason}")
+        pytest.skip(reason)
+    return server
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Warm up: probe every required engine now, so an outage stops the run at once."""
+    for engine in sorted(required_engines()):
+        if engine not in ENGINES:
+            pytest.exit(f"CAPGATE_REQUIRE_DBS names an unknown engine {engine!r}", returncode=3)
+        if server_for(engine) is None:
+            pytest.exit(
+                f"required database unavailable: {_SKIP_REASON.get(engine, engine)}", returncode=3
+            )
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    for server in _SERVERS.values():
+        if server is not None and server.container is not None:
+            with contextlib.suppress(Exception):
+                server.container.stop()
+
+
+def _unique(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:12]}"
+
+
+# --- per-test places ----------------------------------------------------------
+
+
+@contextlib.contextmanager
+def fresh_pg(server: Server) -> Iterator[URL]:
+    schema = _unique("cgt")
+    admin = sa.create_engine(server.url, poolclass=sa.pool.NullPool, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
+    try:
+        query = dict(server.url.query)
+        query["options"] = f"-csearch_path={schema}"
+        yield server.url.set(query=query)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'))
+        admin.dispose()
+
+
+@contextlib.contextmanager
+def fresh_mariadb(server: Server) -> Iterator[URL]:
+    db = _unique("cgt")
+    admin = sa.create_engine(server.url, poolclass=sa.pool.NullPool, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sa.text(f"CREATE DATABASE `{db}`"))
+    try:
+        yield server.url.set(database=db)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f"DROP DATABASE IF EXISTS `{db}`"))
+        admin.dispose()
+
+
+@contextlib.contextmanager
+def fresh_oracle(server: Server) -> Iterator[URL]:
+    user = _unique("CGT").upper()
+    password = uuid.uuid4().hex[:16]
+    admin = sa.create_engine(server.url, poolclass=sa.pool.NullPool, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'CREATE USER {user} IDENTIFIED BY "{password}" QUOTA UNLIMITED ON USERS'))
+        conn.execute(sa.text(f"GRANT CREATE SESSION, CREATE TABLE, CREATE VIEW, CREATE PROCEDURE, "
+                             f"CREATE TRIGGER, CREATE SEQUENCE TO {user}"))
+    try:
+        yield server.url.set(username=user, password=password)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f"DROP USER {user} CASCADE"))
+        admin.dispose()
+
+
+FRESH = {"postgresql": fresh_pg, "mariadb": fresh_mariadb, "oracle": fresh_oracle}
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> URL:
+    return make_url(f"sqlite:///{tmp_path / 'target.db'}")
+
+
+@pytest.fixture
+def pg_admin_url() -> URL:
+    return require_server("postgresql").url
+
+
+@pytest.fixture
+def mariadb_admin_url() -> URL:
+    return require_server("mariadb").url
+
+
+@pytest.fixture
+def pg_url() -> Iterator[URL]:
+    with fresh_pg(require_server("postgresql")) as url:
+        yield url
+
+
+@pytest.fixture
+def mariadb_url() -> Iterator[URL]:
+    with fresh_mariadb(require_server("mariadb")) as url:
+        yield url
+
+
+@pytest.fixture
+def oracle_url() -> Iterator[URL]:
+    with fresh_oracle(require_server("oracle")) as url:
+        yield url
+
+
+TARGET_ENGINES = ["sqlite", "postgresql", "mariadb"]
+
+
+@pytest.fixture(params=TARGET_ENGINES)
+def target_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[URL]:
+    """An empty target on each engine in turn: the same suite on every database."""
+    engine = request.param
+    if engine == "sqlite":
+        yield make_url(f"sqlite:///{tmp_path / 'target.db'}")
+        return
+    with FRESH[engine](require_server(engine)) as url:
+        yield url
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def ledger_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[URL]:
+    """A fresh ledger store on each backend: SQLite file and PostgreSQL schema."""
+    if request.param == "sqlite":
+        yield make_url(f"sqlite:///{tmp_path / 'ledger.db'}")
+        return
+    with fresh_pg(require_server("postgresql")) as url:
+        yield url
