@@ -1,0 +1,277 @@
+"""Semantic checks a JSON Schema cannot express, each with its own code.
+
+They run on rows that already passed the schema.  Binds are found with
+SQLAlchemy's own ``text()`` parser -- the same one the executor uses to bind
+them -- so the validator and the executor can never disagree about what a
+``:name`` is.  Whether a query writes is decided with sqlglot's parser, not a
+regex, so a ``DELETE`` inside a CTE or a ``SELECT ... FOR UPDATE`` is caught
+and a column called ``updated_at`` is not.
+"""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+import jsonschema
+import sqlalchemy as sa
+import sqlglot
+from sqlglot import exp
+
+from registry.errors import Problem
+from registry.yamlpos import Located, Path, render_path
+
+WRITE_CLASSES = ("transactional", "compensable", "irreversible")
+KEY_BUILTINS = frozenset({"case", "operation_id", "version"})
+
+_WRITING_NODES: tuple[type[exp.Expression], ...] = (
+    exp.Insert, exp.Update, exp.Delete, exp.Merge, exp.Create, exp.Drop, exp.Alter,
+    exp.TruncateTable, exp.Command, exp.Grant, exp.Into,
+)
+
+
+@lru_cache(maxsize=65536)
+def binds_of(sql: str) -> frozenset[str]:
+    """The ``:name`` binds SQLAlchemy will see in ``sql``."""
+    return frozenset(sa.text(sql)._bindparams)
+
+
+@lru_cache(maxsize=65536)
+def writing_reason(sql: str) -> str | None:
+    """Why ``sql`` is not a pure read, or None when it only reads.
+
+    Raises ``ValueError`` when no dialect can parse it.
+    """
+    last: Exception | None = None
+    for dialect in (None, "postgres", "mysql", "oracle", "sqlite"):
+        try:
+            trees = sqlglot.parse(sql, read=dialect)
+        except sqlglot.errors.ParseError as exc:
+            last = exc
+            continue
+        for tree in trees:
+            if tree is None:
+                continue
+            if not isinstance(tree, exp.Query):
+                return f"is a {tree.key.upper()} statement, not a query"
+            for node in tree.walk():
+                if isinstance(node, _WRITING_NODES):
+                    return f"contains a {node.key.upper()}"
+                if isinstance(node, exp.Lock):
+                    return "locks rows (FOR UPDATE/SHARE)"
+        return None
+    raise ValueError(str(last).splitlines()[0] if last else "unparseable")
+
+
+@dataclass
+class RowContext:
+    """One schema-valid row with the means to locate its fields."""
+
+    row: Mapping[str, Any]
+    index: int
+    located: Located
+    source: str
+
+    def at(self, path: Path, code: str, message: str, *, key: bool = False) -> Problem:
+        line, col = self.located.where(("rows", self.index, *path), key=key)
+        return Problem(self.source, line, col, code, render_path(path), message)
+
+
+def _sql_sites(row: Mapping[str, Any]) -> Iterator[tuple[Path, str, bool]]:
+    """Every SQL text of a row: (path, sql, must_only_read)."""
+    is_read = row["effect_class"] == "read"
+    for i, st in enumerate(row.get("statements", ())):
+        yield ("statements", i, "sql"), st["sql"], is_read
+    for i, st in enumerate(row.get("steps", ())):
+        if "sql" in st:
+            yield ("steps", i, "sql"), st["sql"], False
+        if "check" in st:
+            yield ("steps", i, "check"), st["check"], True
+    for i, c in enumerate(row.get("verify", ())):
+        yield ("verify", i, "sql"), c["sql"], True
+    if "replay" in row:
+        yield ("replay", "sql"), row["replay"]["sql"], True
+    if "landed_probe" in row:
+        yield ("landed_probe", "sql"), row["landed_probe"]["sql"], True
+    for i, st in enumerate(row.get("compensation", ())):
+        yield ("compensation", i, "sql"), st["sql"], False
+    for i, c in enumerate(row.get("post_commit", ())):
+        yield ("post_commit", i, "sql"), c["sql"], True
+
+
+def check_row(ctx: RowContext, declared_connectors: set[str]) -> list[Problem]:
+    """All semantic findings for one schema-valid row."""
+    row = ctx.row
+    out: list[Problem] = []
+    contract = row["input"]
+    props: Mapping[str, Any] = contract.get("properties", {}) or {}
+    effect = row["effect_class"]
+
+    if contract.get("additionalProperties") is not False or contract.get("type") != "object":
+        out.append(ctx.at(("input",), "CG112",
+                          "the input contract must be `type: object` with "
+                          "`additionalProperties: false`"))
+    try:
+        jsonschema.Draft202012Validator.check_schema(dict(contract))
+    except jsonschema.SchemaError as exc:
+        out.append(ctx.at(("input", *exc.relative_path), "CG104",
+                          f"not a valid JSON Schema: {exc.message}"))
+
+    if row["connector"] not in declared_connectors:
+        out.append(ctx.at(("connector",), "CG119",
+                          f"connector {row['connector']!r} is not declared under `connectors:` "
+                          "in this file"))
+
+    used: set[str] = set()
+    for path, sql, must_read in _sql_sites(row):
+        binds = binds_of(sql)
+        used |= binds
+        for name in sorted(binds - set(props)):
+            out.append(ctx.at(path, "CG110", f"bind :{name} is not an input property "
+                              f"(inputs: {', '.join(sorted(props)) or 'none'})"))
+        if must_read:
+            try:
+                reason = writing_reason(sql)
+            except ValueError as exc:
+                out.append(ctx.at(path, "CG120", f"cannot parse SQL: {exc}"))
+                continue
+            if reason:
+                what = "a read row" if path[0] == "statements" else "a read-only query"
+                out.append(ctx.at(path, "CG117", f"{what} must not write: the SQL {reason}"))
+
+    keys = row.get("target", {}).get("keys", [])
+    for i, key in enumerate(keys):
+        if key not in props:
+            out.append(ctx.at(("target", "keys", i), "CG121",
+                              f"target key {key!r} is not an input property"))
+    used |= set(keys)
+
+    template = row.get("idempotency_key")
+    if template is not None:
+        try:
+            fields = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
+        except ValueError as exc:
+            out.append(ctx.at(("idempotency_key",), "CG116", f"malformed template: {exc}"))
+            fields = []
+        for name in fields:
+            if name not in props and name not in KEY_BUILTINS:
+                out.append(ctx.at(("idempotency_key",), "CG116",
+                                  f"template field {{{name}}} is neither an input nor one of "
+                                  f"{{case}}, {{operation_id}}, {{version}}"))
+        used |= set(fields)
+    elif effect in WRITE_CLASSES:
+        out.append(ctx.at(("effect_class",), "CG116",
+                          "a write row needs an idempotency_key template, e.g. \"{case}:{id}\""))
+
+    if effect != "ddl":
+        for i, name in enumerate(contract.get("required", ()) or ()):
+            if name not in used:
+                out.append(ctx.at(("input", "required", i), "CG111",
+                                  f"required input {name!r} is used by no SQL, target key or "
+                                  "idempotency key"))
+
+    out.extend(_shape_checks(ctx))
+
+    if effect == "compensable" and not row.get("compensation"):
+        out.append(ctx.at(("effect_class",), "CG114",
+                          "a compensable row needs `compensation` statements"))
+    for i, st in enumerate(row.get("compensation", ())):
+        if "expect_rows" not in st:
+            out.append(ctx.at(("compensation", i), "CG113",
+                              "a compensation statement needs expect_rows"))
+
+    auth = row["authorization"]
+    if auth["kind"] == "gate" and not auth.get("approver_roles"):
+        out.append(ctx.at(("authorization",), "CG115",
+                          "a gate row must name approver_roles"))
+    if auth["kind"] == "read_grant" and effect != "read":
+        out.append(ctx.at(("authorization", "kind"), "CG104",
+                          "a write row cannot be authorised by a read_grant"))
+
+    out.extend(_example_checks(ctx))
+    return out
+
+
+def _shape_checks(ctx: RowContext) -> list[Problem]:
+    row = ctx.row
+    effect = row["effect_class"]
+    shape = row.get("shape")
+    out: list[Problem] = []
+    statements = row.get("statements", [])
+    steps = row.get("steps", [])
+    if effect in ("read", "ddl"):
+        if shape is not None:
+            out.append(ctx.at(("shape",), "CG122", f"a {effect} row has no shape"))
+        if steps:
+            out.append(ctx.at(("steps",), "CG122", f"a {effect} row has no leased steps"))
+    if effect == "read" and not statements:
+        out.append(ctx.at(("statements",), "CG113", "a read row needs its query in `statements`"))
+    if effect == "ddl" and "ddl" not in row:
+        out.append(ctx.at(("effect_class",), "CG122", "a ddl row must name its `ddl.objects`"))
+    if effect != "ddl" and "ddl" in row:
+        out.append(ctx.at(("ddl",), "CG122", "only ddl rows have a `ddl` scope"))
+    if effect == "ddl" and row["authorization"]["kind"] != "gate":
+        out.append(ctx.at(("authorization", "kind"), "CG115", "ddl rows are always gated"))
+    if effect not in WRITE_CLASSES:
+        return out
+    if shape is None:
+        out.append(ctx.at(("effect_class",), "CG122",
+                          "a write row needs `shape: collapsed` or `shape: leased`"))
+    elif shape == "collapsed":
+        if steps:
+            out.append(ctx.at(("steps",), "CG122", "a collapsed row uses statements, not steps"))
+        if not statements:
+            out.append(ctx.at(("shape",), "CG113", "a collapsed write needs statements"))
+    elif shape == "leased":
+        if statements:
+            out.append(ctx.at(("statements",), "CG122", "a leased row uses steps, not statements"))
+        if not steps:
+            out.append(ctx.at(("shape",), "CG113", "a leased write needs steps"))
+    for i, st in enumerate(statements):
+        if "expect_rows" not in st:
+            out.append(ctx.at(("statements", i), "CG113",
+                              "a writing statement needs expect_rows (an integer or a range)"))
+    names = [s["name"] for s in steps]
+    for i, st in enumerate(steps):
+        kinds = [k for k in ("sql", "check", "function") if k in st]
+        if len(kinds) != 1:
+            out.append(ctx.at(("steps", i), "CG122",
+                              "a step is exactly one of `sql`, `check` or `function`"))
+            continue
+        if "sql" in st and "expect_rows" not in st:
+            out.append(ctx.at(("steps", i), "CG113", "a SQL step needs expect_rows"))
+        if "check" in st and ("expect" not in st or "otherwise" not in st):
+            out.append(ctx.at(("steps", i), "CG122",
+                              "a check step needs `expect` and `otherwise` (abort or skip_to)"))
+        target = st.get("otherwise", {}).get("skip_to")
+        if target is not None and target not in names[i + 1:]:
+            out.append(ctx.at(("steps", i, "otherwise", "skip_to"), "CG123",
+                              f"skip_to {target!r} names no later step"))
+    if len(set(names)) != len(names):
+        out.append(ctx.at(("steps",), "CG122", "step names must be unique"))
+    return out
+
+
+def _example_checks(ctx: RowContext) -> list[Problem]:
+    row = ctx.row
+    out: list[Problem] = []
+    try:
+        validator = jsonschema.Draft202012Validator(dict(row["input"]))
+    except Exception:
+        return out
+    n_statements = len(row.get("statements", ()))
+    for i, example in enumerate(row.get("examples", ())):
+        for err in validator.iter_errors(example["input"]):
+            where = render_path(tuple(err.absolute_path)) if err.absolute_path else "input"
+            out.append(ctx.at(("examples", i, "input", *err.absolute_path), "CG104",
+                              f"example input does not satisfy the contract at {where}: "
+                              f"{err.message}"))
+        counts = example.get("expect_rows")
+        if counts is not None and row.get("statements") and len(counts) != n_statements:
+            out.append(ctx.at(("examples", i, "expect_rows"), "CG104",
+                              f"expected {n_statements} counts (one per statement), "
+                              f"got {len(counts)}"))
+    return out

@@ -1,0 +1,100 @@
+"""Lookup of capability rows: the only way from an operation name to SQL.
+
+``resolve`` fails closed with a specific refusal for each way a call can be
+unlisted: unknown operation, unknown version, retired row, environment not
+allowed.  It sits on every call's hot path, so everything is precomputed into
+dictionaries at construction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+from registry.errors import (
+    EnvironmentNotAllowed,
+    RetiredRow,
+    UnknownOperation,
+    UnknownVersion,
+)
+from registry.model import Row
+
+
+class Registry:
+    """An immutable set of validated rows."""
+
+    def __init__(self, rows: Iterable[Row]):
+        self._rows: dict[tuple[str, int], Row] = {}
+        self._versions: dict[str, list[int]] = {}
+        self._current: dict[str, Row] = {}
+        for row in rows:
+            self._rows[row.key] = row
+            self._versions.setdefault(row.operation_id, []).append(row.version)
+        for op, versions in self._versions.items():
+            versions.sort()
+            live = [v for v in versions if not self._rows[(op, v)].retired]
+            if live:
+                self._current[op] = self._rows[(op, live[-1])]
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __iter__(self) -> Iterator[Row]:
+        return iter(self.rows())
+
+    def rows(self, *, include_retired: bool = True) -> list[Row]:
+        """All rows ordered by operation and version."""
+        return [
+            self._rows[k]
+            for k in sorted(self._rows)
+            if include_retired or not self._rows[k].retired
+        ]
+
+    def current_rows(self) -> list[Row]:
+        """The newest non-retired version of every operation."""
+        return [self._current[op] for op in sorted(self._current)]
+
+    def versions(self, operation_id: str) -> list[int]:
+        return list(self._versions.get(operation_id, ()))
+
+    def resolve(self, operation_id: str, version: int | None = None,
+                environment: str | None = None) -> Row:
+        """The row for a call, or the refusal that says why there is none."""
+        if version is None:
+            row = self._current.get(operation_id)
+            if row is None:
+                if operation_id not in self._versions:
+                    raise UnknownOperation(
+                        f"no capability row declares operation {operation_id!r}",
+                        operation_id=operation_id,
+                    )
+                last = self._rows[(operation_id, self._versions[operation_id][-1])]
+                raise RetiredRow(f"every version of {operation_id} is retired",
+                                 operation_id=operation_id, version=last.version)
+        else:
+            found = self._rows.get((operation_id, version))
+            if found is None:
+                if operation_id not in self._versions:
+                    raise UnknownOperation(
+                        f"no capability row declares operation {operation_id!r}",
+                        operation_id=operation_id,
+                    )
+                raise UnknownVersion(
+                    f"{operation_id} has no version {version}; registered: "
+                    f"{', '.join(map(str, self._versions[operation_id]))}",
+                    operation_id=operation_id, version=version,
+                    registered=self._versions[operation_id],
+                )
+            if found.retired:
+                current = self._current.get(operation_id)
+                hint = f"; call version {current.version}" if current else ""
+                raise RetiredRow(f"{found.ref} is retired{hint}", operation_id=operation_id,
+                                 version=version)
+            row = found
+        if environment is not None and environment not in row.environments:
+            raise EnvironmentNotAllowed(
+                f"{row.ref} is not allowed in environment {environment!r} "
+                f"(allowed: {', '.join(row.environments)})",
+                operation_id=operation_id, version=row.version, environment=environment,
+                allowed=list(row.environments),
+            )
+        return row
