@@ -1,0 +1,7 @@
+"""``python -m capgate``."""
+
+import sys
+
+from capgate.cli import main
+
+sys.exit(main())

@@ -1,0 +1,89 @@
+"""``capgate``: a thin command line over the libraries.
+
+One function per command, each a few lines that call ``registry``,
+``executor`` or ``ddl`` and print the result.  Every command takes ``--json``.
+A ``CapgateError`` prints ``FAILED: CODE: message`` (or its JSON form) and maps
+to its exit code: 0 ok, 1 refused or invalid, 2 usage or configuration,
+3 outcome unknown or reconciliation required, 4 approval required.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from registry.errors import EXIT_USAGE, CapgateError, RegistryError
+
+Handler = Callable[[argparse.Namespace], int]
+_COMMANDS: dict[str, tuple[Handler, str]] = {}
+
+
+def emit(args: argparse.Namespace, payload: Any, text: str | None = None) -> None:
+    """Print JSON with ``--json``, else the human text."""
+    if getattr(args, "json", False):
+        print(json.dumps(payload, indent=2, ensure_ascii=False, default=str))
+    elif text is not None:
+        print(text)
+
+
+def _common() -> argparse.ArgumentParser:
+    parent = argparse.ArgumentParser(add_help=False)
+    parent.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    parent.add_argument("--traceback", action="store_true", help="show tracebacks of errors")
+    parent.add_argument("--config", metavar="FILE", default=None,
+                        help="configuration file (default: capgate.toml, env CAPGATE_CONFIG)")
+    return parent
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from capgate import commands
+
+    parser = argparse.ArgumentParser(
+        prog="capgate",
+        description="Connector capability registry and gated database-write executor.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    commands.register(sub, _common())
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler: Handler = args.handler
+    try:
+        return handler(args)
+    except CapgateError as exc:
+        _report(args, exc)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # an unexpected failure: never a silent success
+        if getattr(args, "traceback", False):
+            traceback.print_exc()
+        print(f"FAILED: internal error: {type(exc).__name__}: {exc} (use --traceback)",
+              file=sys.stderr)
+        return EXIT_USAGE
+
+
+def _report(args: argparse.Namespace, exc: CapgateError) -> None:
+    if getattr(args, "traceback", False):
+        traceback.print_exc()
+    if getattr(args, "json", False):
+        print(json.dumps({"status": "failed", **exc.to_dict()}, indent=2, default=str))
+        return
+    if isinstance(exc, RegistryError) and exc.problems:
+        for problem in exc.problems:
+            print(problem.render(), file=sys.stderr)
+        print(f"FAILED: {len(exc.problems)} problem(s)", file=sys.stderr)
+        return
+    print(f"FAILED: {exc}", file=sys.stderr)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
