@@ -66,8 +66,9 @@ def card(row: Row) -> str:
     if row.replay:
         sections.append(("replay", [("replay", row.replay.sql, "")]))
     if row.landed_probe:
-        sections.append(("landed probe", [("probe", row.landed_probe.sql,
-                                           f"expect {json.dumps(row.landed_probe.expect.to_dict())}")]))
+        probe = row.landed_probe
+        probe_note = f"expect {json.dumps(probe.expect.to_dict())}"
+        sections.append(("landed probe", [("probe", probe.sql, probe_note)]))
     for title, items in sections:
         if not items:
             continue
