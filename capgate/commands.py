@@ -51,6 +51,15 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     commands_exec.register(sub, common)
 
 
+def _capability_paths(args: argparse.Namespace) -> list[str]:
+    """``--capabilities`` if given, else the configured paths."""
+    if args.capabilities:
+        return list(args.capabilities)
+    from capgate.config import load_settings
+
+    return list(load_settings(args.config).capabilities)
+
+
 def row_summary(row: Row) -> dict[str, Any]:
     return {
         "operation_id": row.operation_id,
@@ -95,7 +104,7 @@ def cmd_lock(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    registry = load_registry(args.capabilities or [DEFAULT_PATH])
+    registry = load_registry(_capability_paths(args))
     rows = registry.rows(include_retired=True) if args.all else registry.rows(
         include_retired=False)
     lines = [f"{'OPERATION':<32} {'VER':>3}  {'EFFECT':<13} {'SHAPE':<9} {'AUTH':<11} ENVIRONMENTS"]
@@ -108,7 +117,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    registry = load_registry(args.capabilities or [DEFAULT_PATH])
+    registry = load_registry(_capability_paths(args))
     op, _, ver = args.operation.partition("@")
     if ver and not ver.isdigit():
         raise errors.UsageError(f"version must be an integer, got {ver!r}")

@@ -1,13 +1,211 @@
-"""Executor commands: demo (more land with the executor)."""
+"""Executor commands: plan, approve, call, ledger verify/show, cases, demo."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import re
 from typing import Any
 
 from capgate import demo
+from capgate.api import build_executor
+from capgate.cli import emit
+from capgate.config import load_settings
+from executor.call import Executor
+from executor.ledger import open_ledger
+from registry.errors import EXIT_REFUSED, UsageError
 
 
 def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("demo", parents=[common], help="run the demo on the embedded default")
     p.set_defaults(handler=demo.cmd_demo)
+
+    def call_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument("operation", metavar="OPERATION[@VERSION]")
+        p.add_argument("--input", default="{}", help="inputs as a JSON object (or @file.json)")
+        p.add_argument("--case", required=True, help="the case this call belongs to")
+        p.add_argument("--as", dest="who", default=None,
+                       help="caller identity (default: CAPGATE_AGENT or config `agent`)")
+
+    p = sub.add_parser("plan", parents=[common], help="render a call's plan; runs no DML")
+    call_args(p)
+    p.set_defaults(handler=cmd_plan)
+
+    p = sub.add_parser("approve", parents=[common], help="approve a recorded plan")
+    p.add_argument("plan_hash", metavar="PLAN_HASH")
+    p.add_argument("--by", required=True, help="the approver")
+    p.add_argument("--role", required=True, help="the role the approver acts in")
+    p.add_argument("--ttl", default=None, help="lifetime, e.g. 30m, 2h, 900s (default: row's)")
+    p.set_defaults(handler=cmd_approve)
+
+    p = sub.add_parser("call", parents=[common], help="call a declared operation")
+    call_args(p)
+    p.add_argument("--key", default=None, help="idempotency key (default: the row's template)")
+    p.add_argument("--task", default=None, help="the task this case was opened for")
+    p.add_argument("--plan", dest="plan_hash", default=None,
+                   help="the approved plan hash this call must match")
+    p.set_defaults(handler=cmd_call)
+
+    ledger = sub.add_parser("ledger", help="the hash-chained ledger")
+    lsub = ledger.add_subparsers(dest="ledger_command", metavar="COMMAND", required=True)
+    p = lsub.add_parser("verify", parents=[common], help="verify chains and snapshots")
+    p.add_argument("--case", default=None)
+    p.set_defaults(handler=cmd_ledger_verify)
+    p = lsub.add_parser("show", parents=[common], help="a case's events")
+    p.add_argument("case")
+    p.set_defaults(handler=cmd_ledger_show)
+
+    p = sub.add_parser("cases", parents=[common], help="list cases")
+    p.add_argument("--open", action="store_true", help="only cases with unresolved intents")
+    p.set_defaults(handler=cmd_cases)
+
+
+def _executor(args: argparse.Namespace) -> Executor:
+    return build_executor(load_settings(args.config))
+
+
+def _inputs(raw: str) -> dict[str, Any]:
+    if raw.startswith("@"):
+        with open(raw[1:], encoding="utf-8") as fh:
+            raw = fh.read()
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"--input is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise UsageError("--input must be a JSON object")
+    return value
+
+
+def _op(spec: str) -> tuple[str, int | None]:
+    op, _, ver = spec.partition("@")
+    if ver and not ver.isdigit():
+        raise UsageError(f"version must be an integer, got {ver!r}")
+    return op, int(ver) if ver else None
+
+
+def _who(args: argparse.Namespace) -> str:
+    who = args.who or load_settings(args.config).agent
+    if not who:
+        raise UsageError("say who is calling: --as WHO (or CAPGATE_AGENT)")
+    return str(who)
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    op, version = _op(args.operation)
+    executor = _executor(args)
+    plan = executor.plan(op, _inputs(args.input), case=args.case, who=_who(args),
+                         version=version)
+    body = plan.to_dict()
+    lines = [f"plan {plan.plan_hash}",
+             f"  {body['operation_id']}@{body['version']} on {body['connector']} "
+             f"({body['environment']}), {body['effect_class']}"
+             f"{'/' + body['shape'] if body['shape'] else ''}",
+             f"  target: {json.dumps(body['target'])}",
+             f"  impact keys: {', '.join(body['impact_keys']) or '-'}"]
+    for i, st in enumerate(body["statements"] + body["steps"]):
+        sql = " ".join((st.get("sql") or st.get("check", {}).get("sql", "")).split())
+        lines.append(f"  [{i + 1}] {sql}")
+        lines.append(f"      binds {json.dumps(st.get('binds', {}))}; "
+                     f"expect {st.get('expect_rows')}")
+    for check in body["verify"]:
+        lines.append(f"  verify {check['name']}: expect {json.dumps(check['expect'])}")
+    auth = body["authorization"]
+    if auth["kind"] == "gate":
+        lines.append(f"  approval needed from: {', '.join(auth['approver_roles'])}"
+                     f"{' (four eyes)' if auth['four_eyes'] else ''}")
+    emit(args, body, "\n".join(lines))
+    return 0
+
+
+_TTL = re.compile(r"^(\d+)\s*([smhd]?)$")
+
+
+def _ttl(raw: str | None) -> int | None:
+    if raw is None:
+        return None
+    m = _TTL.match(raw.strip())
+    if not m:
+        raise UsageError(f"--ttl must look like 900s, 30m, 2h or 1d, got {raw!r}")
+    return int(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+
+
+def cmd_approve(args: argparse.Namespace) -> int:
+    executor = _executor(args)
+    record = executor.approve(args.plan_hash, by=args.by, role=args.role,
+                              ttl_seconds=_ttl(args.ttl))
+    emit(args, record, f"approved {record['plan_hash']} by {record['by']} as {record['role']}, "
+                       f"single use, expires {record['expires_at']}")
+    return 0
+
+
+def cmd_call(args: argparse.Namespace) -> int:
+    op, version = _op(args.operation)
+    executor = _executor(args)
+    outcome = executor.call(op, _inputs(args.input), case=args.case, who=_who(args),
+                            version=version, key=args.key, task=args.task,
+                            plan_hash=args.plan_hash)
+    payload = outcome.to_dict()
+    replayed = " (recorded outcome, nothing executed)" if outcome.replayed else ""
+    text = [f"{outcome.status}: {outcome.operation_id}@{outcome.version} intent "
+            f"{outcome.intent_id}{replayed}"]
+    if outcome.reason:
+        text.append(f"  reason: {json.dumps(outcome.reason, default=str)}")
+    text.append(f"  evidence: {json.dumps(outcome.evidence, default=str)}")
+    emit(args, payload, "\n".join(text))
+    return outcome.exit_code
+
+
+def cmd_ledger_verify(args: argparse.Namespace) -> int:
+    settings = load_settings(args.config)
+    with open_ledger(settings.ledger_url) as ledger:
+        report = ledger.verify(args.case)
+    findings = [f.to_dict() for f in report.findings]
+    payload = {"ok": report.ok, "cases": report.cases_checked, "events": report.events_checked,
+               "mac_checked": report.mac_checked, "findings": findings}
+    lines = [f"{f['case_id']} seq {f.get('seq')}: {f['kind']}: {f.get('detail', '')}"
+             for f in findings]
+    no_mac = "" if report.mac_checked else " (no HMAC key: whole-chain rewrites undetectable)"
+    lines.append(("ok" if report.ok else "FAILED") + f": {report.cases_checked} case(s), "
+                 f"{report.events_checked} event(s), {len(findings)} finding(s){no_mac}")
+    emit(args, payload, "\n".join(lines))
+    return 0 if report.ok else EXIT_REFUSED
+
+
+def cmd_ledger_show(args: argparse.Namespace) -> int:
+    settings = load_settings(args.config)
+    with open_ledger(settings.ledger_url) as ledger:
+        events = ledger.events(args.case)
+        snapshot = ledger.snapshot(args.case)
+    if not events:
+        from registry.errors import UnknownCase
+
+        raise UnknownCase(f"no case {args.case!r} in the ledger", case=args.case)
+    lines = [f"case {args.case}: {len(events)} event(s)"]
+    for e in events:
+        brief = {k: v for k, v in e.payload.items() if k not in ("request", "outcome")}
+        extra = ""
+        if "outcome" in e.payload:
+            out = e.payload["outcome"]
+            extra = f" -> {out.get('status')}"
+            if out.get("reason"):
+                extra += f" ({json.dumps(out['reason'], default=str)[:160]})"
+        lines.append(f"  {e.seq:>3} {e.recorded_at} {e.kind:<18} {e.intent_id or '-':<32}"
+                     f"{extra}{'' if extra else ' ' + json.dumps(brief, default=str)[:120]}")
+    emit(args, {"case": args.case, "events": [e.to_dict() for e in events],
+                "snapshot": snapshot}, "\n".join(lines))
+    return 0
+
+
+def cmd_cases(args: argparse.Namespace) -> int:
+    settings = load_settings(args.config)
+    with open_ledger(settings.ledger_url) as ledger:
+        summaries = ledger.cases(open_only=args.open)
+    rows: list[dict[str, Any]] = [
+        {"case": c.case_id, "open": c.open, "events": c.head_seq + 1,
+         "updated_at": c.updated_at.isoformat(), "intents": dict(c.statuses)}
+        for c in summaries]
+    lines = [f"{r['case']:<32} {'OPEN' if r['open'] else 'closed':<7} {r['events']:>4} events  "
+             + ", ".join(f"{i[:8]}:{s}" for i, s in r["intents"].items()) for r in rows]
+    emit(args, rows, "\n".join(lines) or "no cases")
+    return 0

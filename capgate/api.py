@@ -1,0 +1,50 @@
+"""The Python API: open an executor from configuration, then plan, approve, call.
+
+    import capgate
+    with capgate.open() as gate:
+        outcome = gate.call("policy.add_note", {"policy_id": 1, "note": "called"},
+                            case="TICKET-1", who="claims-agent")
+        print(outcome.status, outcome.evidence)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from capgate.config import Settings, load_settings
+from executor.call import Executor
+from executor.connectors import Connectors
+from executor.grants import Grants
+from executor.ledger import Ledger, open_ledger
+from registry.loader import load_registry
+from registry.registry import Registry
+
+
+def build_executor(settings: Settings, *, registry: Registry | None = None,
+                   ledger: Ledger | None = None, grants: Grants | None = None) -> Executor:
+    """An executor wired from settings (each part may be supplied instead)."""
+    return Executor(
+        registry=registry if registry is not None else load_registry(settings.capabilities),
+        connectors=Connectors(dict(settings.connectors)),
+        ledger=ledger if ledger is not None else open_ledger(settings.ledger_url),
+        grants=grants if grants is not None else (
+            Grants.load(settings.grants) if settings.grants else Grants()),
+    )
+
+
+@contextmanager
+def open(config: str | Path | None = None, *, capabilities: Sequence[str] | None = None,
+         env: Mapping[str, str] | None = None, **parts: Any) -> Iterator[Executor]:
+    """Open an executor from ``capgate.toml`` (or ``config``); closes it afterwards."""
+    settings = load_settings(config, env)
+    if capabilities is not None:
+        settings = Settings(**{**settings.__dict__, "capabilities": tuple(capabilities)})
+    executor = build_executor(settings, **parts)
+    try:
+        yield executor
+    finally:
+        executor.connectors.dispose()
+        executor.ledger.close()

@@ -1,0 +1,550 @@
+"""The executor: plan, approve and call declared operations.
+
+A call passes these boundaries, each durable in the ledger before the next:
+
+    resolve row - validate input - authorize (grant; approval bound to the plan hash)
+    - continuation check - idempotency - ledger: prepared - open transaction
+    - ledger: attempt_started (with the transaction's identity)
+    - statements (expected counts) - verify - replay - landing marker - COMMIT | ROLLBACK
+    - ledger: observed (outcome + evidence) - post-commit checks (- compensation)
+
+No model call, human gate or agent hop happens between opening the
+transaction and COMMIT: the collapsed shape (A) runs it all inside this one
+function.  ``CAPGATE_CRASH_AT`` (test-only) names a boundary at which the
+process kills itself with SIGKILL, so crash tests hit real boundaries.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import signal
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+import jsonschema
+import sqlalchemy as sa
+
+from executor import outcome as oc
+from executor.checks import CheckResult, evaluate
+from executor.connectors import Connector, Connectors
+from executor.dialects import SessionTag, TxIdentity
+from executor.dialects.base import MARKER_TABLE
+from executor.grants import Grants
+from executor.ledger import Ledger
+from executor.outcome import Outcome, jsonable
+from executor.plan import Plan, binds_for, fingerprint, idempotency_key, render
+from registry.errors import (
+    ApprovalExpired,
+    ApprovalMismatch,
+    ApprovalRequired,
+    ApprovalUsed,
+    BudgetExhausted,
+    CaseConflict,
+    IdempotencyConflict,
+    InputInvalid,
+    OutcomeUnknown,
+    ReconciliationRequired,
+    SelfApproval,
+    UnknownPlan,
+    UsageError,
+)
+from registry.model import AuthKind, EffectClass, Row, Shape
+from registry.registry import Registry
+
+CRASH_ENV = "CAPGATE_CRASH_AT"
+CRASH_POINTS = ("after_prepared", "after_attempt_started", "before_commit", "after_commit",
+                "after_observed")
+TERMINAL = frozenset({"observed", "reconciled", "escalation_resolved"})
+
+
+def crash_point(name: str) -> None:
+    """Test-only: die here, hard, when ``CAPGATE_CRASH_AT`` names this boundary."""
+    if os.environ.get(CRASH_ENV) == name:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def now_utc() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+@lru_cache(maxsize=4096)
+def _input_validator(row_hash: str, schema_json: str) -> jsonschema.Draft202012Validator:
+    import json
+
+    return jsonschema.Draft202012Validator(json.loads(schema_json))
+
+
+def validate_input(row: Row, inputs: Mapping[str, Any]) -> None:
+    """Refuse inputs that break the row's contract, naming the field."""
+    import json
+
+    from registry.model import thaw
+
+    validator = _input_validator(row.row_hash, json.dumps(thaw(row.input), sort_keys=True))
+    errors = sorted(validator.iter_errors(dict(inputs)), key=lambda e: list(e.absolute_path))
+    if errors:
+        first = errors[0]
+        where = ".".join(str(p) for p in first.absolute_path) or "(input)"
+        if first.validator == "additionalProperties" and isinstance(first.instance, dict):
+            allowed = set(first.schema.get("properties", {})) if isinstance(
+                first.schema, dict) else set()
+            extras = sorted(set(first.instance) - allowed)
+            prefix = where + "." if where != "(input)" else ""
+            where = ", ".join(prefix + e for e in extras) or where
+        elif first.validator == "required" and isinstance(first.instance, dict):
+            missing = [r for r in first.validator_value if r not in first.instance]  # type: ignore[union-attr]
+            where = ", ".join(missing) or where
+        raise InputInvalid(
+            f"input does not satisfy the contract of {row.ref}: {where}: {first.message}",
+            field=where, problems=[{"field": ".".join(str(p) for p in e.absolute_path),
+                                    "message": e.message} for e in errors],
+            operation_id=row.operation_id, version=row.version,
+        )
+
+
+@dataclass(frozen=True)
+class CallContext:
+    row: Row
+    inputs: Mapping[str, Any]
+    case_id: str
+    who: str
+    connector: Connector
+    intent_id: str
+    idem_key: str | None
+    fingerprint: str
+    plan: Plan
+    attempt: int = 1
+    rehearse: bool = False
+
+    @property
+    def tag(self) -> SessionTag:
+        return SessionTag(self.case_id, self.row.operation_id, self.intent_id)
+
+    def outcome(self, status: str, evidence: Mapping[str, Any],
+                reason: Mapping[str, Any] | None = None) -> Outcome:
+        return Outcome(status=status, intent_id=self.intent_id, case_id=self.case_id,
+                       operation_id=self.row.operation_id, version=self.row.version,
+                       row_hash=self.row.row_hash, idempotency_key=self.idem_key,
+                       fingerprint=self.fingerprint, attempt=self.attempt,
+                       evidence=evidence, reason=reason)
+
+
+class Rollback(Exception):
+    """Internal: a count, check or error that rolls the transaction back."""
+
+    def __init__(self, reason: dict[str, Any]):
+        super().__init__(reason.get("kind", "rollback"))
+        self.reason = reason
+
+
+class Executor:
+    """Runs declared operations against configured connectors, recording everything."""
+
+    def __init__(self, registry: Registry, connectors: Connectors, ledger: Ledger,
+                 grants: Grants, *, clock: Callable[[], dt.datetime] = now_utc):
+        self.registry = registry
+        self.connectors = connectors
+        self.ledger = ledger
+        self.grants = grants
+        self.clock = clock
+
+    # --- resolution ----------------------------------------------------------
+
+    def resolve(self, operation_id: str, version: int | None = None) -> tuple[Row, Connector]:
+        """The row and its connector; the row reaches only its own connector's database."""
+        candidate = self.registry.resolve(operation_id, version)
+        config = self.connectors.config(candidate.connector)
+        row = self.registry.resolve(operation_id, version, config.environment)
+        return row, self.connectors.get(row.connector)
+
+    def plan(self, operation_id: str, inputs: Mapping[str, Any], *, case: str, who: str,
+             version: int | None = None, record: bool = True) -> Plan:
+        """Render the plan (no DML); record it so an approver can find it by hash."""
+        row, connector = self.resolve(operation_id, version)
+        validate_input(row, inputs)
+        self.grants.check_call(who, row, connector.name, connector.environment)
+        plan = render(row, inputs, connector.name, connector.environment)
+        if record:
+            self.ledger.record_plan(plan.plan_hash, case, who, plan.to_dict())
+        return plan
+
+    def approve(self, plan_hash: str, *, by: str, role: str,
+                ttl_seconds: int | None = None) -> dict[str, Any]:
+        """Record a single-use, expiring approval of a recorded plan."""
+        record = self.ledger.get_plan(plan_hash)
+        body = record.plan
+        row = self.registry.resolve(body["operation_id"], int(body["version"]))
+        if row.authorization.kind is not AuthKind.GATE and row.effect_class is not EffectClass.DDL:
+            raise UsageError(f"{row.ref} is not gated; it needs no approval")
+        self.grants.check_approver(by, role, row.authorization.approver_roles)
+        if row.authorization.four_eyes and by == record.requester:
+            raise SelfApproval(
+                f"{by!r} requested this plan and cannot approve it: {row.ref} requires four eyes",
+                approver=by, plan_hash=plan_hash)
+        ttl = ttl_seconds or row.authorization.approval_ttl_seconds
+        approval = self.ledger.record_approval(plan_hash, by, role, ttl, now=self.clock())
+        self.ledger.append(record.case_id, "approval_recorded", {"case_state": {
+            "last_approval": {"plan_hash": plan_hash, "by": by, "role": role,
+                              "expires_at": approval.expires_at.isoformat()}}})
+        return {"plan_hash": plan_hash, "approval_id": approval.approval_id, "by": by,
+                "role": role, "expires_at": approval.expires_at.isoformat(),
+                "operation_id": row.operation_id, "version": row.version,
+                "case": record.case_id}
+
+    # --- the call ------------------------------------------------------------
+
+    def call(self, operation_id: str, inputs: Mapping[str, Any], *, case: str, who: str,
+             version: int | None = None, key: str | None = None, task: str | None = None,
+             plan_hash: str | None = None, rehearse: bool = False) -> Outcome:
+        """Run one declared operation; answer with an outcome and its evidence."""
+        row, connector = self.resolve(operation_id, version)
+        inputs = dict(inputs)
+        validate_input(row, inputs)
+        self.grants.check_call(who, row, connector.name, connector.environment)
+        plan = render(row, inputs, connector.name, connector.environment)
+        if plan_hash is not None and plan_hash != plan.plan_hash:
+            raise ApprovalMismatch(
+                f"the approved plan {plan_hash} is not this call's plan {plan.plan_hash}",
+                approved=plan_hash, actual=plan.plan_hash)
+        self._check_case(case, task)
+        fp = fingerprint(row, inputs, connector.name, connector.environment)
+        idem = key or idempotency_key(row, inputs, case)
+        intent_id = uuid.uuid4().hex
+        if idem is not None and not rehearse:
+            existing = self.ledger.get_idempotency(idem)
+            if existing is not None:
+                replay = self._replay_recorded(existing, fp, idem)
+                if replay is not None:
+                    return replay
+                intent_id = existing.intent_id  # claimed, never prepared: adopt it
+        ctx = CallContext(row, inputs, case, who, connector, intent_id, idem, fp, plan,
+                          rehearse=rehearse)
+        if row.authorization.kind is AuthKind.GATE and not rehearse:
+            self._consume_approval(ctx)
+        if idem is not None and not rehearse:
+            claimed = self.ledger.claim_idempotency(
+                idem, case_id=case, intent_id=intent_id, fingerprint=fp,
+                operation_id=row.operation_id, version=row.version)
+            if claimed is not None and claimed.intent_id != intent_id:
+                replay = self._replay_recorded(claimed, fp, idem)
+                if replay is not None:
+                    return replay
+        if row.effect_class is EffectClass.READ:
+            return self._read(ctx)
+        if row.shape is Shape.LEASED:
+            from executor.lease import run_leased
+
+            return run_leased(self, ctx)
+        return self._collapsed(ctx)
+
+    # --- guards --------------------------------------------------------------
+
+    def _check_case(self, case: str, task: str | None) -> None:
+        snapshot = self.ledger.snapshot(case)
+        if snapshot is None:
+            return
+        open_intents = [i for i, s in snapshot.get("intents", {}).items()
+                        if s.get("status") not in TERMINAL]
+        if open_intents:
+            raise ReconciliationRequired(
+                f"case {case!r} has {len(open_intents)} unresolved intent(s); "
+                f"run `capgate resume {case}` first",
+                case=case, intents=open_intents)
+        recorded = snapshot.get("case", {}).get("task")
+        if task is not None and recorded is not None and recorded != task:
+            raise CaseConflict(
+                f"case {case!r} was opened for task {recorded!r}, not {task!r}; "
+                "use a new case for new work", case=case, recorded=recorded, task=task)
+
+    def _replay_recorded(self, existing: Any, fp: str, idem: str) -> Outcome | None:
+        if existing.fingerprint != fp:
+            raise IdempotencyConflict(
+                f"idempotency key {idem!r} was used for a different request "
+                f"(intent {existing.intent_id} in case {existing.case_id!r})",
+                key=idem, intent_id=existing.intent_id, case=existing.case_id)
+        snapshot = self.ledger.snapshot(existing.case_id) or {}
+        state = snapshot.get("intents", {}).get(existing.intent_id)
+        if state is None:
+            return None
+        if state.get("status") in TERMINAL and state.get("outcome_record"):
+            return Outcome.from_dict(state["outcome_record"], replayed=True)
+        raise ReconciliationRequired(
+            f"the request with key {idem!r} is in flight or its outcome is unknown "
+            f"(intent {existing.intent_id}); run `capgate resume {existing.case_id}`",
+            case=existing.case_id, intent_id=existing.intent_id)
+
+    def _consume_approval(self, ctx: CallContext) -> None:
+        plan = ctx.plan
+        approvals = self.ledger.approvals_for(plan.plan_hash)
+        now = self.clock()
+        four_eyes = ctx.row.authorization.four_eyes
+        usable = [a for a in approvals if a.used_by_intent is None and a.expires_at > now
+                  and not (four_eyes and a.approver == ctx.who)]
+        if not usable:
+            self.ledger.record_plan(plan.plan_hash, ctx.case_id, ctx.who, plan.to_dict())
+            details = {"plan_hash": plan.plan_hash, "plan": plan.to_dict(),
+                       "approver_roles": list(ctx.row.authorization.approver_roles),
+                       "four_eyes": four_eyes}
+            if any(a.used_by_intent is None and a.expires_at > now for a in approvals):
+                raise SelfApproval(f"the only approval of {plan.plan_hash} is the requester's "
+                                   "own; four eyes requires another approver", **details)
+            if any(a.used_by_intent is None for a in approvals):
+                raise ApprovalExpired(f"the approval of plan {plan.plan_hash} has expired",
+                                      **details)
+            if approvals:
+                raise ApprovalUsed(f"the approval of plan {plan.plan_hash} was already used",
+                                   **details)
+            raise ApprovalRequired(
+                f"{ctx.row.ref} is gated: approve plan {plan.plan_hash} with "
+                f"`capgate approve {plan.plan_hash} --by WHO --role "
+                f"{'|'.join(ctx.row.authorization.approver_roles)}`", **details)
+        try:
+            self.ledger.consume_approval(plan.plan_hash, ctx.intent_id, now=now)
+        except UnknownPlan:
+            raise ApprovalRequired(f"{ctx.row.ref} is gated: no approval for {plan.plan_hash}",
+                                   plan_hash=plan.plan_hash, plan=plan.to_dict()) from None
+
+    # --- ledger boundaries ---------------------------------------------------
+
+    def _prepared(self, ctx: CallContext) -> None:
+        row = ctx.row
+        self.ledger.append(ctx.case_id, "prepared", {
+            "request": {"operation_id": row.operation_id, "version": row.version,
+                        "inputs": dict(ctx.inputs), "who": ctx.who,
+                        "connector": ctx.connector.name,
+                        "environment": ctx.connector.environment},
+            "state": {"operation_id": row.operation_id, "version": row.version,
+                      "row_hash": row.row_hash, "idempotency_key": ctx.idem_key,
+                      "fingerprint": ctx.fingerprint, "connector": ctx.connector.name,
+                      "environment": ctx.connector.environment, "who": ctx.who,
+                      "effect_class": str(row.effect_class), "recovery": str(row.recovery),
+                      "plan_hash": ctx.plan.plan_hash, "attempt": 0, "inputs": dict(ctx.inputs)},
+        }, intent_id=ctx.intent_id)
+        crash_point("after_prepared")
+
+    def _attempt_started(self, ctx: CallContext, identity: TxIdentity) -> None:
+        self.ledger.append(ctx.case_id, "attempt_started", {
+            "state": {"attempt": ctx.attempt, "tx": identity.to_dict(),
+                      "started_at": self.clock().isoformat()},
+        }, intent_id=ctx.intent_id)
+        crash_point("after_attempt_started")
+
+    def _observed(self, ctx: CallContext, result: Outcome) -> Outcome:
+        record = result.to_dict()
+        self.ledger.append(ctx.case_id, "observed", {
+            "outcome": record,
+            "state": {"outcome": result.status, "outcome_record": record},
+        }, intent_id=ctx.intent_id)
+        crash_point("after_observed")
+        return result
+
+    # --- shapes --------------------------------------------------------------
+
+    def _connect(self, connector: Connector) -> sa.Connection:
+        try:
+            return connector.engine.connect()
+        except sa.exc.TimeoutError:
+            raise BudgetExhausted(
+                f"connector {connector.name!r} has no free session within its budget of "
+                f"{connector.config.session_budget}", connector=connector.name,
+                budget=connector.config.session_budget) from None
+
+    def _read(self, ctx: CallContext) -> Outcome:
+        row = ctx.row
+        dialect = ctx.connector.dialect
+        cap = row.max_rows or 1000
+        evidence: dict[str, Any] = {"statements": []}
+        reason: dict[str, Any] | None = None
+        with self._connect(ctx.connector) as conn:
+            try:
+                dialect.begin_read(conn, ctx.tag, row.timeout.seconds)
+                for i, st in enumerate(row.statements):
+                    result = conn.execute(sa.text(dialect.sql(st.sql, ctx.tag)),
+                                          binds_for(st.sql, ctx.inputs))
+                    columns = list(result.keys())
+                    fetched = result.fetchmany(cap + 1)
+                    truncated = len(fetched) > cap
+                    rows = [jsonable(list(r)) for r in fetched[:cap]]
+                    evidence["statements"].append({"columns": columns, "rows": rows,
+                                                   "count": len(rows), "truncated": truncated})
+                    if st.expect_rows is not None and not truncated and \
+                            not st.expect_rows.matches(len(rows)):
+                        reason = {"kind": "count", "statement": i, "name": st.name,
+                                  "expected": st.expect_rows.to_value(), "actual": len(rows)}
+                        break
+            except sa.exc.DBAPIError as exc:
+                reason = self._db_error_reason(ctx, exc, "statement")
+            finally:
+                conn.rollback()
+                dialect.end_read(conn)
+        if row.statements and len(evidence["statements"]) == 1:
+            evidence["rows"] = evidence["statements"][0]["rows"]
+            evidence["columns"] = evidence["statements"][0]["columns"]
+        status = oc.READ_OK if reason is None else oc.ROLLED_BACK
+        return ctx.outcome(status, evidence, reason)
+
+    def _db_error_reason(self, ctx: CallContext, exc: sa.exc.DBAPIError,
+                         where: str) -> dict[str, Any]:
+        dialect = ctx.connector.dialect
+        message = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
+        if dialect.is_timeout(exc):
+            return {"kind": "timeout", "where": where, "message": message,
+                    "timeout_seconds": ctx.row.timeout.seconds,
+                    "on_timeout": str(ctx.row.timeout.on_timeout)}
+        if dialect.is_read_only_violation(exc):
+            return {"kind": "read_only_violation", "where": where, "message": message}
+        return {"kind": "database_error", "where": where, "message": message,
+                "connection_lost": bool(exc.connection_invalidated)}
+
+    def _collapsed(self, ctx: CallContext) -> Outcome:
+        connector = ctx.connector
+        connector.ensure_marker()
+        if not ctx.rehearse:
+            self._prepared(ctx)
+        result = self.run_transaction(ctx, lambda conn, ev: self._statements(ctx, conn, ev))
+        if ctx.rehearse:
+            return result
+        self._observed(ctx, result)
+        if result.status == oc.APPLIED and ctx.row.post_commit:
+            return self._post_commit(ctx, result)
+        return result
+
+    def run_transaction(self, ctx: CallContext,
+                        body: Callable[[sa.Connection, dict[str, Any]], None]) -> Outcome:
+        """Open, label, run ``body``, add the marker, COMMIT; or ROLLBACK with the reason."""
+        connector = ctx.connector
+        dialect = connector.dialect
+        evidence: dict[str, Any] = {}
+        with self._connect(connector) as conn:
+            try:
+                identity = dialect.begin_write(conn, ctx.tag, ctx.row.timeout.seconds,
+                                               ctx.row.timeout.lock_seconds)
+                if not ctx.rehearse:
+                    self._attempt_started(ctx, identity)
+                body(conn, evidence)
+                self._marker(conn, ctx)
+            except Rollback as rb:
+                conn.rollback()
+                dialect.reset_session(conn)
+                return ctx.outcome(oc.ROLLED_BACK, evidence, rb.reason)
+            except sa.exc.DBAPIError as exc:
+                reason = self._db_error_reason(ctx, exc, "statement")
+                try:
+                    conn.rollback()
+                    dialect.reset_session(conn)
+                except sa.exc.DBAPIError:
+                    pass  # the connection is gone; COMMIT was never sent, nothing landed
+                return ctx.outcome(oc.ROLLED_BACK, evidence, reason)
+            if ctx.rehearse:
+                conn.rollback()
+                dialect.reset_session(conn)
+                return ctx.outcome(oc.APPLIED, evidence, {"kind": "rehearsal_rolled_back"})
+            crash_point("before_commit")
+            try:
+                conn.commit()
+            except sa.exc.DBAPIError as exc:
+                if exc.connection_invalidated:
+                    self.ledger.append(ctx.case_id, "commit_uncertain", {
+                        "state": {"error": str(exc.orig).splitlines()[0] if exc.orig else ""},
+                    }, intent_id=ctx.intent_id)
+                    raise OutcomeUnknown(
+                        f"the connection was lost around COMMIT of intent {ctx.intent_id}; "
+                        f"run `capgate resume {ctx.case_id}` to establish what landed",
+                        case=ctx.case_id, intent_id=ctx.intent_id) from None
+                reason = self._db_error_reason(ctx, exc, "commit")
+                return ctx.outcome(oc.ROLLED_BACK, evidence, reason)
+            crash_point("after_commit")
+            try:
+                dialect.reset_session(conn)
+            except sa.exc.DBAPIError:
+                conn.invalidate()
+        return ctx.outcome(oc.APPLIED, evidence)
+
+    def _statements(self, ctx: CallContext, conn: sa.Connection,
+                    evidence: dict[str, Any]) -> None:
+        """Statements with expected counts, then verify and replay, in the open transaction."""
+        dialect = ctx.connector.dialect
+        counts: list[int] = []
+        evidence["counts"] = counts
+        for i, st in enumerate(ctx.row.statements):
+            n = conn.execute(sa.text(dialect.sql(st.sql, ctx.tag)),
+                             binds_for(st.sql, ctx.inputs)).rowcount
+            counts.append(n)
+            if st.expect_rows is not None and not st.expect_rows.matches(n):
+                raise Rollback({"kind": "count", "statement": i, "name": st.name,
+                                 "sql": st.sql, "expected": st.expect_rows.to_value(),
+                                 "actual": n})
+        self.verify_and_replay(ctx, conn, evidence)
+
+    def verify_and_replay(self, ctx: CallContext, conn: sa.Connection,
+                          evidence: dict[str, Any]) -> None:
+        """Same-session checks before COMMIT: what other sessions cannot see yet."""
+        dialect = ctx.connector.dialect
+        results: list[dict[str, Any]] = []
+        evidence["verify"] = results
+        for check in ctx.row.verify:
+            rows = conn.execute(sa.text(dialect.sql(check.sql, ctx.tag)),
+                                binds_for(check.sql, ctx.inputs)).fetchmany(1001)
+            result = evaluate(check.name, check.expect, rows)
+            results.append(result.to_dict())
+            if not result.ok:
+                raise Rollback({"kind": "verify", "check": check.name, "sql": check.sql,
+                                 "expected": result.expected, "actual": result.actual})
+        replay = ctx.row.replay
+        if replay is not None:
+            cap = replay.max_rows or 100
+            res = conn.execute(sa.text(dialect.sql(replay.sql, ctx.tag)),
+                               binds_for(replay.sql, ctx.inputs))
+            columns = list(res.keys())
+            rows = res.fetchmany(cap)
+            evidence["replay"] = {"columns": columns, "rows": jsonable([list(r) for r in rows])}
+            if replay.expect is not None:
+                result = evaluate("replay", replay.expect, rows)
+                if not result.ok:
+                    raise Rollback({"kind": "replay", "sql": replay.sql,
+                                     "expected": result.expected, "actual": result.actual})
+
+    def _marker(self, conn: sa.Connection, ctx: CallContext) -> None:
+        if ctx.idem_key is None:
+            return
+        conn.execute(sa.text(ctx.connector.dialect.sql(
+            f"INSERT INTO {MARKER_TABLE} (intent_id, idem_key, fingerprint, attempt, case_id,"
+            " operation_id, landed_at) VALUES (:intent_id, :idem_key, :fingerprint, :attempt,"
+            " :case_id, :operation_id, :landed_at)", ctx.tag)), {
+            "intent_id": ctx.intent_id, "idem_key": ctx.idem_key,
+            "fingerprint": ctx.fingerprint, "attempt": ctx.attempt, "case_id": ctx.case_id,
+            "operation_id": ctx.row.operation_id, "landed_at": self.clock().isoformat()})
+
+    # --- after commit --------------------------------------------------------
+
+    def _post_commit(self, ctx: CallContext, applied: Outcome) -> Outcome:
+        results = self.run_checks(ctx, ctx.row.post_commit)
+        failed = [r for r in results if not r.ok]
+        evidence = {**applied.evidence, "post_commit": [r.to_dict() for r in results]}
+        if not failed:
+            self.ledger.append(ctx.case_id, "post_commit_checked", {
+                "checks": [r.to_dict() for r in results]}, intent_id=None)
+            return Outcome(**{**applied.__dict__, "evidence": evidence})
+        from executor.compensate import compensate
+
+        return compensate(self, ctx, applied, failed, evidence)
+
+    def run_checks(self, ctx: CallContext, checks: Any) -> list[CheckResult]:
+        """Run checks in their own read-only transaction (after commit)."""
+        dialect = ctx.connector.dialect
+        out: list[CheckResult] = []
+        with self._connect(ctx.connector) as conn:
+            try:
+                dialect.begin_read(conn, ctx.tag, ctx.row.timeout.seconds)
+                for check in checks:
+                    rows = conn.execute(sa.text(dialect.sql(check.sql, ctx.tag)),
+                                        binds_for(check.sql, ctx.inputs)).fetchmany(1001)
+                    out.append(evaluate(check.name, check.expect, rows))
+            finally:
+                conn.rollback()
+                dialect.end_read(conn)
+        return out

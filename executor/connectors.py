@@ -1,0 +1,149 @@
+"""Connectors: named target databases, each reachable only by its own rows.
+
+A connector owns its SQLAlchemy engine and its dialect.  The marker table is
+created once per process and connector, outside any call's transaction
+(on MariaDB and Oracle DDL would commit the call's work implicitly).
+Passwords never leave this module: everything printable uses ``safe_url``.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import URL, make_url
+
+from executor.dialects import Dialect, dialect_for
+from registry.errors import ConfigError, ConnectorUnavailable, UnknownConnector
+
+ENVIRONMENTS = ("dev", "qa", "staging", "prod")
+DRIVERS = {"postgresql": "postgresql+psycopg", "postgres": "postgresql+psycopg",
+           "mysql": "mysql+pymysql", "mariadb": "mysql+pymysql", "oracle": "oracle+oracledb"}
+
+
+def normalise_url(raw: str | URL) -> URL:
+    """Pin capgate's drivers: psycopg 3, PyMySQL, python-oracledb."""
+    url = make_url(raw)
+    if url.drivername in DRIVERS:
+        url = url.set(drivername=DRIVERS[url.drivername])
+    elif url.drivername == "mariadb+pymysql":
+        url = url.set(drivername="mysql+pymysql")
+    return url
+
+
+def safe_url(url: str | URL) -> str:
+    return make_url(url).render_as_string(hide_password=True)
+
+
+@dataclass(frozen=True)
+class ConnectorConfig:
+    """One named target database, as configured."""
+
+    name: str
+    url: str
+    environment: str
+    session_budget: int = 6
+    """Most sessions capgate opens at once on this connector (checked before the database)."""
+    db_user_budget: int | None = None
+    """Most sessions of the connector's database user, across connectors sharing it."""
+    budget_wait_seconds: float = 0.0
+    """How long a call waits for a free session before it is refused."""
+    statement_timeout: float = 30.0
+    """Default server-side statement timeout, for rows that do not set one."""
+
+    def __post_init__(self) -> None:
+        if self.environment not in ENVIRONMENTS:
+            raise ConfigError(
+                f"connector {self.name!r}: environment must be one of {', '.join(ENVIRONMENTS)}, "
+                f"got {self.environment!r}", connector=self.name)
+        if self.session_budget < 1:
+            raise ConfigError(f"connector {self.name!r}: session_budget must be >= 1")
+
+    @property
+    def safe_url(self) -> str:
+        return safe_url(self.url)
+
+
+@dataclass
+class Connector:
+    """A live connector: engine, dialect and the once-per-process set-up."""
+
+    config: ConnectorConfig
+    engine: sa.Engine
+    dialect: Dialect
+    _marker_ready: bool = False
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    @property
+    def environment(self) -> str:
+        return self.config.environment
+
+    @classmethod
+    def open(cls, config: ConnectorConfig) -> Connector:
+        url = normalise_url(config.url)
+        dialect = dialect_for(url.get_backend_name())
+        options: dict[str, Any] = dialect.engine_options()
+        if url.get_backend_name() != "sqlite":
+            options.setdefault("pool_size", config.session_budget)
+            options.setdefault("max_overflow", 0)
+        engine = sa.create_engine(url, **options)
+        dialect.prepare_engine(engine)
+        return cls(config=config, engine=engine, dialect=dialect)
+
+    def ensure_marker(self) -> None:
+        if self._marker_ready:
+            return
+        with self._lock:
+            if self._marker_ready:
+                return
+            try:
+                with self.engine.connect() as conn:
+                    self.dialect.ensure_marker_table(conn)
+                    conn.commit()
+            except sa.exc.OperationalError as exc:
+                raise ConnectorUnavailable(
+                    f"connector {self.name!r} ({self.config.safe_url}) is unreachable: "
+                    f"{str(exc.orig).splitlines()[0] if exc.orig else exc}",
+                    connector=self.name,
+                ) from None
+            self._marker_ready = True
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+
+class Connectors:
+    """The configured connectors, opened lazily."""
+
+    def __init__(self, configs: dict[str, ConnectorConfig]):
+        self._configs = dict(configs)
+        self._open: dict[str, Connector] = {}
+        self._lock = threading.Lock()
+
+    def names(self) -> list[str]:
+        return sorted(self._configs)
+
+    def config(self, name: str) -> ConnectorConfig:
+        try:
+            return self._configs[name]
+        except KeyError:
+            raise UnknownConnector(
+                f"connector {name!r} is not configured (configured: "
+                f"{', '.join(sorted(self._configs)) or 'none'})", connector=name) from None
+
+    def get(self, name: str) -> Connector:
+        with self._lock:
+            if name not in self._open:
+                self._open[name] = Connector.open(self.config(name))
+            return self._open[name]
+
+    def dispose(self) -> None:
+        for connector in self._open.values():
+            connector.dispose()
+        self._open.clear()

@@ -1,0 +1,164 @@
+"""The small protocol every dialect implements, and its shared defaults.
+
+Capabilities are questions with a ``check=`` switch (psycopg style): with
+``check=True`` a missing feature raises ``NotSupported`` naming the dialect,
+so code that needs a commit-outcome probe says so instead of guessing.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import sqlalchemy as sa
+
+from registry.errors import CapgateError
+
+MARKER_TABLE = "capgate_landed"
+
+
+class NotSupported(CapgateError, code="CG390"):
+    """The database does not offer a mechanism this operation asked for.
+
+    The message names the dialect and the feature; use a row whose recovery
+    does not depend on it, or a database that has it.
+    """
+
+
+@dataclass(frozen=True)
+class SessionTag:
+    """Who is writing and why, as shown to a DBA looking at the server."""
+
+    case_id: str
+    operation_id: str
+    intent_id: str
+
+    def text(self, limit: int = 63) -> str:
+        raw = f"capgate {self.case_id} {self.operation_id} {self.intent_id}"
+        return _SAFE.sub("_", raw)[:limit]
+
+    def comment(self) -> str:
+        """A leading SQL comment; the text can never close the comment early."""
+        return f"/* capgate case={_SAFE.sub('_', self.case_id)} " \
+               f"op={_SAFE.sub('_', self.operation_id)} intent={self.intent_id} */ "
+
+
+_SAFE = re.compile(r"[^A-Za-z0-9_.:@ -]")
+
+
+@dataclass(frozen=True)
+class TxIdentity:
+    """What identifies a transaction after the fact (recorded before COMMIT)."""
+
+    dialect: str
+    values: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"dialect": self.dialect, **self.values}
+
+
+class Dialect:
+    """Defaults are the conservative answers: no probe, no server-side lease."""
+
+    name: ClassVar[str] = "generic"
+    transactional_ddl: ClassVar[bool] = False
+    commit_outcome_probe: ClassVar[bool] = False
+    server_side_lease: ClassVar[bool] = False
+
+    def has_commit_outcome(self, *, check: bool = False) -> bool:
+        if not self.commit_outcome_probe and check:
+            raise NotSupported(f"{self.name} has no commit-outcome probe", dialect=self.name)
+        return self.commit_outcome_probe
+
+    def has_server_side_lease(self, *, check: bool = False) -> bool:
+        if not self.server_side_lease and check:
+            raise NotSupported(f"{self.name} cannot enforce a lease server-side",
+                               dialect=self.name)
+        return self.server_side_lease
+
+    # --- engines and sessions ------------------------------------------------
+
+    def engine_options(self) -> dict[str, Any]:
+        return {"pool_pre_ping": True}
+
+    def prepare_engine(self, engine: sa.Engine) -> None:
+        """Install event hooks (e.g. SQLite pragmas)."""
+
+    def marker_ddl(self) -> list[str]:
+        return [
+            f"CREATE TABLE IF NOT EXISTS {MARKER_TABLE} ("
+            " intent_id VARCHAR(64) NOT NULL PRIMARY KEY,"
+            " idem_key VARCHAR(400) NOT NULL UNIQUE,"
+            " fingerprint VARCHAR(80) NOT NULL,"
+            " attempt INTEGER NOT NULL,"
+            " case_id VARCHAR(200) NOT NULL,"
+            " operation_id VARCHAR(64) NOT NULL,"
+            " landed_at VARCHAR(40) NOT NULL)"
+        ]
+
+    def ensure_marker_table(self, conn: sa.Connection) -> None:
+        for ddl in self.marker_ddl():
+            conn.execute(sa.text(ddl))
+
+    def sql(self, text: str, tag: SessionTag | None) -> str:
+        """The SQL as sent; dialects without a session label prefix a comment."""
+        return text
+
+    def begin_write(self, conn: sa.Connection, tag: SessionTag, timeout_s: float,
+                    lock_timeout_s: float | None) -> TxIdentity:
+        """Start the write transaction, label it, set server timeouts, return its identity."""
+        raise NotImplementedError
+
+    def begin_read(self, conn: sa.Connection, tag: SessionTag, timeout_s: float) -> None:
+        """Start an engine-enforced read-only transaction."""
+        raise NotImplementedError
+
+    def end_read(self, conn: sa.Connection) -> None:
+        """Undo session state a read left behind (before the connection returns to the pool)."""
+
+    def reset_session(self, conn: sa.Connection) -> None:
+        """Undo session-level settings after a write (before the pool reuses the connection)."""
+
+    # --- errors --------------------------------------------------------------
+
+    def is_timeout(self, exc: BaseException) -> bool:
+        return False
+
+    def is_read_only_violation(self, exc: BaseException) -> bool:
+        return False
+
+    # --- recovery evidence ---------------------------------------------------
+
+    def commit_outcome(self, conn: sa.Connection, identity: dict[str, Any]) -> str | None:
+        """``committed``, ``aborted``, ``in_progress``, or None when unknowable."""
+        return None
+
+    def server_identity(self, conn: sa.Connection) -> dict[str, Any]:
+        """What identifies the server (to detect failover or restore)."""
+        return {}
+
+    def session_alive(self, conn: sa.Connection, identity: dict[str, Any]) -> bool | None:
+        """Whether the recorded session may still commit; None when unknowable."""
+        return None
+
+    def terminate_session(self, conn: sa.Connection, identity: dict[str, Any]) -> bool:
+        """Terminate exactly the recorded session; True if it was terminated."""
+        return False
+
+    def cancel_statement(self, conn: sa.Connection, identity: dict[str, Any]) -> bool:
+        """Cancel the running statement of the recorded session from a side connection."""
+        return False
+
+
+def sqlstate(exc: BaseException) -> str | None:
+    """The SQLSTATE / vendor code of a DBAPI error wrapped by SQLAlchemy, if any."""
+    orig = getattr(exc, "orig", exc)
+    for attr in ("sqlstate", "pgcode"):
+        value = getattr(orig, attr, None)
+        if value:
+            return str(value)
+    args = getattr(orig, "args", ())
+    if args and isinstance(args[0], int):
+        return str(args[0])
+    return None

@@ -1,0 +1,128 @@
+"""MariaDB: a leading SQL comment tags each statement; session timeouts.
+
+MariaDB has no session label a DBA can read besides the statement text, so
+every statement carries ``/* capgate case=… op=… intent=… */``, visible in
+``SHOW PROCESSLIST``.  The lease is enforced by the server through
+``max_statement_time``, ``innodb_lock_wait_timeout`` and
+``idle_transaction_timeout`` (so a hung executor cannot hold row locks).
+There is no commit-outcome API: the landing marker is the evidence, and the
+connection id together with the server's start time tells whether the old
+session may still be alive.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar
+
+import sqlalchemy as sa
+
+from executor.dialects.base import Dialect, SessionTag, TxIdentity, sqlstate
+
+_IDENTITY = sa.text(
+    "SELECT CONNECTION_ID() AS connection_id, @@server_id AS server_id,"
+    " @@hostname AS hostname,"
+    " (SELECT UNIX_TIMESTAMP() - VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS"
+    "  WHERE VARIABLE_NAME = 'UPTIME') AS server_started"
+)
+
+
+class MariadbDialect(Dialect):
+    name: ClassVar[str] = "mariadb"
+    server_side_lease: ClassVar[bool] = True
+
+    def engine_options(self) -> dict[str, Any]:
+        return {"pool_pre_ping": True, "pool_recycle": 3600}
+
+    def sql(self, text: str, tag: SessionTag | None) -> str:
+        return tag.comment() + text if tag is not None else text
+
+    def _set_timeouts(self, conn: sa.Connection, timeout_s: float,
+                      lock_timeout_s: float | None) -> None:
+        conn.exec_driver_sql(
+            "SET SESSION max_statement_time = %s, innodb_lock_wait_timeout = %s,"
+            " idle_transaction_timeout = %s",
+            (float(timeout_s), max(1, math.ceil(lock_timeout_s or timeout_s)),
+             max(1, math.ceil(timeout_s))),
+        )
+
+    def begin_write(self, conn: sa.Connection, tag: SessionTag, timeout_s: float,
+                    lock_timeout_s: float | None) -> TxIdentity:
+        self._set_timeouts(conn, timeout_s, lock_timeout_s)
+        conn.exec_driver_sql(self.sql("START TRANSACTION", tag))
+        row = conn.execute(_IDENTITY).mappings().one()
+        return TxIdentity("mariadb", {
+            "connection_id": int(row["connection_id"]),
+            "server_id": int(row["server_id"]),
+            "hostname": str(row["hostname"]),
+            "server_started": int(row["server_started"]),
+        })
+
+    def begin_read(self, conn: sa.Connection, tag: SessionTag, timeout_s: float) -> None:
+        conn.exec_driver_sql("SET SESSION max_statement_time = %s", (float(timeout_s),))
+        conn.exec_driver_sql(self.sql("START TRANSACTION READ ONLY", tag))
+
+    def end_read(self, conn: sa.Connection) -> None:
+        self.reset_session(conn)
+
+    def reset_session(self, conn: sa.Connection) -> None:
+        conn.exec_driver_sql(
+            "SET SESSION max_statement_time = DEFAULT, innodb_lock_wait_timeout = DEFAULT,"
+            " idle_transaction_timeout = DEFAULT"
+        )
+
+    def is_timeout(self, exc: BaseException) -> bool:
+        # 1969 statement timeout, 1205 lock wait timeout, 3024 max_execution_time
+        return sqlstate(exc) in ("1969", "1205", "3024")
+
+    def is_read_only_violation(self, exc: BaseException) -> bool:
+        return sqlstate(exc) in ("1792", "1290")
+
+    def server_identity(self, conn: sa.Connection) -> dict[str, Any]:
+        row = conn.execute(_IDENTITY).mappings().one()
+        return {"server_id": int(row["server_id"]), "hostname": str(row["hostname"]),
+                "server_started": int(row["server_started"])}
+
+    def _same_server(self, conn: sa.Connection, identity: dict[str, Any]) -> bool:
+        now = self.server_identity(conn)
+        started = identity.get("server_started")
+        return (
+            now["server_id"] == identity.get("server_id")
+            and now["hostname"] == identity.get("hostname")
+            and started is not None
+            and abs(now["server_started"] - int(started)) <= 2
+        )
+
+    def session_alive(self, conn: sa.Connection, identity: dict[str, Any]) -> bool | None:
+        cid = identity.get("connection_id")
+        if cid is None:
+            return None
+        if not self._same_server(conn, identity):
+            return False  # the server restarted: that session and its transaction are gone
+        found = conn.execute(sa.text(
+            "SELECT count(*) FROM information_schema.PROCESSLIST WHERE ID = :cid"
+        ), {"cid": int(cid)}).scalar_one()
+        return bool(found)
+
+    def open_transaction(self, conn: sa.Connection, identity: dict[str, Any]) -> bool:
+        """Whether the recorded connection still has an InnoDB transaction open."""
+        cid = identity.get("connection_id")
+        if cid is None or not self._same_server(conn, identity):
+            return False
+        found = conn.execute(sa.text(
+            "SELECT count(*) FROM information_schema.INNODB_TRX"
+            " WHERE trx_mysql_thread_id = :cid"
+        ), {"cid": int(cid)}).scalar_one()
+        return bool(found)
+
+    def terminate_session(self, conn: sa.Connection, identity: dict[str, Any]) -> bool:
+        if not self.session_alive(conn, identity):
+            return False
+        conn.exec_driver_sql("KILL CONNECTION %s", (int(identity["connection_id"]),))
+        return True
+
+    def cancel_statement(self, conn: sa.Connection, identity: dict[str, Any]) -> bool:
+        if not self.session_alive(conn, identity):
+            return False
+        conn.exec_driver_sql("KILL QUERY %s", (int(identity["connection_id"]),))
+        return True

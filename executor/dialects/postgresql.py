@@ -1,0 +1,120 @@
+"""PostgreSQL: ``application_name`` tags, ``SET LOCAL`` timeouts, ``pg_xact_status``.
+
+The write transaction's identity -- ``pg_current_xact_id()`` (xid8, wraparound
+safe), backend pid and start time, the cluster's system identifier and
+timeline -- is read in the same round trip that labels the session and sets
+its server-side timeouts.  After a crash, ``pg_xact_status`` answers whether
+that exact transaction committed, as long as the server is the same cluster
+on the same timeline and the xid is not older than the commit log retains.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import sqlalchemy as sa
+
+from executor.dialects.base import Dialect, SessionTag, TxIdentity, sqlstate
+
+_BEGIN_WRITE = sa.text(
+    "SELECT set_config('application_name', :app, true),"
+    " set_config('statement_timeout', :st, true),"
+    " set_config('lock_timeout', :lt, true),"
+    " set_config('idle_in_transaction_session_timeout', :it, true),"
+    " pg_current_xact_id()::text AS xid,"
+    " pg_backend_pid() AS pid,"
+    " (SELECT backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid())::text"
+    "   AS backend_start,"
+    " (SELECT system_identifier FROM pg_control_system())::text AS system_identifier,"
+    " (SELECT timeline_id FROM pg_control_checkpoint()) AS timeline"
+)
+_SERVER = sa.text(
+    "SELECT (SELECT system_identifier FROM pg_control_system())::text,"
+    " (SELECT timeline_id FROM pg_control_checkpoint())"
+)
+
+
+def _ms(seconds: float) -> str:
+    return f"{max(1, int(seconds * 1000))}ms"
+
+
+class PostgresqlDialect(Dialect):
+    name: ClassVar[str] = "postgresql"
+    transactional_ddl: ClassVar[bool] = True
+    commit_outcome_probe: ClassVar[bool] = True
+    server_side_lease: ClassVar[bool] = True
+
+    def begin_write(self, conn: sa.Connection, tag: SessionTag, timeout_s: float,
+                    lock_timeout_s: float | None) -> TxIdentity:
+        row = conn.execute(_BEGIN_WRITE, {
+            "app": tag.text(),
+            "st": _ms(timeout_s),
+            "lt": _ms(lock_timeout_s if lock_timeout_s is not None else timeout_s),
+            "it": _ms(timeout_s),
+        }).mappings().one()
+        return TxIdentity("postgresql", {
+            "xid": row["xid"],
+            "pid": row["pid"],
+            "backend_start": row["backend_start"],
+            "system_identifier": row["system_identifier"],
+            "timeline": row["timeline"],
+        })
+
+    def begin_read(self, conn: sa.Connection, tag: SessionTag, timeout_s: float) -> None:
+        conn.execute(sa.text("SET TRANSACTION READ ONLY"))
+        conn.execute(sa.text(
+            "SELECT set_config('application_name', :app, true),"
+            " set_config('statement_timeout', :st, true)"
+        ), {"app": tag.text(), "st": _ms(timeout_s)})
+
+    def is_timeout(self, exc: BaseException) -> bool:
+        # 57014 query_canceled (statement_timeout), 55P03 lock_not_available (lock_timeout)
+        return sqlstate(exc) in ("57014", "55P03")
+
+    def is_read_only_violation(self, exc: BaseException) -> bool:
+        return sqlstate(exc) == "25006"
+
+    def server_identity(self, conn: sa.Connection) -> dict[str, Any]:
+        system_identifier, timeline = conn.execute(_SERVER).one()
+        return {"system_identifier": system_identifier, "timeline": timeline}
+
+    def commit_outcome(self, conn: sa.Connection, identity: dict[str, Any]) -> str | None:
+        xid = identity.get("xid")
+        if not xid:
+            return None
+        status = conn.execute(sa.text("SELECT pg_xact_status(CAST(:xid AS xid8))"),
+                              {"xid": str(xid)}).scalar()
+        if status is None:
+            return None
+        return {"committed": "committed", "aborted": "aborted",
+                "in progress": "in_progress"}.get(str(status))
+
+    def session_alive(self, conn: sa.Connection, identity: dict[str, Any]) -> bool | None:
+        pid = identity.get("pid")
+        if pid is None:
+            return None
+        found = conn.execute(sa.text(
+            "SELECT count(*) FROM pg_stat_activity WHERE pid = :pid"
+            " AND backend_start::text = :start"
+        ), {"pid": int(pid), "start": str(identity.get("backend_start"))}).scalar_one()
+        return bool(found)
+
+    def terminate_session(self, conn: sa.Connection, identity: dict[str, Any]) -> bool:
+        pid = identity.get("pid")
+        if pid is None:
+            return False
+        done = conn.execute(sa.text(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid = :pid"
+            " AND backend_start::text = :start"
+        ), {"pid": int(pid), "start": str(identity.get("backend_start"))}).scalar()
+        return bool(done)
+
+    def cancel_statement(self, conn: sa.Connection, identity: dict[str, Any]) -> bool:
+        pid = identity.get("pid")
+        if pid is None:
+            return False
+        done = conn.execute(sa.text(
+            "SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE pid = :pid"
+            " AND backend_start::text = :start"
+        ), {"pid": int(pid), "start": str(identity.get("backend_start"))}).scalar()
+        return bool(done)

@@ -1,0 +1,1129 @@
+"""The durable, hash-chained ledger: every boundary of every call, per case.
+
+Why it exists: capgate must be able to say, after any crash, what it intended,
+what it attempted and what it observed -- and an operator must be able to trust
+that record.  So each boundary is an *event* appended to a per-case chain (each
+event carries its predecessor's digest, see :mod:`executor.ledger_chain`), and
+the case's *snapshot* (``fold(events)``) is rewritten in the same local
+transaction, so the two can never disagree unless someone edits the store by
+hand -- which :meth:`Ledger.verify` then reports instead of loading.
+
+Two backends, one code path (SQLAlchemy Core; quirks in
+:mod:`executor.ledger_dialect`):
+
+* SQLite (the embedded default): a file in WAL mode with ``synchronous=FULL``;
+  writers serialise on ``BEGIN IMMEDIATE``.
+* PostgreSQL (shared between processes and machines, psycopg 3): writers
+  serialise on the case row (compare-and-swap, or ``SELECT ... FOR UPDATE``
+  after a lost race); the primary key on ``(case_id, seq)`` makes a forked
+  chain impossible even if that logic were wrong.
+
+Round trips on PostgreSQL, because an append sits on the hot path of every
+call: an append whose case head this process wrote or verified last is *one*
+statement in autocommit mode (one round trip, one commit).  Otherwise it reads
+the head first (two).  After a lost race it takes the row lock (four more:
+BEGIN, SELECT FOR UPDATE, the write, COMMIT).  The process-local head cache is
+never trusted: the write only lands if the stored head is still exactly the
+cached one.
+
+The same store keeps idempotency claims, plans and approvals, whose
+single-use and first-writer-wins rules are enforced by unique keys and
+conditional updates, so they hold across processes too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import threading
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Final
+
+import sqlalchemy as sa
+from sqlalchemy.engine import URL, Connection, Engine, make_url
+
+from executor.ledger_chain import (
+    FINDING_KINDS,
+    GENESIS_DIGEST,
+    RESERVED_INTENT_KEYS,
+    TERMINAL_STATUSES,
+    CaseRow,
+    Event,
+    Finding,
+    apply_event,
+    canonical_text,
+    check_case,
+    digest_of,
+    empty_state,
+    event_digest,
+    fold,
+    format_time,
+    head_mac,
+    is_open_status,
+    normalise_payload,
+    parse_time,
+)
+from executor.ledger_dialect import Backend, NewHead, StoredHead, backend_for
+from executor.ledger_schema import approvals, cases, events, idempotency, metadata, plans
+from registry.errors import (
+    ApprovalExpired,
+    ApprovalRequired,
+    ApprovalUsed,
+    CapgateError,
+    ConfigError,
+    IdempotencyConflict,
+    LedgerError,
+    LedgerTampered,
+    SelfApproval,
+    UnknownCase,
+    UnknownIntent,
+    UnknownPlan,
+)
+
+__all__ = [
+    "FINDING_KINDS",
+    "GENESIS_DIGEST",
+    "HMAC_KEY_ENV",
+    "RESERVED_INTENT_KEYS",
+    "TERMINAL_STATUSES",
+    "ApprovalRecord",
+    "CaseSummary",
+    "Event",
+    "Finding",
+    "IdempotencyRecord",
+    "Ledger",
+    "PlanRecord",
+    "VerifiedCase",
+    "VerifyReport",
+    "apply_event",
+    "digest_of",
+    "empty_state",
+    "event_digest",
+    "fold",
+    "head_mac",
+    "is_open_status",
+    "open_ledger",
+]
+
+HMAC_KEY_ENV: Final = "CAPGATE_LEDGER_HMAC_KEY"
+"""Environment variable holding the chain-head HMAC key (utf-8) when none is passed."""
+
+_MAX_ATTEMPTS = 8
+_HEAD_CACHE_SIZE = 4096
+
+EventSpec = tuple[str, Mapping[str, Any], str | None]
+"""``(kind, payload, intent_id)`` for :meth:`Ledger.append_many`."""
+
+
+# --- results ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CaseSummary:
+    """One case as ``capgate ledger show`` and ``resume`` list it."""
+
+    case_id: str
+    head_seq: int
+    head_digest: str
+    updated_at: datetime
+    statuses: Mapping[str, str] = field(hash=False)
+    """intent id -> status (its last event kind)."""
+    open: bool
+    """True when any intent is not in :data:`TERMINAL_STATUSES` (or the snapshot is unreadable)."""
+
+    @property
+    def open_intents(self) -> list[str]:
+        return sorted(i for i, s in self.statuses.items() if is_open_status(s))
+
+
+@dataclass(frozen=True, slots=True)
+class VerifyReport:
+    """What :meth:`Ledger.verify` found.  It lists tampering; it never raises for it."""
+
+    cases_checked: int
+    events_checked: int
+    findings: tuple[Finding, ...]
+    mac_checked: bool
+    """Whether an HMAC key was configured, so that whole-chain rewrites were detectable."""
+
+    @property
+    def ok(self) -> bool:
+        return not self.findings
+
+    def kinds(self, case_id: str | None = None) -> set[str]:
+        """The finding kinds, optionally for one case (handy for assertions and summaries)."""
+        return {f.kind for f in self.findings if case_id is None or f.case_id == case_id}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "cases_checked": self.cases_checked,
+            "events_checked": self.events_checked,
+            "mac_checked": self.mac_checked,
+            "findings": [f.to_dict() for f in self.findings],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class VerifiedCase:
+    """A case whose chain, head, snapshot (and MAC, with a key) verified just now."""
+
+    case_id: str
+    events: tuple[Event, ...]
+    snapshot: Mapping[str, Any] = field(hash=False)
+
+    @property
+    def head_seq(self) -> int:
+        return self.events[-1].seq
+
+    @property
+    def head_digest(self) -> str:
+        return self.events[-1].digest
+
+
+@dataclass(frozen=True, slots=True)
+class IdempotencyRecord:
+    """The first claim of an idempotency key: which intent owns its outcome."""
+
+    idem_key: str
+    case_id: str
+    intent_id: str
+    fingerprint: str
+    operation_id: str
+    version: int
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class PlanRecord:
+    """A plan as first recorded under its hash."""
+
+    plan_hash: str
+    case_id: str
+    requester: str
+    plan: Mapping[str, Any] = field(hash=False)
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalRecord:
+    """One single-use, expiring approval of one plan hash."""
+
+    approval_id: str
+    plan_hash: str
+    approver: str
+    role: str
+    created_at: datetime
+    expires_at: datetime
+    used_by_intent: str | None
+    used_at: datetime | None
+
+    @property
+    def used(self) -> bool:
+        return self.used_by_intent is not None
+
+    def expired(self, now: datetime) -> bool:
+        return now >= self.expires_at
+
+
+# --- opening ------------------------------------------------------------------
+
+
+def open_ledger(
+    url: str | URL,
+    *,
+    hmac_key: bytes | None = None,
+    clock: Callable[[], datetime] | None = None,
+) -> Ledger:
+    """Open (creating its tables if missing) the ledger store at ``url``.
+
+    ``url`` is a SQLAlchemy URL: ``sqlite:///path/ledger.db`` (the parent
+    folder is created) or ``postgresql://...`` (driven by psycopg 3).  With
+    ``hmac_key`` None, the key is read from ``CAPGATE_LEDGER_HMAC_KEY`` (utf-8);
+    without a key, heads are not signed and ``verify`` cannot detect a chain
+    rewritten consistently end to end.  ``clock`` (tests) returns aware UTC
+    datetimes for ``recorded_at`` and record times.
+
+    Raises LedgerError (the URL shown without its password) when the store
+    cannot be reached or prepared, ConfigError for an unusable key.
+    """
+    parsed = _normalise_url(url)
+    key = _resolve_key(hmac_key)
+    backend = backend_for(parsed)
+    where = parsed.render_as_string(hide_password=True)
+    if backend.name == "sqlite":
+        database = parsed.database or ""
+        if database in ("", ":memory:") or database.startswith("file::memory:"):
+            raise LedgerError(
+                "an in-memory SQLite ledger would lose every record at exit; "
+                "give a file path (sqlite:///path/ledger.db)",
+                ledger=where,
+            )
+        Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+    try:
+        engine = backend.make_engine(parsed)
+    except Exception as exc:
+        raise LedgerError(
+            f"cannot open the ledger at {where}: {_describe(exc, parsed)}", ledger=where
+        ) from None
+    try:
+        with engine.begin() as conn:
+            backend.lock_for_ddl(conn)
+            metadata.create_all(conn, checkfirst=True)
+    except Exception as exc:
+        engine.dispose()
+        raise LedgerError(
+            f"cannot open the ledger at {where}: {_describe(exc, parsed)}; check that the "
+            "database is reachable and the user may create tables",
+            ledger=where,
+        ) from None
+    return Ledger(engine, backend, parsed, key=key, clock=clock)
+
+
+def _normalise_url(url: str | URL) -> URL:
+    try:
+        parsed = make_url(url) if isinstance(url, str) else url
+    except Exception:
+        raise LedgerError(
+            "the ledger URL cannot be parsed; expected sqlite:///path or postgresql://user@host/db"
+        ) from None
+    driver = parsed.drivername
+    if driver in ("postgresql", "postgres", "postgresql+psycopg"):
+        return parsed.set(drivername="postgresql+psycopg")
+    if driver in ("sqlite", "sqlite+pysqlite"):
+        return parsed
+    raise LedgerError(
+        f"unsupported ledger URL scheme {driver!r}; the ledger runs on sqlite:///path "
+        "or postgresql:// (psycopg 3)",
+        ledger=parsed.render_as_string(hide_password=True),
+    )
+
+
+def _resolve_key(hmac_key: bytes | None) -> bytes | None:
+    if hmac_key is None:
+        raw = os.environ.get(HMAC_KEY_ENV, "")
+        return raw.encode("utf-8") if raw else None
+    if not isinstance(hmac_key, bytes) or not hmac_key:
+        raise ConfigError(
+            "the ledger HMAC key must be non-empty bytes; pass None to read "
+            f"{HMAC_KEY_ENV} or to run without signed heads"
+        )
+    return hmac_key
+
+
+def _describe(exc: BaseException, url: URL) -> str:
+    """A one-line reason for ``exc``, without SQL text and without the URL's password."""
+    orig = getattr(exc, "orig", None) or exc
+    lines = str(orig).strip().splitlines()
+    text = f"{type(orig).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+    if url.password:
+        text = text.replace(str(url.password), "***")
+    return text
+
+
+# --- the store ----------------------------------------------------------------
+
+
+class Ledger:
+    """A ledger store.  Thread-safe; open one per process with :func:`open_ledger`."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        backend: Backend,
+        url: URL,
+        *,
+        key: bytes | None,
+        clock: Callable[[], datetime] | None,
+    ) -> None:
+        self._engine = engine
+        self._backend = backend
+        self._url = url
+        self._key = key
+        self._clock = clock or (lambda: datetime.now(UTC))
+        self._read_one = engine.execution_options(**backend.single_read_options())
+        self._read_many = engine.execution_options(**backend.consistent_read_options())
+        self._write_one = (
+            engine.execution_options(isolation_level="AUTOCOMMIT")
+            if backend.single_statement_append
+            else engine
+        )
+        self._heads: OrderedDict[str, StoredHead] = OrderedDict()
+        self._heads_lock = threading.Lock()
+        self._pid = os.getpid()
+
+    # -- housekeeping
+
+    @property
+    def url(self) -> str:
+        """Where the store is, with any password hidden."""
+        return self._url.render_as_string(hide_password=True)
+
+    @property
+    def backend(self) -> str:
+        """``"sqlite"`` or ``"postgresql"``."""
+        return self._backend.name
+
+    @property
+    def signed(self) -> bool:
+        """Whether chain heads are signed (and verified) with an HMAC key."""
+        return self._key is not None
+
+    def close(self) -> None:
+        """Release the store's connections."""
+        self._engine.dispose()
+
+    def __enter__(self) -> Ledger:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Ledger({self.url!r}, signed={self.signed})"
+
+    @contextlib.contextmanager
+    def _guard(self, action: str) -> Iterator[None]:
+        """Turn driver errors into LedgerError; let capgate's own errors through."""
+        if os.getpid() != self._pid:  # a forked child must not share pooled sockets
+            self._engine.dispose(close=False)
+            with self._heads_lock:
+                self._heads.clear()
+            self._pid = os.getpid()
+        try:
+            yield
+        except CapgateError:
+            raise
+        except sa.exc.SQLAlchemyError as exc:
+            raise LedgerError(
+                f"could not {action} in the ledger at {self.url}: {_describe(exc, self._url)}",
+                ledger=self.url,
+            ) from exc
+
+    def _now(self, now: datetime | None = None) -> datetime:
+        moment = now if now is not None else self._clock()
+        format_time(moment)  # refuses naive datetimes
+        return moment.astimezone(UTC)
+
+    # -- head cache (process-local, always re-checked by the database)
+
+    def _cached_head(self, case_id: str) -> StoredHead | None:
+        with self._heads_lock:
+            return self._heads.get(case_id)
+
+    def _remember(self, case_id: str, head: StoredHead | None) -> None:
+        with self._heads_lock:
+            if head is None:
+                self._heads.pop(case_id, None)
+                return
+            self._heads[case_id] = head
+            self._heads.move_to_end(case_id)
+            while len(self._heads) > _HEAD_CACHE_SIZE:
+                self._heads.popitem(last=False)
+
+    # -- appending
+
+    def append(
+        self,
+        case_id: str,
+        kind: str,
+        payload: Mapping[str, Any],
+        *,
+        intent_id: str | None = None,
+    ) -> Event:
+        """Record one event at the end of the case's chain (creating the case on seq 0).
+
+        The event row, the new snapshot and the new head commit together or not
+        at all; concurrent writers to one case (any process, any machine) are
+        serialised, never forked.  Returns the event as stored.
+        """
+        return self.append_many(case_id, [(kind, payload, intent_id)])[0]
+
+    def append_many(self, case_id: str, items: Sequence[EventSpec]) -> list[Event]:
+        """Record several events, consecutively and atomically, in one transaction."""
+        _check_id("case_id", case_id)
+        specs: list[EventSpec] = []
+        for kind, payload, intent_id in items:
+            _check_id("kind", kind)
+            if intent_id is not None:
+                _check_id("intent_id", intent_id)
+            specs.append((kind, normalise_payload(payload, intent_id=intent_id), intent_id))
+        if not specs:
+            return []
+        with self._guard(f"append to case {case_id!r}"):
+            if self._backend.single_statement_append:
+                written = self._append_unlocked(case_id, specs)
+                if written is not None:
+                    return written
+            return self._append_locked(case_id, specs)
+
+    def _append_unlocked(self, case_id: str, specs: list[EventSpec]) -> list[Event] | None:
+        """Compare-and-swap appends without a transaction; None when the head moved."""
+        cached = self._cached_head(case_id)
+        with self._write_one.connect() as conn:
+            for head_source in ("cache", "read"):
+                if head_source == "cache":
+                    if cached is None:
+                        continue
+                    head: StoredHead | None = cached
+                else:
+                    head = self._backend.read_head(conn, case_id, lock=False)
+                new, written, rows = self._build(case_id, head, specs)
+                try:
+                    ok = self._backend.write_chain(conn, head, new, rows)
+                except sa.exc.IntegrityError:
+                    ok = False  # the locked path will tell a race from a damaged store
+                conn.commit()
+                if ok:
+                    self._remember(case_id, StoredHead(new.seq, new.digest, new.snapshot))
+                    return written
+        self._remember(case_id, None)
+        return None
+
+    def _append_locked(self, case_id: str, specs: list[EventSpec]) -> list[Event]:
+        """The pessimistic path: lock the case row (SQLite: the database), then write."""
+        for _ in range(_MAX_ATTEMPTS):
+            with self._engine.connect() as conn, conn.begin() as tx:
+                head = self._backend.read_head(conn, case_id, lock=True)
+                new, written, rows = self._build(case_id, head, specs)
+                try:
+                    ok = self._backend.write_chain(conn, head, new, rows)
+                except sa.exc.IntegrityError as exc:
+                    tx.rollback()
+                    raise self._damaged(conn, case_id, head) from exc
+                if ok:
+                    tx.commit()
+                    self._remember(case_id, StoredHead(new.seq, new.digest, new.snapshot))
+                    return written
+                tx.rollback()  # a new case created by someone else meanwhile: read it again
+        raise LedgerError(
+            f"could not append to case {case_id!r} after {_MAX_ATTEMPTS} attempts under "
+            "contention; retry the call",
+            case_id=case_id,
+        )
+
+    def _damaged(self, conn: Connection, case_id: str, head: StoredHead | None) -> LedgerTampered:
+        """The error for an event key that exists although the case head says it cannot."""
+        if head is None:
+            finding = Finding(
+                case_id, None, "case_missing", "events exist but the cg_cases row is missing"
+            )
+        else:
+            finding = Finding(
+                case_id,
+                head.seq + 1,
+                "head_mismatch",
+                f"an event with seq {head.seq + 1} exists beyond the case head (seq {head.seq})",
+            )
+        return LedgerTampered(
+            f"cannot append to case {case_id!r}: {finding.detail}; run `capgate ledger verify "
+            f"--case {case_id}` and do not continue the case until the cause is understood",
+            case_id=case_id,
+            findings=[finding.to_dict()],
+        )
+
+    def _build(
+        self, case_id: str, head: StoredHead | None, specs: list[EventSpec]
+    ) -> tuple[NewHead, list[Event], list[dict[str, Any]]]:
+        """The events, rows and new head that follow ``head``: pure computation."""
+        recorded_at = format_time(self._now())
+        if head is None:
+            state: dict[str, Any] | None = None
+            seq, prev = 0, GENESIS_DIGEST
+        else:
+            try:
+                state = json.loads(head.snapshot)
+            except ValueError:
+                raise LedgerTampered(
+                    f"the snapshot of case {case_id!r} is not JSON; run `capgate ledger verify "
+                    f"--case {case_id}`",
+                    case_id=case_id,
+                    findings=[
+                        Finding(case_id, None, "snapshot_mismatch", "unreadable").to_dict()
+                    ],
+                ) from None
+            seq, prev = head.seq + 1, head.digest
+        written: list[Event] = []
+        rows: list[dict[str, Any]] = []
+        for kind, payload, intent_id in specs:
+            digest = event_digest(
+                case_id=case_id,
+                seq=seq,
+                kind=kind,
+                intent_id=intent_id,
+                payload=payload,
+                prev_digest=prev,
+                recorded_at=recorded_at,
+            )
+            event = Event(case_id, seq, kind, intent_id, payload, prev, digest, recorded_at)
+            try:
+                state = apply_event(state, event)
+            except (LedgerError, KeyError, TypeError, AttributeError) as exc:
+                raise LedgerTampered(
+                    f"the snapshot of case {case_id!r} has not the reducer's shape ({exc}); run "
+                    f"`capgate ledger verify --case {case_id}`",
+                    case_id=case_id,
+                ) from None
+            written.append(event)
+            rows.append(
+                {
+                    "case_id": case_id,
+                    "seq": seq,
+                    "kind": kind,
+                    "intent_id": intent_id,
+                    "payload": canonical_text(payload),
+                    "prev_digest": prev,
+                    "digest": digest,
+                    "recorded_at": recorded_at,
+                }
+            )
+            seq, prev = seq + 1, digest
+        last = written[-1]
+        new = NewHead(
+            case_id=case_id,
+            seq=last.seq,
+            digest=last.digest,
+            mac=head_mac(self._key, last.digest) if self._key is not None else None,
+            snapshot=canonical_text(state),
+            updated_at=recorded_at,
+        )
+        return new, written, rows
+
+    # -- reading
+
+    def events(self, case_id: str) -> list[Event]:
+        """The case's events in seq order (empty for an unknown case).
+
+        Raises LedgerTampered if a stored payload is not JSON.
+        """
+        with self._guard(f"read case {case_id!r}"), self._read_one.connect() as conn:
+            rows = conn.execute(
+                sa.select(events).where(events.c.case_id == case_id).order_by(events.c.seq)
+            ).all()
+        out = []
+        for row in rows:
+            event = _event_from_row(row)
+            if event is None:
+                raise LedgerTampered(
+                    f"event {row.seq} of case {case_id!r} has a payload that is not JSON; run "
+                    f"`capgate ledger verify --case {case_id}`",
+                    case_id=case_id,
+                    seq=int(row.seq),
+                )
+            out.append(event)
+        return out
+
+    def snapshot(self, case_id: str) -> dict[str, Any] | None:
+        """The stored snapshot of the case (a fresh copy), or None for an unknown case.
+
+        This is the fast read the executor uses; it is not verified -- use
+        :meth:`load_verified` before continuing a case after a fault.
+        """
+        with self._guard(f"read case {case_id!r}"), self._read_one.connect() as conn:
+            row = conn.execute(
+                sa.select(cases.c.head_seq, cases.c.head_digest, cases.c.snapshot).where(
+                    cases.c.case_id == case_id
+                )
+            ).first()
+        if row is None:
+            return None
+        try:
+            state: dict[str, Any] = json.loads(row.snapshot)
+        except ValueError:
+            raise LedgerTampered(
+                f"the snapshot of case {case_id!r} is not JSON; run `capgate ledger verify "
+                f"--case {case_id}`",
+                case_id=case_id,
+            ) from None
+        self._remember(case_id, StoredHead(int(row.head_seq), row.head_digest, row.snapshot))
+        return state
+
+    def intent(self, case_id: str, intent_id: str) -> dict[str, Any]:
+        """One intent's state from the snapshot (``status``, ``last_seq``, merged state)."""
+        state = self.snapshot(case_id)
+        if state is None:
+            raise UnknownCase(f"no case {case_id!r} in the ledger", case_id=case_id)
+        found = state.get("intents", {}).get(intent_id)
+        if found is None:
+            raise UnknownIntent(
+                f"case {case_id!r} has no intent {intent_id!r}",
+                case_id=case_id,
+                intent_id=intent_id,
+            )
+        return dict(found)
+
+    def cases(self, open_only: bool = False) -> list[CaseSummary]:
+        """Every case (or only the open ones), ordered by case id.
+
+        A case is open when any of its intents has a status outside
+        :data:`TERMINAL_STATUSES` -- ``escalated`` and unknown kinds included --
+        or when its snapshot cannot be read (fail closed).
+        """
+        with self._guard("list cases"), self._read_one.connect() as conn:
+            rows = conn.execute(
+                sa.select(
+                    cases.c.case_id,
+                    cases.c.head_seq,
+                    cases.c.head_digest,
+                    cases.c.snapshot,
+                    cases.c.updated_at,
+                ).order_by(cases.c.case_id)
+            ).all()
+        out = []
+        for row in rows:
+            try:
+                intents = json.loads(row.snapshot).get("intents", {})
+                statuses = {str(i): str(v.get("status")) for i, v in intents.items()}
+                is_open = any(is_open_status(s) for s in statuses.values())
+            except (ValueError, AttributeError):
+                statuses, is_open = {}, True
+            if open_only and not is_open:
+                continue
+            out.append(
+                CaseSummary(
+                    case_id=row.case_id,
+                    head_seq=int(row.head_seq),
+                    head_digest=row.head_digest,
+                    updated_at=parse_time(row.updated_at),
+                    statuses=statuses,
+                    open=is_open,
+                )
+            )
+        return out
+
+    # -- verification
+
+    def verify(self, case_id: str | None = None) -> VerifyReport:
+        """Replay one case's chain, or every case's, and report what does not hold.
+
+        Checks, per case: each digest recomputes, each link names the event
+        before it, seq runs from 0 without gaps, the case row's head is the last
+        event, the snapshot equals ``fold(events)``, and with a key the head's
+        MAC.  Tampering is reported as findings, never raised; an unknown
+        ``case_id`` raises UnknownCase.
+        """
+        findings: list[Finding] = []
+        n_cases = n_events = 0
+        with self._guard("verify"), self._read_many.connect() as conn, conn.begin():
+            for cid, chain, case in self._read_cases(conn, case_id):
+                n_cases += 1
+                n_events += len(chain)
+                findings.extend(check_case(cid, chain, case, self._key))
+        if case_id is not None and n_cases == 0:
+            raise UnknownCase(f"no case {case_id!r} in the ledger", case_id=case_id)
+        return VerifyReport(n_cases, n_events, tuple(findings), self._key is not None)
+
+    def load_verified(self, case_id: str) -> VerifiedCase:
+        """The case's events and snapshot, after verifying them in one consistent read.
+
+        Raises LedgerTampered (findings in ``details["findings"]``) when anything
+        fails to verify, UnknownCase when there is no such case.  The executor
+        calls this before continuing a case, so that it never acts on a record
+        someone edited.
+        """
+        with (
+            self._guard(f"verify case {case_id!r}"),
+            self._read_many.connect() as conn,
+            conn.begin(),
+        ):
+            loaded = list(self._read_cases(conn, case_id))
+        if not loaded:
+            raise UnknownCase(f"no case {case_id!r} in the ledger", case_id=case_id)
+        _, chain, case = loaded[0]
+        findings = check_case(case_id, chain, case, self._key)
+        if findings or case is None:
+            kinds = ", ".join(sorted({f.kind for f in findings}))
+            raise LedgerTampered(
+                f"case {case_id!r} does not verify ({kinds}); run `capgate ledger verify --case "
+                f"{case_id}` and do not continue the case until the cause is understood",
+                case_id=case_id,
+                findings=[f.to_dict() for f in findings],
+            )
+        self._remember(case_id, StoredHead(case.head_seq, case.head_digest, case.snapshot))
+        return VerifiedCase(case_id, tuple(chain), json.loads(case.snapshot))
+
+    def _read_cases(
+        self, conn: Connection, case_id: str | None
+    ) -> Iterator[tuple[str, list[Event], CaseRow | None]]:
+        """Each case with its events, including orphan events and event-less case rows."""
+        case_q = sa.select(cases)
+        event_q = sa.select(events).order_by(events.c.case_id, events.c.seq)
+        if case_id is not None:
+            case_q = case_q.where(cases.c.case_id == case_id)
+            event_q = event_q.where(events.c.case_id == case_id)
+        rows_by_case = {
+            row.case_id: CaseRow(row.snapshot, int(row.head_seq), row.head_digest, row.head_mac)
+            for row in conn.execute(case_q)
+        }
+        seen: set[str] = set()
+        current: str | None = None
+        chain: list[Event] = []
+        for row in conn.execute(event_q):
+            if row.case_id != current:
+                if current is not None:
+                    seen.add(current)
+                    yield current, chain, rows_by_case.get(current)
+                current, chain = row.case_id, []
+            chain.append(_event_from_row(row) or _unreadable_event(row))
+        if current is not None:
+            seen.add(current)
+            yield current, chain, rows_by_case.get(current)
+        for cid in sorted(set(rows_by_case) - seen):
+            yield cid, [], rows_by_case[cid]
+
+    # -- idempotency
+
+    def claim_idempotency(
+        self,
+        key: str,
+        *,
+        case_id: str,
+        intent_id: str,
+        fingerprint: str,
+        operation_id: str,
+        version: int,
+    ) -> IdempotencyRecord | None:
+        """Claim ``key`` for this intent; None means the claim is ours.
+
+        Exactly one claimer of a key wins, across processes (a unique key and
+        ``INSERT ... ON CONFLICT DO NOTHING``, so no error ever aborts a
+        surrounding PostgreSQL transaction).  A loser gets the winner's record
+        when the request fingerprint is the same -- the caller then returns the
+        recorded outcome of ``record.intent_id`` and executes nothing -- and
+        IdempotencyConflict when it differs: the same key for a different
+        request is refused, never silently treated as a replay.
+        """
+        for name, value in (("key", key), ("case_id", case_id), ("intent_id", intent_id)):
+            _check_id(name, value)
+        values = {
+            "idem_key": key,
+            "case_id": case_id,
+            "intent_id": intent_id,
+            "fingerprint": fingerprint,
+            "operation_id": operation_id,
+            "version": int(version),
+            "created_at": format_time(self._now()),
+        }
+        with self._guard("claim an idempotency key"):
+            for _ in range(_MAX_ATTEMPTS):
+                with self._write_one.begin() as conn:
+                    inserted = conn.execute(
+                        self._backend.insert_ignore(idempotency)
+                        .values(**values)
+                        .returning(idempotency.c.idem_key)
+                    ).first()
+                    if inserted is not None:
+                        return None
+                    existing = _idempotency_record(conn, key)
+                if existing is not None:
+                    break
+            else:
+                raise LedgerError(f"could not claim idempotency key {key!r}; retry", key=key)
+        if existing.fingerprint != fingerprint:
+            raise IdempotencyConflict(
+                f"idempotency key {key!r} was already used by intent {existing.intent_id!r} "
+                f"(case {existing.case_id!r}, {existing.operation_id} v{existing.version}) for "
+                "a different request; use a new key for a new request",
+                key=key,
+                case_id=existing.case_id,
+                intent_id=existing.intent_id,
+                operation_id=existing.operation_id,
+                version=existing.version,
+                fingerprint=existing.fingerprint,
+                requested_fingerprint=fingerprint,
+            )
+        return existing
+
+    def get_idempotency(self, key: str) -> IdempotencyRecord | None:
+        """The claim of ``key``, or None if nobody claimed it."""
+        with self._guard("read an idempotency key"), self._read_one.connect() as conn:
+            return _idempotency_record(conn, key)
+
+    # -- plans and approvals
+
+    def record_plan(
+        self, plan_hash: str, case_id: str, requester: str, plan: Mapping[str, Any]
+    ) -> PlanRecord:
+        """Record a plan under its hash; recording the same plan again returns the first record.
+
+        The first recording wins: a later call with the same hash returns the
+        stored record (whose ``requester`` and ``case_id`` may differ from the
+        caller's -- compare them where four eyes matter).  Different plan
+        content under one hash is refused with LedgerError.
+        """
+        for name, value in (("plan_hash", plan_hash), ("case_id", case_id)):
+            _check_id(name, value)
+        _check_id("requester", requester)
+        try:
+            plan_text = canonical_text(dict(plan))
+        except Exception as exc:
+            raise LedgerError(f"the plan is not plain JSON data ({exc})") from None
+        with self._guard("record a plan"), self._write_one.begin() as conn:
+            conn.execute(
+                self._backend.insert_ignore(plans).values(
+                    plan_hash=plan_hash,
+                    case_id=case_id,
+                    requester=requester,
+                    plan=plan_text,
+                    created_at=format_time(self._now()),
+                )
+            )
+            row = conn.execute(sa.select(plans).where(plans.c.plan_hash == plan_hash)).one()
+        if row.plan != plan_text:
+            raise LedgerError(
+                f"plan hash {plan_hash!r} is already recorded with different plan content; a "
+                "plan hash names exactly one plan -- recompute it",
+                plan_hash=plan_hash,
+            )
+        return _plan_record(row)
+
+    def get_plan(self, plan_hash: str) -> PlanRecord:
+        """The recorded plan; UnknownPlan if none has this hash."""
+        with self._guard("read a plan"), self._read_one.connect() as conn:
+            row = conn.execute(sa.select(plans).where(plans.c.plan_hash == plan_hash)).first()
+        if row is None:
+            raise UnknownPlan(f"no plan with hash {plan_hash!r} was recorded", plan_hash=plan_hash)
+        return _plan_record(row)
+
+    def record_approval(
+        self,
+        plan_hash: str,
+        approver: str,
+        role: str,
+        ttl_seconds: float,
+        now: datetime | None = None,
+    ) -> ApprovalRecord:
+        """Record one single-use approval of a recorded plan, expiring after ``ttl_seconds``.
+
+        Who may approve (roles, four eyes) is the caller's decision, made
+        before this; the ledger refuses only an unknown plan (UnknownPlan) and a
+        non-positive TTL.
+        """
+        _check_id("approver", approver)
+        _check_id("role", role)
+        if not ttl_seconds > 0:
+            raise LedgerError(f"an approval needs a positive ttl_seconds, not {ttl_seconds!r}")
+        created = self._now(now)
+        values = {
+            "approval_id": "apr_" + uuid.uuid4().hex,
+            "plan_hash": plan_hash,
+            "approver": approver,
+            "role": role,
+            "created_at": format_time(created),
+            "expires_at": format_time(created + timedelta(seconds=ttl_seconds)),
+            "used_by_intent": None,
+            "used_at": None,
+        }
+        with self._guard("record an approval"), self._engine.begin() as conn:
+            if conn.execute(
+                sa.select(plans.c.plan_hash).where(plans.c.plan_hash == plan_hash)
+            ).first() is None:
+                raise UnknownPlan(
+                    f"no plan with hash {plan_hash!r} was recorded; run `capgate plan` first",
+                    plan_hash=plan_hash,
+                )
+            conn.execute(sa.insert(approvals).values(**values))
+        return _approval_record(values)
+
+    def approvals_for(self, plan_hash: str) -> list[ApprovalRecord]:
+        """Every approval of the plan, oldest first."""
+        with self._guard("read approvals"), self._read_one.connect() as conn:
+            rows = conn.execute(
+                sa.select(approvals)
+                .where(approvals.c.plan_hash == plan_hash)
+                .order_by(approvals.c.created_at, approvals.c.approval_id)
+            ).all()
+        return [_approval_record(dict(row._mapping)) for row in rows]
+
+    def consume_approval(
+        self,
+        plan_hash: str,
+        intent_id: str,
+        now: datetime | None = None,
+        *,
+        exclude_approver: str | None = None,
+    ) -> ApprovalRecord:
+        """Use one valid approval of ``plan_hash`` for ``intent_id``; exactly one consumer wins.
+
+        Picks the oldest unused, unexpired approval and marks it used with a
+        conditional UPDATE (``... WHERE used_by_intent IS NULL``); a consumer
+        that loses the race tries the next one.  Calling again for the same
+        intent returns the approval it already consumed (a retried attempt of
+        one intent needs no second approval).
+
+        ``exclude_approver`` (four eyes: the requester) makes that person's
+        approvals unusable here.
+
+        Raises UnknownPlan (no such plan), ApprovalRequired (the plan has no
+        approval at all), SelfApproval (the only valid approvals are by
+        ``exclude_approver``), ApprovalExpired (an unused approval exists but
+        every unused one has expired) or ApprovalUsed (every approval is used).
+        """
+        _check_id("intent_id", intent_id)
+        moment = format_time(self._now(now))
+        with self._guard("consume an approval"):
+            for _ in range(_MAX_ATTEMPTS):
+                with self._write_one.begin() as conn:
+                    rows = conn.execute(
+                        sa.select(approvals)
+                        .where(approvals.c.plan_hash == plan_hash)
+                        .order_by(approvals.c.created_at, approvals.c.approval_id)
+                    ).all()
+                    for row in rows:
+                        if row.used_by_intent == intent_id:
+                            return _approval_record(dict(row._mapping))
+                    valid = [
+                        r for r in rows if r.used_by_intent is None and r.expires_at > moment
+                    ]
+                    usable = [r for r in valid if r.approver != exclude_approver]
+                    if valid and not usable:
+                        raise SelfApproval(
+                            f"the only valid approvals of plan {plan_hash} are by "
+                            f"{exclude_approver!r}, who may not approve their own plan (four "
+                            "eyes); ask another approver",
+                            plan_hash=plan_hash,
+                            approver=exclude_approver,
+                        )
+                    if not usable:
+                        raise self._no_approval(conn, plan_hash, rows)
+                    won = conn.execute(
+                        sa.update(approvals)
+                        .where(
+                            approvals.c.approval_id == usable[0].approval_id,
+                            approvals.c.used_by_intent.is_(None),
+                            approvals.c.expires_at > moment,
+                        )
+                        .values(used_by_intent=intent_id, used_at=moment)
+                    ).rowcount
+                    if won == 1:
+                        values = dict(usable[0]._mapping)
+                        values.update(used_by_intent=intent_id, used_at=moment)
+                        return _approval_record(values)
+        raise LedgerError(
+            f"could not consume an approval of plan {plan_hash!r} under contention; retry",
+            plan_hash=plan_hash,
+        )
+
+    def _no_approval(
+        self, conn: Connection, plan_hash: str, rows: Sequence[sa.Row[Any]]
+    ) -> CapgateError:
+        if not rows:
+            if conn.execute(
+                sa.select(plans.c.plan_hash).where(plans.c.plan_hash == plan_hash)
+            ).first() is None:
+                return UnknownPlan(
+                    f"no plan with hash {plan_hash!r} was recorded; run `capgate plan` first",
+                    plan_hash=plan_hash,
+                )
+            return ApprovalRequired(
+                f"plan {plan_hash} has no approval; ask an approver to run `capgate approve "
+                f"{plan_hash} --by WHO --role ROLE`",
+                plan_hash=plan_hash,
+            )
+        used = sum(1 for r in rows if r.used_by_intent is not None)
+        if used < len(rows):
+            return ApprovalExpired(
+                f"every unused approval of plan {plan_hash} has expired; ask for a new approval",
+                plan_hash=plan_hash,
+                expired=len(rows) - used,
+                used=used,
+            )
+        return ApprovalUsed(
+            f"every approval of plan {plan_hash} was already used (approvals are single use); "
+            "ask for a new approval",
+            plan_hash=plan_hash,
+            used=used,
+        )
+
+
+# --- row helpers --------------------------------------------------------------
+
+
+def _check_id(name: str, value: object) -> None:
+    if not isinstance(value, str) or not value:
+        raise LedgerError(f"{name} must be a non-empty string, not {value!r}")
+
+
+def _event_from_row(row: sa.Row[Any]) -> Event | None:
+    """An Event from a ``cg_events`` row, or None when its payload is not a JSON object."""
+    try:
+        payload = json.loads(row.payload)
+    except ValueError:
+        return None
+    if not isinstance(payload, dict):
+        return None
+    return Event(
+        case_id=row.case_id,
+        seq=int(row.seq),
+        kind=row.kind,
+        intent_id=row.intent_id,
+        payload=payload,
+        prev_digest=row.prev_digest,
+        digest=row.digest,
+        recorded_at=row.recorded_at,
+    )
+
+
+def _unreadable_event(row: sa.Row[Any]) -> Event:
+    """Stand-in for an event whose payload text is not a JSON object: it will not verify."""
+    return Event(
+        case_id=row.case_id,
+        seq=int(row.seq),
+        kind=row.kind,
+        intent_id=row.intent_id,
+        payload={"unreadable_payload": str(row.payload)},
+        prev_digest=row.prev_digest,
+        digest=row.digest,
+        recorded_at=row.recorded_at,
+    )
+
+
+def _idempotency_record(conn: Connection, key: str) -> IdempotencyRecord | None:
+    row = conn.execute(sa.select(idempotency).where(idempotency.c.idem_key == key)).first()
+    if row is None:
+        return None
+    return IdempotencyRecord(
+        idem_key=row.idem_key,
+        case_id=row.case_id,
+        intent_id=row.intent_id,
+        fingerprint=row.fingerprint,
+        operation_id=row.operation_id,
+        version=int(row.version),
+        created_at=parse_time(row.created_at),
+    )
+
+
+def _plan_record(row: sa.Row[Any]) -> PlanRecord:
+    return PlanRecord(
+        plan_hash=row.plan_hash,
+        case_id=row.case_id,
+        requester=row.requester,
+        plan=json.loads(row.plan),
+        created_at=parse_time(row.created_at),
+    )
+
+
+def _approval_record(values: Mapping[str, Any]) -> ApprovalRecord:
+    used_at = values["used_at"]
+    return ApprovalRecord(
+        approval_id=values["approval_id"],
+        plan_hash=values["plan_hash"],
+        approver=values["approver"],
+        role=values["role"],
+        created_at=parse_time(values["created_at"]),
+        expires_at=parse_time(values["expires_at"]),
+        used_by_intent=values["used_by_intent"],
+        used_at=parse_time(used_at) if used_at is not None else None,
+    )

@@ -1,0 +1,460 @@
+"""The ledger's pure part: events, digests, the snapshot reducer and chain checks.
+
+Nothing here touches a database.  ``executor.ledger`` stores what this module
+computes, and ``verify`` replays stored rows through the same functions, so the
+code that wrote a chain and the code that checks it cannot drift apart.
+
+A case's chain is a list of events with ``seq`` 0, 1, 2, ...; each event's
+``digest`` is the canonical hash (RFC 8785, SHA-256) of its fields including
+``prev_digest``, the digest of the event before it (:data:`GENESIS_DIGEST` for
+seq 0).  The case snapshot is ``fold(events)``: a deterministic reduction that
+the executor reads instead of replaying the chain on every call.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from registry.canonical import canonical_bytes, canonical_hash
+from registry.errors import LedgerError
+
+GENESIS_DIGEST: Final = "sha256:" + "0" * 64
+"""The ``prev_digest`` of every case's first event (seq 0)."""
+
+TERMINAL_STATUSES: Final = frozenset({"observed", "reconciled", "escalation_resolved"})
+"""Intent statuses (last event kinds) after which an intent needs nothing more.
+
+Every other status is open -- ``prepared``, ``attempt_started``, ``escalated``
+and any kind this module has never heard of.  Open is the fail-closed default:
+an unknown status keeps the case open until ``resume`` settles it, so a new
+event kind can never silently let a case continue past an unresolved intent.
+Use :func:`is_open_status` rather than testing membership of a list of open
+statuses, which could not be complete.
+"""
+
+RESERVED_INTENT_KEYS: Final = frozenset({"status", "last_seq"})
+"""Keys the reducer sets on each intent itself; ``payload["state"]`` may not use them."""
+
+FINDING_KINDS: Final = (
+    "payload_edited",
+    "digest_broken",
+    "chain_broken",
+    "event_reordered",
+    "event_missing",
+    "case_missing",
+    "head_mismatch",
+    "snapshot_mismatch",
+    "mac_mismatch",
+    "mac_missing",
+)
+"""Every ``Finding.kind`` that :func:`check_case` reports, in the order of the chain checks.
+
+* ``payload_edited`` -- an event's content (payload, kind, intent, time, link)
+  no longer hashes to its digest, while its successor still names that digest.
+* ``digest_broken`` -- an event's stored digest was changed: its content still
+  hashes to the value its successor (or the case head) names.
+* ``chain_broken`` -- an event's ``prev_digest`` is not the digest of the event
+  before it (a forged, replaced or renumbered event).
+* ``event_reordered`` -- an intact event sits at another ``seq`` than the one it
+  was recorded with (its digest matches only under its original position).
+* ``event_missing`` -- a seq is absent: a gap in the chain, or the case head
+  names events after the last stored one (the tail was deleted).
+* ``case_missing`` -- events exist for a case that has no ``cg_cases`` row.
+* ``head_mismatch`` -- the case row's head seq or digest is not the last event's.
+* ``snapshot_mismatch`` -- the stored snapshot is not ``fold(events)``.
+* ``mac_mismatch`` / ``mac_missing`` -- with an HMAC key: the head's MAC is wrong
+  or absent, so the chain was rewritten (or written) without the key.
+"""
+
+
+def is_open_status(status: str) -> bool:
+    """True unless ``status`` is terminal: unknown statuses count as open (fail closed)."""
+    return status not in TERMINAL_STATUSES
+
+
+def format_time(moment: datetime) -> str:
+    """A timezone-aware instant as fixed-width ISO-8601 UTC text (sorts like time)."""
+    if moment.tzinfo is None or moment.utcoffset() is None:
+        raise LedgerError(
+            f"naive datetime {moment.isoformat()} given; the ledger needs timezone-aware UTC "
+            "times (use datetime.now(UTC))"
+        )
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def parse_time(text: str) -> datetime:
+    """Inverse of :func:`format_time`."""
+    return datetime.fromisoformat(text).astimezone(UTC)
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One recorded boundary of a case: what happened, chained to what came before."""
+
+    case_id: str
+    seq: int
+    """Position in the case's chain, from 0 without gaps."""
+    kind: str
+    """What happened (``prepared``, ``attempt_started``, ``observed``, ...); for an
+    intent event it becomes the intent's status in the snapshot."""
+    intent_id: str | None
+    """The intent the event belongs to, or None for an event about the case only."""
+    payload: Mapping[str, Any] = field(hash=False)
+    """Plain JSON data.  ``payload["case_state"]`` and (for intent events)
+    ``payload["state"]`` are merged into the snapshot by :func:`apply_event`."""
+    prev_digest: str
+    """The digest of the event at ``seq - 1`` (:data:`GENESIS_DIGEST` for seq 0)."""
+    digest: str
+    """:func:`event_digest` of this event's fields."""
+    recorded_at: str
+    """ISO-8601 UTC text exactly as hashed; :attr:`recorded_time` parses it."""
+
+    @property
+    def recorded_time(self) -> datetime:
+        return parse_time(self.recorded_at)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON shape (``capgate ledger show --json``)."""
+        return {
+            "case_id": self.case_id,
+            "seq": self.seq,
+            "kind": self.kind,
+            "intent_id": self.intent_id,
+            "payload": dict(self.payload),
+            "prev_digest": self.prev_digest,
+            "digest": self.digest,
+            "recorded_at": self.recorded_at,
+        }
+
+
+def event_digest(
+    *,
+    case_id: str,
+    seq: int,
+    kind: str,
+    intent_id: str | None,
+    payload: Mapping[str, Any],
+    prev_digest: str,
+    recorded_at: str,
+) -> str:
+    """The canonical hash that chains an event: it covers every field, including the link."""
+    return canonical_hash(
+        {
+            "case_id": case_id,
+            "seq": seq,
+            "kind": kind,
+            "intent_id": intent_id,
+            "payload": payload,
+            "prev_digest": prev_digest,
+            "recorded_at": recorded_at,
+        }
+    )
+
+
+def digest_of(event: Event, *, seq: int | None = None) -> str:
+    """Recompute ``event``'s digest (optionally as if it sat at another ``seq``)."""
+    return event_digest(
+        case_id=event.case_id,
+        seq=event.seq if seq is None else seq,
+        kind=event.kind,
+        intent_id=event.intent_id,
+        payload=event.payload,
+        prev_digest=event.prev_digest,
+        recorded_at=event.recorded_at,
+    )
+
+
+def head_mac(key: bytes, head_digest: str) -> str:
+    """HMAC-SHA256 of the chain head: rewriting a chain consistently needs the key."""
+    return hmac.new(key, head_digest.encode("ascii"), hashlib.sha256).hexdigest()
+
+
+def canonical_text(value: Any) -> str:
+    """Canonical JSON as text: how payloads and snapshots are stored."""
+    return canonical_bytes(value).decode("utf-8")
+
+
+def normalise_payload(payload: Mapping[str, Any], *, intent_id: str | None) -> dict[str, Any]:
+    """``payload`` as it will read back from storage, checked for what the reducer needs.
+
+    Round-tripping through canonical JSON now (tuples become lists, and anything
+    that is not JSON is refused) means the digest we compute is the digest that
+    ``verify`` will recompute from the stored text.
+    """
+    if not isinstance(payload, Mapping):
+        raise LedgerError(f"an event payload must be a JSON object, not {type(payload).__name__}")
+    try:
+        plain: dict[str, Any] = json.loads(canonical_bytes(dict(payload)))
+    except Exception as exc:
+        raise LedgerError(
+            f"the event payload is not plain JSON data ({type(exc).__name__}: {exc}); "
+            "use dicts, lists, strings, booleans, None and numbers within +/-2**53"
+        ) from None
+    _check_shape(plain, intent_id)
+    return plain
+
+
+def _check_shape(payload: Mapping[str, Any], intent_id: str | None) -> None:
+    case_state = payload.get("case_state")
+    if case_state is not None and not isinstance(case_state, dict):
+        raise LedgerError("payload['case_state'] must be a JSON object merged into the case state")
+    state = payload.get("state")
+    if state is None:
+        return
+    if intent_id is None:
+        raise LedgerError(
+            "payload['state'] is intent state, but the event has no intent_id; "
+            "pass intent_id=... or use payload['case_state']"
+        )
+    if not isinstance(state, dict):
+        raise LedgerError("payload['state'] must be a JSON object merged into the intent state")
+    clash = RESERVED_INTENT_KEYS.intersection(state)
+    if clash:
+        raise LedgerError(
+            f"payload['state'] may not set {sorted(clash)}: the reducer derives them from the "
+            "event kind and seq"
+        )
+
+
+def empty_state(case_id: str) -> dict[str, Any]:
+    """The snapshot of a case before its first event."""
+    return {
+        "case_id": case_id,
+        "head_seq": -1,
+        "head_digest": GENESIS_DIGEST,
+        "case": {},
+        "intents": {},
+    }
+
+
+def apply_event(state: Mapping[str, Any] | None, event: Event) -> dict[str, Any]:
+    """The snapshot after ``event``; pure, and ``state`` is left untouched.
+
+    * ``head_seq`` / ``head_digest`` become the event's;
+    * ``payload["case_state"]`` (a dict) is merged key by key into ``case``;
+    * for an intent event, ``intents[intent_id]`` gets ``payload["state"]``
+      merged in, ``status`` = the event kind and ``last_seq`` = its seq.
+
+    Merges are shallow (a key's new value replaces the old one whole), which
+    keeps the reducer obvious to anyone re-implementing it to audit a chain.
+    The new state shares unchanged nested values with the old one; neither is
+    ever mutated.
+    """
+    if state is None:
+        state = empty_state(event.case_id)
+    _check_shape(event.payload, event.intent_id)
+    new: dict[str, Any] = dict(state)
+    new["head_seq"] = event.seq
+    new["head_digest"] = event.digest
+    case_state = event.payload.get("case_state")
+    if case_state:
+        new["case"] = {**state["case"], **case_state}
+    if event.intent_id is not None:
+        intents = dict(state["intents"])
+        merged = {**intents.get(event.intent_id, {}), **(event.payload.get("state") or {})}
+        merged["status"] = event.kind
+        merged["last_seq"] = event.seq
+        intents[event.intent_id] = merged
+        new["intents"] = intents
+    return new
+
+
+def fold(events: Iterable[Event]) -> dict[str, Any]:
+    """The snapshot of a case: :func:`apply_event` over its events in order.
+
+    Raises LedgerError for no events (a case has at least one).
+    """
+    state: dict[str, Any] | None = None
+    for event in events:
+        state = apply_event(state, event)
+    if state is None:
+        raise LedgerError("cannot fold an empty chain: a case starts with its first event")
+    return state
+
+
+# --- verification -------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One thing wrong with one case's chain, as :func:`check_case` sees it."""
+
+    case_id: str
+    seq: int | None
+    """The event concerned, or None for a finding about the case row as a whole."""
+    kind: str
+    """One of :data:`FINDING_KINDS`."""
+    detail: str
+    """What was expected and what was found, for a person."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"case_id": self.case_id, "seq": self.seq, "kind": self.kind, "detail": self.detail}
+
+
+@dataclass(frozen=True, slots=True)
+class CaseRow:
+    """The stored ``cg_cases`` row of a case, as read for verification."""
+
+    snapshot: str
+    head_seq: int
+    head_digest: str
+    head_mac: str | None
+
+
+def _original_positions(events: Sequence[Event]) -> dict[int, int]:
+    """Index -> chain position, found by following ``prev_digest`` links from genesis.
+
+    Links do not depend on ``seq``, so this recovers the order the events were
+    recorded in even when their ``seq`` values were swapped.
+    """
+    by_prev: dict[str, int] = {}
+    for i, event in enumerate(events):
+        by_prev.setdefault(event.prev_digest, i)
+    positions: dict[int, int] = {}
+    current = GENESIS_DIGEST
+    while current in by_prev and by_prev[current] not in positions:
+        i = by_prev[current]
+        positions[i] = len(positions)
+        current = events[i].digest
+    return positions
+
+
+def check_case(
+    case_id: str,
+    events: Sequence[Event],
+    case: CaseRow | None,
+    key: bytes | None,
+) -> list[Finding]:
+    """Every finding for one case: replay the chain, then compare head, snapshot and MAC.
+
+    ``events`` must be the case's stored events ordered by seq.  Each tamper is
+    reported once, under its cause: a deleted event is ``event_missing`` and
+    not also a broken link at its successor; an edited digest is
+    ``digest_broken`` and not also ``chain_broken``.
+    """
+    findings: list[Finding] = []
+
+    def report(seq: int | None, kind: str, detail: str) -> None:
+        findings.append(Finding(case_id, seq, kind, detail))
+
+    recomputed = [digest_of(e) for e in events]
+    positions = _original_positions(events)
+    moved: dict[int, int] = {}
+    for i, event in enumerate(events):
+        pos = positions.get(i)
+        if (
+            recomputed[i] != event.digest
+            and pos is not None
+            and pos != event.seq
+            and digest_of(event, seq=pos) == event.digest
+        ):
+            moved[i] = pos
+
+    expected_seq = 0
+    prev_digest = GENESIS_DIGEST
+    prev_explains_link = False  # the previous event's finding already accounts for this link
+    last_digest_broken = False
+    for i, event in enumerate(events):
+        gap = event.seq > expected_seq
+        for missing in range(expected_seq, event.seq):
+            report(
+                missing,
+                "event_missing",
+                f"no event with seq {missing}: the chain jumps to seq {event.seq}",
+            )
+        digest_broken = False
+        if i in moved:
+            report(
+                event.seq,
+                "event_reordered",
+                f"the event recorded as seq {moved[i]} ({event.kind}) now sits at seq {event.seq}",
+            )
+        else:
+            if recomputed[i] != event.digest:
+                if i + 1 < len(events):
+                    successor_link: str | None = events[i + 1].prev_digest
+                else:
+                    successor_link = case.head_digest if case is not None else None
+                if successor_link == recomputed[i]:
+                    digest_broken = True
+                    report(
+                        event.seq,
+                        "digest_broken",
+                        f"stored digest {event.digest} was changed; the event's content "
+                        f"hashes to {recomputed[i]}, which its successor names",
+                    )
+                else:
+                    report(
+                        event.seq,
+                        "payload_edited",
+                        f"the event's content hashes to {recomputed[i]}, not to its stored "
+                        f"digest {event.digest}: payload, kind, intent, time or link was edited",
+                    )
+            if event.prev_digest != prev_digest and not gap and not prev_explains_link:
+                report(
+                    event.seq,
+                    "chain_broken",
+                    f"prev_digest {event.prev_digest} is not the digest of the event before "
+                    f"it ({prev_digest})",
+                )
+        prev_explains_link = digest_broken or i in moved
+        last_digest_broken = digest_broken
+        prev_digest = event.digest
+        expected_seq = event.seq + 1
+
+    if case is None:
+        if events:
+            report(None, "case_missing", f"{len(events)} events but no cg_cases row for the case")
+        return findings
+
+    last_seq = events[-1].seq if events else -1
+    if case.head_seq > last_seq:
+        for missing in range(last_seq + 1, case.head_seq + 1):
+            report(
+                missing,
+                "event_missing",
+                f"the case head is seq {case.head_seq} but the last stored event is "
+                f"seq {last_seq}",
+            )
+    elif case.head_seq < last_seq or (
+        case.head_digest != prev_digest and not last_digest_broken
+    ):
+        report(
+            case.head_seq,
+            "head_mismatch",
+            f"the case head (seq {case.head_seq}, {case.head_digest}) is not the last event "
+            f"(seq {last_seq}, {prev_digest})",
+        )
+
+    try:
+        expected_snapshot: str | None = canonical_text(fold(events))
+    except Exception as exc:
+        expected_snapshot = None
+        why = f"the events cannot be folded ({type(exc).__name__}: {exc})"
+    else:
+        why = "the stored snapshot differs from fold(events)"
+    if case.snapshot != expected_snapshot:
+        report(None, "snapshot_mismatch", why)
+
+    if key is not None:
+        if case.head_mac is None:
+            report(
+                case.head_seq,
+                "mac_missing",
+                "the case head carries no MAC, but a key is configured: it was written "
+                "without the key, or its MAC was removed",
+            )
+        elif not hmac.compare_digest(case.head_mac, head_mac(key, case.head_digest)):
+            report(
+                case.head_seq,
+                "mac_mismatch",
+                "the case head's MAC does not match its digest under the configured key: "
+                "the chain was rewritten without the key (or the key is wrong)",
+            )
+    return findings

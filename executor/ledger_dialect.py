@@ -1,0 +1,322 @@
+"""What differs between the SQLite and the PostgreSQL ledger, and nothing else.
+
+The ledger itself is written once against SQLAlchemy Core.  The few places where
+the two backends must behave differently live here, behind one small class per
+backend:
+
+* how an engine is made durable and how a write transaction takes its lock
+  (SQLite: WAL, ``synchronous=FULL``, ``BEGIN IMMEDIATE``; PostgreSQL: the
+  case row ``SELECT ... FOR UPDATE``);
+* how table creation is serialised between processes that open a fresh store
+  at the same moment;
+* how the event rows and the new chain head are written: SQLite in two
+  statements inside its exclusive transaction, PostgreSQL in *one* statement
+  (a data-modifying CTE), which is what lets an append cost a single round
+  trip there (see :attr:`Backend.single_statement_append`);
+* ``INSERT ... ON CONFLICT DO NOTHING``, which needs each dialect's construct.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import sqlalchemy as sa
+from sqlalchemy import event as sa_event
+from sqlalchemy.dialects import postgresql as pg_dialect
+from sqlalchemy.dialects import sqlite as sqlite_dialect
+from sqlalchemy.engine import URL, Connection, Engine
+
+from executor.ledger_schema import cases, events
+
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+"""How long a SQLite writer waits for another process's write lock before failing."""
+
+_SQLITE_BEGIN_OPTION = "capgate_sqlite_begin"
+_PG_DDL_LOCK_KEY = 0x6367_6C65_6467_6572 & 0x7FFF_FFFF_FFFF_FFFF  # "cgledger"
+
+
+@dataclass(frozen=True, slots=True)
+class StoredHead:
+    """A case row as read from ``cg_cases``: what the next append must build on."""
+
+    seq: int
+    digest: str
+    snapshot: str
+
+
+@dataclass(frozen=True, slots=True)
+class NewHead:
+    """The case row an append writes, compared-and-swapped against a :class:`StoredHead`."""
+
+    case_id: str
+    seq: int
+    digest: str
+    mac: str | None
+    snapshot: str
+    updated_at: str
+
+
+class Backend:
+    """One ledger backend's quirks.  Subclasses set the flags and override the hooks."""
+
+    name: ClassVar[str] = "generic"
+    single_statement_append: ClassVar[bool] = False
+    """True when one statement can write the events and swap the head atomically.
+
+    Then an append needs no explicit transaction: it reads the head (or takes it
+    from the process's own cache) and sends one compare-and-swap statement in
+    autocommit mode.  A stale head makes the statement write nothing, and the
+    ledger falls back to the locked path.  Nothing cached is ever trusted
+    without the database checking it.
+    """
+
+    def make_engine(self, url: URL) -> Engine:
+        raise NotImplementedError
+
+    def consistent_read_options(self) -> dict[str, Any]:
+        """Execution options for a multi-statement read that must see one snapshot."""
+        raise NotImplementedError
+
+    def single_read_options(self) -> dict[str, Any]:
+        """Execution options for a read of one statement (no BEGIN/COMMIT needed)."""
+        raise NotImplementedError
+
+    def lock_for_ddl(self, conn: Connection) -> None:
+        """Serialise table creation with other processes opening the same store."""
+        raise NotImplementedError
+
+    def read_head(self, conn: Connection, case_id: str, *, lock: bool) -> StoredHead | None:
+        """The case row, row-locked for the rest of the transaction when ``lock``."""
+        stmt = sa.select(cases.c.head_seq, cases.c.head_digest, cases.c.snapshot).where(
+            cases.c.case_id == case_id
+        )
+        if lock:
+            stmt = self.lock_rows(stmt)
+        row = conn.execute(stmt).first()
+        if row is None:
+            return None
+        return StoredHead(int(row.head_seq), str(row.head_digest), str(row.snapshot))
+
+    def lock_rows(self, stmt: sa.Select[Any]) -> sa.Select[Any]:
+        return stmt
+
+    def insert_ignore(self, table: sa.Table) -> Any:
+        """``INSERT ... ON CONFLICT DO NOTHING`` for ``table``.
+
+        Callers add ``RETURNING`` to learn whether the row was inserted: SQLAlchemy
+        does not report a reliable rowcount for INSERT.
+        """
+        raise NotImplementedError
+
+    def write_chain(
+        self,
+        conn: Connection,
+        old: StoredHead | None,
+        new: NewHead,
+        rows: list[dict[str, Any]],
+    ) -> bool:
+        """Insert the event rows and swap the head from ``old`` to ``new``.
+
+        Returns False, having written nothing that the caller's rollback would
+        not undo, when the head is no longer ``old`` (another writer got there
+        first, or the case row appeared meanwhile).  The portable form runs two
+        statements and relies on the caller's transaction for atomicity.
+        """
+        if old is None:
+            created = conn.execute(
+                self.insert_ignore(cases).values(
+                    case_id=new.case_id,
+                    snapshot=new.snapshot,
+                    head_seq=new.seq,
+                    head_digest=new.digest,
+                    head_mac=new.mac,
+                    updated_at=new.updated_at,
+                )
+                .returning(cases.c.case_id)
+            ).first()
+            if created is None:
+                return False
+        else:
+            swapped = conn.execute(
+                sa.update(cases)
+                .where(
+                    cases.c.case_id == new.case_id,
+                    cases.c.head_seq == old.seq,
+                    cases.c.head_digest == old.digest,
+                    cases.c.snapshot == old.snapshot,
+                )
+                .values(
+                    snapshot=new.snapshot,
+                    head_seq=new.seq,
+                    head_digest=new.digest,
+                    head_mac=new.mac,
+                    updated_at=new.updated_at,
+                )
+            )
+            if swapped.rowcount != 1:
+                return False
+        conn.execute(sa.insert(events), rows)
+        return True
+
+
+class SQLiteBackend(Backend):
+    """The embedded default: one file, WAL, ``synchronous=FULL``, ``BEGIN IMMEDIATE``.
+
+    pysqlite's own transaction handling begins lazily and only before DML, so
+    a transaction that first reads and then writes can fail with SQLITE_BUSY
+    without ever waiting.  We take over BEGIN (the documented SQLAlchemy
+    recipe) and make every transaction ``BEGIN IMMEDIATE`` -- it takes the
+    write lock up front and waits for it under ``busy_timeout`` -- except the
+    read-only ones, which ask for a plain deferred ``BEGIN`` and then read
+    one consistent WAL snapshot.
+    """
+
+    name = "sqlite"
+
+    def make_engine(self, url: URL) -> Engine:
+        engine = sa.create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
+
+        @sa_event.listens_for(engine, "connect")
+        def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+            dbapi_conn.isolation_level = None  # we emit BEGIN ourselves
+            cur = dbapi_conn.cursor()
+            try:
+                cur.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
+                mode = cur.execute("PRAGMA journal_mode = WAL").fetchone()
+                if mode is None or str(mode[0]).lower() != "wal":
+                    raise sa.exc.InvalidRequestError(
+                        f"the ledger file refuses WAL journaling (journal_mode={mode!r}); "
+                        "put it on a local file system"
+                    )
+                cur.execute("PRAGMA synchronous = FULL")
+            finally:
+                cur.close()
+
+        @sa_event.listens_for(engine, "begin")
+        def _on_begin(conn: Connection) -> None:
+            conn.exec_driver_sql(
+                conn.get_execution_options().get(_SQLITE_BEGIN_OPTION, "BEGIN IMMEDIATE")
+            )
+
+        return engine
+
+    def consistent_read_options(self) -> dict[str, Any]:
+        return {_SQLITE_BEGIN_OPTION: "BEGIN"}
+
+    def single_read_options(self) -> dict[str, Any]:
+        return {_SQLITE_BEGIN_OPTION: "BEGIN"}
+
+    def lock_for_ddl(self, conn: Connection) -> None:
+        # The transaction is already BEGIN IMMEDIATE, and SQLite DDL is transactional.
+        return None
+
+    def insert_ignore(self, table: sa.Table) -> Any:
+        return sqlite_dialect.insert(table).on_conflict_do_nothing()
+
+
+class PostgreSQLBackend(Backend):
+    """The shared store: psycopg 3, row locks, one-statement appends.
+
+    Sessions are tagged ``application_name=capgate-ledger`` so that a DBA sees
+    who holds a lock.
+    """
+
+    name = "postgresql"
+    single_statement_append = True
+
+    def make_engine(self, url: URL) -> Engine:
+        connect_args: dict[str, Any] = {}
+        if "application_name" not in url.query:
+            connect_args["application_name"] = "capgate-ledger"
+        return sa.create_engine(url, connect_args=connect_args)
+
+    def consistent_read_options(self) -> dict[str, Any]:
+        return {"isolation_level": "REPEATABLE READ"}
+
+    def single_read_options(self) -> dict[str, Any]:
+        return {"isolation_level": "AUTOCOMMIT"}
+
+    def lock_for_ddl(self, conn: Connection) -> None:
+        conn.execute(sa.select(sa.func.pg_advisory_xact_lock(_PG_DDL_LOCK_KEY)))
+
+    def lock_rows(self, stmt: sa.Select[Any]) -> sa.Select[Any]:
+        return stmt.with_for_update()
+
+    def insert_ignore(self, table: sa.Table) -> Any:
+        return pg_dialect.insert(table).on_conflict_do_nothing()
+
+    def write_chain(
+        self,
+        conn: Connection,
+        old: StoredHead | None,
+        new: NewHead,
+        rows: list[dict[str, Any]],
+    ) -> bool:
+        """One statement: the head swap gates the event insert.
+
+        ``WITH head AS (UPDATE cg_cases ... WHERE <old head> RETURNING case_id)
+        INSERT INTO cg_events SELECT ... FROM head CROSS JOIN (VALUES ...)``.
+        If another writer moved the head, PostgreSQL re-checks the UPDATE's
+        WHERE against the committed row, updates nothing, and so inserts
+        nothing.  A single statement is atomic on its own, so in autocommit
+        mode this is the whole append: one round trip and one commit.
+        """
+        params: dict[str, Any] = {
+            "case_id": new.case_id,
+            "snapshot": new.snapshot,
+            "head_seq": new.seq,
+            "head_digest": new.digest,
+            "head_mac": new.mac,
+            "updated_at": new.updated_at,
+        }
+        if old is None:
+            head_sql = (
+                "INSERT INTO cg_cases (case_id, snapshot, head_seq, head_digest, head_mac, "
+                "updated_at) VALUES (:case_id, :snapshot, :head_seq, :head_digest, "
+                "CAST(:head_mac AS TEXT), :updated_at) "
+                "ON CONFLICT (case_id) DO NOTHING RETURNING case_id"
+            )
+        else:
+            head_sql = (
+                "UPDATE cg_cases SET snapshot = :snapshot, head_seq = :head_seq, "
+                "head_digest = :head_digest, head_mac = CAST(:head_mac AS TEXT), "
+                "updated_at = :updated_at WHERE case_id = :case_id AND head_seq = :old_seq "
+                "AND head_digest = :old_digest AND snapshot = :old_snapshot RETURNING case_id"
+            )
+            params.update(old_seq=old.seq, old_digest=old.digest, old_snapshot=old.snapshot)
+        values = []
+        for i, row in enumerate(rows):
+            values.append(
+                f"(CAST(:seq_{i} AS BIGINT), :kind_{i}, CAST(:intent_{i} AS TEXT), :payload_{i}, "
+                f":prev_{i}, :digest_{i}, :at_{i})"
+            )
+            params.update(
+                {
+                    f"seq_{i}": row["seq"],
+                    f"kind_{i}": row["kind"],
+                    f"intent_{i}": row["intent_id"],
+                    f"payload_{i}": row["payload"],
+                    f"prev_{i}": row["prev_digest"],
+                    f"digest_{i}": row["digest"],
+                    f"at_{i}": row["recorded_at"],
+                }
+            )
+        sql = (
+            f"WITH head AS ({head_sql}) "
+            "INSERT INTO cg_events (case_id, seq, kind, intent_id, payload, prev_digest, digest, "
+            "recorded_at) SELECT head.case_id, v.seq, v.kind, v.intent_id, v.payload, "
+            "v.prev_digest, v.digest, v.recorded_at FROM head CROSS JOIN (VALUES "
+            + ", ".join(values)
+            + ") AS v (seq, kind, intent_id, payload, prev_digest, digest, recorded_at) "
+            "RETURNING seq"
+        )
+        inserted = conn.execute(sa.text(sql), params).all()
+        return len(inserted) == len(rows)
+
+
+def backend_for(url: URL) -> Backend:
+    """The backend for a normalised URL (``sqlite`` or ``postgresql+psycopg``)."""
+    if url.get_backend_name() == "sqlite":
+        return SQLiteBackend()
+    return PostgreSQLBackend()

@@ -1,0 +1,76 @@
+"""The ledger's tables, one definition for SQLite and PostgreSQL.
+
+Every text column is ``TEXT`` and every time is an ISO-8601 UTC string of fixed
+width (``2026-01-31T12:00:00.000000Z``): such strings sort like the instants
+they name, so expiry checks are plain string comparisons that behave the same
+on both backends, and the exact stored text of ``recorded_at`` is what the
+event digest covers, with no driver-specific timestamp conversion in between.
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+metadata = sa.MetaData()
+
+events = sa.Table(
+    "cg_events",
+    metadata,
+    sa.Column("case_id", sa.Text, primary_key=True),
+    # The primary key on (case_id, seq) is the last line of defence against a
+    # forked chain: two writers can never both record seq N of one case.
+    sa.Column("seq", sa.BigInteger, primary_key=True, autoincrement=False),
+    sa.Column("kind", sa.Text, nullable=False),
+    sa.Column("intent_id", sa.Text, nullable=True),
+    sa.Column("payload", sa.Text, nullable=False),
+    sa.Column("prev_digest", sa.Text, nullable=False),
+    sa.Column("digest", sa.Text, nullable=False),
+    sa.Column("recorded_at", sa.Text, nullable=False),
+    sa.CheckConstraint("seq >= 0", name="ck_cg_events_seq"),
+)
+
+cases = sa.Table(
+    "cg_cases",
+    metadata,
+    sa.Column("case_id", sa.Text, primary_key=True),
+    sa.Column("snapshot", sa.Text, nullable=False),
+    sa.Column("head_seq", sa.BigInteger, nullable=False),
+    sa.Column("head_digest", sa.Text, nullable=False),
+    sa.Column("head_mac", sa.Text, nullable=True),
+    sa.Column("updated_at", sa.Text, nullable=False),
+)
+
+idempotency = sa.Table(
+    "cg_idempotency",
+    metadata,
+    sa.Column("idem_key", sa.Text, primary_key=True),
+    sa.Column("case_id", sa.Text, nullable=False),
+    sa.Column("intent_id", sa.Text, nullable=False),
+    sa.Column("fingerprint", sa.Text, nullable=False),
+    sa.Column("operation_id", sa.Text, nullable=False),
+    sa.Column("version", sa.Integer, nullable=False),
+    sa.Column("created_at", sa.Text, nullable=False),
+)
+
+plans = sa.Table(
+    "cg_plans",
+    metadata,
+    sa.Column("plan_hash", sa.Text, primary_key=True),
+    sa.Column("case_id", sa.Text, nullable=False),
+    sa.Column("requester", sa.Text, nullable=False),
+    sa.Column("plan", sa.Text, nullable=False),
+    sa.Column("created_at", sa.Text, nullable=False),
+)
+
+approvals = sa.Table(
+    "cg_approvals",
+    metadata,
+    sa.Column("approval_id", sa.Text, primary_key=True),
+    sa.Column("plan_hash", sa.Text, nullable=False, index=True),
+    sa.Column("approver", sa.Text, nullable=False),
+    sa.Column("role", sa.Text, nullable=False),
+    sa.Column("created_at", sa.Text, nullable=False),
+    sa.Column("expires_at", sa.Text, nullable=False),
+    sa.Column("used_by_intent", sa.Text, nullable=True),
+    sa.Column("used_at", sa.Text, nullable=True),
+)

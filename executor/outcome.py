@@ -1,0 +1,102 @@
+"""What a call returns: an outcome with evidence, never a bare exception.
+
+``applied_verified`` and ``rolled_back`` are the two answers of a write;
+``ok`` answers a read.  ``compensated`` and ``compensation_failed`` follow a
+post-commit check that failed.  A recorded outcome returned again for the same
+idempotency key carries ``replayed=True``.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import decimal
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from registry.errors import EXIT_OK, EXIT_REFUSED, EXIT_UNKNOWN
+
+APPLIED = "applied_verified"
+ROLLED_BACK = "rolled_back"
+READ_OK = "ok"
+COMPENSATED = "compensated"
+COMPENSATION_FAILED = "compensation_failed"
+
+_EXIT = {APPLIED: EXIT_OK, READ_OK: EXIT_OK, ROLLED_BACK: EXIT_REFUSED,
+         COMPENSATED: EXIT_REFUSED, COMPENSATION_FAILED: EXIT_UNKNOWN}
+
+
+@dataclass(frozen=True)
+class Outcome:
+    status: str
+    intent_id: str
+    case_id: str
+    operation_id: str
+    version: int
+    row_hash: str
+    idempotency_key: str | None
+    fingerprint: str
+    attempt: int
+    evidence: Mapping[str, Any] = field(default_factory=dict)
+    reason: Mapping[str, Any] | None = None
+    replayed: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.status in (APPLIED, READ_OK)
+
+    @property
+    def exit_code(self) -> int:
+        return _EXIT.get(self.status, EXIT_UNKNOWN)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "status": self.status,
+            "intent_id": self.intent_id,
+            "case": self.case_id,
+            "operation_id": self.operation_id,
+            "version": self.version,
+            "row_hash": self.row_hash,
+            "idempotency_key": self.idempotency_key,
+            "fingerprint": self.fingerprint,
+            "attempt": self.attempt,
+            "evidence": dict(self.evidence),
+            "reason": dict(self.reason) if self.reason is not None else None,
+            "replayed": self.replayed,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], *, replayed: bool = False) -> Outcome:
+        return cls(
+            status=d["status"], intent_id=d["intent_id"], case_id=d["case"],
+            operation_id=d["operation_id"], version=int(d["version"]), row_hash=d["row_hash"],
+            idempotency_key=d.get("idempotency_key"), fingerprint=d["fingerprint"],
+            attempt=int(d.get("attempt", 1)), evidence=d.get("evidence") or {},
+            reason=d.get("reason"), replayed=replayed,
+        )
+
+
+def jsonable(value: Any) -> Any:
+    """Database values as JSON: decimals and dates as text, bytes as base64."""
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    if isinstance(value, float):
+        finite = value == value and value not in (float("inf"), float("-inf"))
+        return value if finite else str(value)
+    if isinstance(value, decimal.Decimal):
+        return int(value) if value == value.to_integral_value() else str(value)
+    if isinstance(value, dt.datetime | dt.date | dt.time):
+        return value.isoformat()
+    if isinstance(value, dt.timedelta):
+        return value.total_seconds()
+    if isinstance(value, bytes | bytearray | memoryview):
+        return base64.b64encode(bytes(value)).decode()
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, Mapping):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    return str(value)
