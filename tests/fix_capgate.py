@@ -1,0 +1,106 @@
+"""Executors wired to real databases, for every suite that calls operations.
+
+``make_executor(target_url, ledger_url)`` applies the example schema to the
+target and returns an Executor over ``capabilities/`` with a grants set in
+which ``agent`` may write everywhere, ``alice`` (dba, underwriting_lead,
+reporting_lead) and ``bob`` (dba) may approve, and ``reader`` may only read.
+Fixtures: ``executor`` (parametrised over SQLite, PostgreSQL and MariaDB
+targets, SQLite ledger), ``gate`` (a factory), ``table_dump`` (a table's rows,
+to compare before and after).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import URL, make_url
+
+from capgate.sqlfiles import apply_schema
+from executor.call import Executor
+from executor.connectors import ConnectorConfig, Connectors
+from executor.grants import Grants
+from executor.ledger import open_ledger
+from registry.loader import load_registry
+from registry.registry import Registry
+
+ROOT = Path(__file__).resolve().parent.parent
+CAPABILITIES = ROOT / "capabilities"
+
+GRANTS = Grants.from_dict({"principals": {
+    "agent": {"grants": [{"connector": "*", "environments": ["dev", "qa", "staging", "prod"],
+                          "access": "write"}]},
+    "other-agent": {"grants": [{"connector": "*",
+                                "environments": ["dev", "qa", "staging", "prod"],
+                                "access": "write"}]},
+    "reader": {"grants": [{"connector": "*", "environments": ["dev", "qa", "staging", "prod"],
+                           "access": "read"}]},
+    "alice": {"roles": ["dba", "underwriting_lead", "reporting_lead"],
+              "grants": [{"connector": "*", "environments": ["dev", "qa", "staging", "prod"],
+                          "access": "write"}]},
+    "bob": {"roles": ["dba"]},
+}}, source="tests")
+
+_REGISTRY: Registry | None = None
+
+
+def registry() -> Registry:
+    global _REGISTRY
+    if _REGISTRY is None:
+        _REGISTRY = load_registry([CAPABILITIES], check_lock=False)
+    return _REGISTRY
+
+
+def make_executor(target_url: URL | str, ledger_url: URL | str, *, environment: str = "dev",
+                  schema: bool = True, **connector_opts: Any) -> Executor:
+    target = make_url(target_url)
+    if schema:
+        engine = sa.create_engine(target, poolclass=sa.pool.NullPool)
+        try:
+            apply_schema(engine)
+        finally:
+            engine.dispose()
+    url = target.render_as_string(hide_password=False)
+    connectors = Connectors({
+        name: ConnectorConfig(name=name, url=url, environment=environment, **connector_opts)
+        for name in ("insurance", "insurance_code")
+    })
+    return Executor(registry(), connectors, open_ledger(ledger_url), GRANTS)
+
+
+@pytest.fixture
+def gate(tmp_path: Path) -> Iterator[Callable[..., Executor]]:
+    """A factory: ``gate(target_url, ledger_url=None, **opts)``; closed afterwards."""
+    made: list[Executor] = []
+
+    def factory(target_url: URL | str, ledger_url: URL | str | None = None,
+                **opts: Any) -> Executor:
+        ledger = ledger_url or f"sqlite:///{tmp_path / f'ledger{len(made)}.db'}"
+        ex = make_executor(target_url, ledger, **opts)
+        made.append(ex)
+        return ex
+
+    yield factory
+    for ex in made:
+        ex.connectors.dispose()
+        ex.ledger.close()
+
+
+@pytest.fixture
+def executor(target_url: URL, gate: Callable[..., Executor]) -> Executor:
+    """An executor over a fresh target on each engine (SQLite ledger)."""
+    return gate(target_url)
+
+
+def table_dump(url: URL | str, table: str) -> list[tuple[Any, ...]]:
+    """Every row of ``table`` in a stable order, for before/after comparisons."""
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(sa.text(f"SELECT * FROM {table}")).fetchall()
+        return sorted((tuple(r) for r in rows), key=repr)
+    finally:
+        engine.dispose()
