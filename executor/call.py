@@ -37,6 +37,7 @@ from executor.grants import Grants
 from executor.ledger import Ledger
 from executor.outcome import Outcome, jsonable
 from executor.plan import Plan, binds_for, fingerprint, idempotency_key, render
+from registry.canonical import canonical_hash
 from registry.errors import (
     ApprovalExpired,
     ApprovalMismatch,
@@ -359,14 +360,16 @@ class Executor:
         cap = row.max_rows or 1000
         evidence: dict[str, Any] = {"statements": []}
         reason: dict[str, Any] | None = None
+        if not ctx.rehearse:
+            self._prepared(ctx)
         with self._connect(ctx.connector) as conn:
             try:
                 dialect.begin_read(conn, ctx.tag, row.timeout.seconds)
                 for i, st in enumerate(row.statements):
-                    result = conn.execute(sa.text(dialect.sql(st.sql, ctx.tag)),
+                    cursor = conn.execute(sa.text(dialect.sql(st.sql, ctx.tag)),
                                           binds_for(st.sql, ctx.inputs))
-                    columns = list(result.keys())
-                    fetched = result.fetchmany(cap + 1)
+                    columns = list(cursor.keys())
+                    fetched = cursor.fetchmany(cap + 1)
                     truncated = len(fetched) > cap
                     rows = [jsonable(list(r)) for r in fetched[:cap]]
                     evidence["statements"].append({"columns": columns, "rows": rows,
@@ -381,11 +384,16 @@ class Executor:
             finally:
                 conn.rollback()
                 dialect.end_read(conn)
-        if row.statements and len(evidence["statements"]) == 1:
-            evidence["rows"] = evidence["statements"][0]["rows"]
-            evidence["columns"] = evidence["statements"][0]["columns"]
+        if len(evidence["statements"]) == 1:
+            evidence = evidence["statements"][0]
         status = oc.READ_OK if reason is None else oc.ROLLED_BACK
-        return ctx.outcome(status, evidence, reason)
+        answer = ctx.outcome(status, evidence, reason)
+        if not ctx.rehearse:
+            # the ledger keeps what was read (counts and a digest), not the rows themselves
+            summary = {k: v for k, v in evidence.items() if k not in ("rows", "statements")}
+            summary["rows_digest"] = canonical_hash(jsonable(evidence))
+            self._observed(ctx, Outcome(**{**answer.__dict__, "evidence": summary}))
+        return answer
 
     def _db_error_reason(self, ctx: CallContext, exc: sa.exc.DBAPIError,
                          where: str) -> dict[str, Any]:

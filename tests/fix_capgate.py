@@ -5,8 +5,8 @@ target and returns an Executor over ``capabilities/`` with a grants set in
 which ``agent`` may write everywhere, ``alice`` (dba, underwriting_lead,
 reporting_lead) and ``bob`` (dba) may approve, and ``reader`` may only read.
 Fixtures: ``executor`` (parametrised over SQLite, PostgreSQL and MariaDB
-targets, SQLite ledger), ``gate`` (a factory), ``table_dump`` (a table's rows,
-to compare before and after).
+targets and over SQLite and PostgreSQL ledgers), ``gate`` (a factory);
+``table_dump`` gives a table's rows, to compare before and after.
 """
 
 from __future__ import annotations
@@ -90,9 +90,9 @@ def gate(tmp_path: Path) -> Iterator[Callable[..., Executor]]:
 
 
 @pytest.fixture
-def executor(target_url: URL, gate: Callable[..., Executor]) -> Executor:
-    """An executor over a fresh target on each engine (SQLite ledger)."""
-    return gate(target_url)
+def executor(target_url: URL, ledger_url: URL, gate: Callable[..., Executor]) -> Executor:
+    """An executor over a fresh target on each engine, with each ledger backend."""
+    return gate(target_url, ledger_url)
 
 
 def table_dump(url: URL | str, table: str) -> list[tuple[Any, ...]]:

@@ -162,3 +162,12 @@ def sqlstate(exc: BaseException) -> str | None:
     if args and isinstance(args[0], int):
         return str(args[0])
     return None
+
+
+def vendor_code(exc: BaseException) -> int | None:
+    """The vendor's numeric error code (MariaDB ``1205``), if the driver gives one."""
+    orig = getattr(exc, "orig", exc)
+    args = getattr(orig, "args", ())
+    if args and isinstance(args[0], int):
+        return args[0]
+    return None

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 import sqlalchemy as sa
 
-from executor.dialects.base import Dialect, SessionTag, TxIdentity, sqlstate
+from executor.dialects.base import Dialect, SessionTag, TxIdentity, vendor_code
 
 _IDENTITY = sa.text(
     "SELECT CONNECTION_ID() AS connection_id, @@server_id AS server_id,"
@@ -73,10 +73,10 @@ class MariadbDialect(Dialect):
 
     def is_timeout(self, exc: BaseException) -> bool:
         # 1969 statement timeout, 1205 lock wait timeout, 3024 max_execution_time
-        return sqlstate(exc) in ("1969", "1205", "3024")
+        return vendor_code(exc) in (1969, 1205, 3024)
 
     def is_read_only_violation(self, exc: BaseException) -> bool:
-        return sqlstate(exc) in ("1792", "1290")
+        return vendor_code(exc) in (1792, 1290)
 
     def server_identity(self, conn: sa.Connection) -> dict[str, Any]:
         row = conn.execute(_IDENTITY).mappings().one()
