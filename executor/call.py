@@ -97,7 +97,8 @@ def validate_input(row: Row, inputs: Mapping[str, Any]) -> None:
             prefix = where + "." if where != "(input)" else ""
             where = ", ".join(prefix + e for e in extras) or where
         elif first.validator == "required" and isinstance(first.instance, dict):
-            missing = [r for r in first.validator_value if r not in first.instance]  # type: ignore[union-attr]
+            required: Any = first.validator_value
+            missing = [r for r in required if r not in first.instance]
             where = ", ".join(missing) or where
         raise InputInvalid(
             f"input does not satisfy the contract of {row.ref}: {where}: {first.message}",

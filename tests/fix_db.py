@@ -230,7 +230,8 @@ def fresh_oracle(server: Server) -> Iterator[URL]:
     password = uuid.uuid4().hex[:16]
     admin = sa.create_engine(server.url, poolclass=sa.pool.NullPool, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
-        conn.execute(sa.text(f'CREATE USER {user} IDENTIFIED BY "{password}" QUOTA UNLIMITED ON USERS'))
+        conn.execute(sa.text(
+            f'CREATE USER {user} IDENTIFIED BY "{password}" QUOTA UNLIMITED ON USERS'))
         conn.execute(sa.text(f"GRANT CREATE SESSION, CREATE TABLE, CREATE VIEW, CREATE PROCEDURE, "
                              f"CREATE TRIGGER, CREATE SEQUENCE TO {user}"))
     try:
