@@ -16,11 +16,12 @@ process kills itself with SIGKILL, so crash tests hit real boundaries.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import os
 import signal
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -45,6 +46,7 @@ from registry.errors import (
     ApprovalUsed,
     BudgetExhausted,
     CaseConflict,
+    ConnectorUnavailable,
     IdempotencyConflict,
     InputInvalid,
     OutcomeUnknown,
@@ -355,6 +357,27 @@ class Executor:
                 f"{connector.config.session_budget}", connector=connector.name,
                 budget=connector.config.session_budget) from None
 
+    @contextlib.contextmanager
+    def _open_write(self, ctx: CallContext) -> Iterator[tuple[sa.Connection, TxIdentity]]:
+        """A labelled write transaction; a pooled connection found dead is replaced once."""
+        dialect = ctx.connector.dialect
+        for attempt in (1, 2):
+            conn = self._connect(ctx.connector)
+            try:
+                identity = dialect.begin_write(conn, ctx.tag, ctx.row.timeout.seconds,
+                                               ctx.row.timeout.lock_seconds)
+            except sa.exc.DBAPIError as exc:
+                conn.close()
+                if exc.connection_invalidated and attempt == 1:
+                    continue  # nothing was sent but the opening query: safe to reopen
+                raise ConnectorUnavailable(
+                    f"connector {ctx.connector.name!r} could not open a transaction: "
+                    f"{str(exc.orig).splitlines()[0] if exc.orig else exc}",
+                    connector=ctx.connector.name) from None
+            with conn:
+                yield conn, identity
+            return
+
     def _read(self, ctx: CallContext) -> Outcome:
         row = ctx.row
         dialect = ctx.connector.dialect
@@ -428,10 +451,8 @@ class Executor:
         connector = ctx.connector
         dialect = connector.dialect
         evidence: dict[str, Any] = {}
-        with self._connect(connector) as conn:
+        with self._open_write(ctx) as (conn, identity):
             try:
-                identity = dialect.begin_write(conn, ctx.tag, ctx.row.timeout.seconds,
-                                               ctx.row.timeout.lock_seconds)
                 if not ctx.rehearse:
                     self._attempt_started(ctx, identity)
                 body(conn, evidence)

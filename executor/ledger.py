@@ -19,12 +19,23 @@ Two backends, one code path (SQLAlchemy Core; quirks in
   chain impossible even if that logic were wrong.
 
 Round trips on PostgreSQL, because an append sits on the hot path of every
-call: an append whose case head this process wrote or verified last is *one*
-statement in autocommit mode (one round trip, one commit).  Otherwise it reads
-the head first (two).  After a lost race it takes the row lock (four more:
-BEGIN, SELECT FOR UPDATE, the write, COMMIT).  The process-local head cache is
-never trusted: the write only lands if the stored head is still exactly the
-cached one.
+call (three appends per call): an append whose case head this process last
+wrote, read (:meth:`Ledger.snapshot`) or verified is *one* statement in
+autocommit mode -- one round trip, one commit.  Otherwise it reads the head
+first (two).  After a lost race it takes the row lock (four more: BEGIN,
+SELECT FOR UPDATE, the write, COMMIT).  The process-local head cache is never
+trusted: the write only lands if the stored head (seq, digest and snapshot
+text) is still exactly the cached one, so a stale cache costs a round trip,
+never a fork, and an edited snapshot is carried forward for ``verify`` to
+find, never silently repaired.  On SQLite every append is one ``BEGIN
+IMMEDIATE`` transaction in-process; its cost is the WAL fsync.
+
+A lost connection is not a lost append.  If the reply to an append never
+arrives, the append retries on a fresh connection, and every retry first looks
+for the digest of what it already sent (each attempt's digest is unique, since
+it covers ``recorded_at``): an event is recorded once, never twice, even when
+the server committed and the client never heard.  Reads and the repeatable
+writes below are simply re-run after a disconnect.
 
 The same store keeps idempotency claims, plans and approvals, whose
 single-use and first-writer-wins rules are enforced by unique keys and
@@ -34,6 +45,7 @@ conditional updates, so they hold across processes too.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import threading
@@ -44,7 +56,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Final
+from typing import Any, Final, ParamSpec, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection, Engine, make_url
@@ -116,10 +128,39 @@ HMAC_KEY_ENV: Final = "CAPGATE_LEDGER_HMAC_KEY"
 """Environment variable holding the chain-head HMAC key (utf-8) when none is passed."""
 
 _MAX_ATTEMPTS = 8
+_RECONNECTS = 3
 _HEAD_CACHE_SIZE = 4096
 
 EventSpec = tuple[str, Mapping[str, Any], str | None]
 """``(kind, payload, intent_id)`` for :meth:`Ledger.append_many`."""
+
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _reconnecting(method: Callable[_P, _R]) -> Callable[_P, _R]:
+    """Run an idempotent operation again when it failed only because a connection died.
+
+    SQLAlchemy invalidates the whole pool on a disconnect (a server restart, a
+    failover), so the second run gets a fresh connection.  Only operations that
+    are safe to repeat wear this: reads, and writes whose repetition returns
+    what the first run did (claims, plan records, approval consumption).
+    """
+
+    @functools.wraps(method)
+    def run(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        for attempt in range(_RECONNECTS):
+            try:
+                return method(*args, **kwargs)
+            except LedgerError as err:
+                cause = err.__cause__
+                lost = isinstance(cause, sa.exc.DBAPIError) and cause.connection_invalidated
+                if not lost or attempt == _RECONNECTS - 1:
+                    raise
+        raise AssertionError("unreachable")
+
+    return run
 
 
 # --- results ------------------------------------------------------------------
@@ -462,25 +503,59 @@ class Ledger:
             specs.append((kind, normalise_payload(payload, intent_id=intent_id), intent_id))
         if not specs:
             return []
+        tried: dict[str, list[Event]] = {}
         with self._guard(f"append to case {case_id!r}"):
-            if self._backend.single_statement_append:
-                written = self._append_unlocked(case_id, specs)
-                if written is not None:
-                    return written
-            return self._append_locked(case_id, specs)
+            for reconnect in range(_RECONNECTS):
+                suspect = tried if reconnect else None
+                try:
+                    if self._backend.single_statement_append:
+                        written = self._append_unlocked(case_id, specs, tried, suspect)
+                        if written is not None:
+                            return written
+                    return self._append_locked(case_id, specs, tried, suspect)
+                except sa.exc.DBAPIError as exc:
+                    if not exc.connection_invalidated:
+                        raise
+                    # The connection died; the write may have landed.  Try again on a
+                    # fresh connection: every attempt first looks for what we already sent.
+                    self._remember(case_id, None)
+                    last_error: sa.exc.DBAPIError = exc
+        raise LedgerError(
+            f"lost the connection to the ledger at {self.url} {_RECONNECTS} times while "
+            f"appending to case {case_id!r} ({_describe(last_error, self._url)}); whether the "
+            f"last attempt landed is unknown: read `capgate ledger show {case_id}` before "
+            "retrying",
+            case_id=case_id,
+            outcome="unknown",
+        )
 
-    def _append_unlocked(self, case_id: str, specs: list[EventSpec]) -> list[Event] | None:
-        """Compare-and-swap appends without a transaction; None when the head moved."""
+    def _append_unlocked(
+        self,
+        case_id: str,
+        specs: list[EventSpec],
+        tried: dict[str, list[Event]],
+        suspect: dict[str, list[Event]] | None,
+    ) -> list[Event] | None:
+        """Compare-and-swap appends without a transaction; None when the head moved.
+
+        ``tried`` collects every attempt's events by last digest; ``suspect`` is
+        set after a lost connection, and then each round first checks whether an
+        earlier attempt landed (see :func:`_landed`).
+        """
         cached = self._cached_head(case_id)
         with self._write_one.connect() as conn:
             for head_source in ("cache", "read"):
                 if head_source == "cache":
-                    if cached is None:
+                    if cached is None or suspect:
                         continue
                     head: StoredHead | None = cached
                 else:
                     head = self._backend.read_head(conn, case_id, lock=False)
+                    landed = _landed(conn, case_id, suspect)
+                    if landed is not None:
+                        return landed
                 new, written, rows = self._build(case_id, head, specs)
+                tried[new.digest] = written
                 try:
                     ok = self._backend.write_chain(conn, head, new, rows)
                 except sa.exc.IntegrityError:
@@ -492,12 +567,22 @@ class Ledger:
         self._remember(case_id, None)
         return None
 
-    def _append_locked(self, case_id: str, specs: list[EventSpec]) -> list[Event]:
+    def _append_locked(
+        self,
+        case_id: str,
+        specs: list[EventSpec],
+        tried: dict[str, list[Event]],
+        suspect: dict[str, list[Event]] | None,
+    ) -> list[Event]:
         """The pessimistic path: lock the case row (SQLite: the database), then write."""
         for _ in range(_MAX_ATTEMPTS):
             with self._engine.connect() as conn, conn.begin() as tx:
                 head = self._backend.read_head(conn, case_id, lock=True)
+                landed = _landed(conn, case_id, suspect)
+                if landed is not None:
+                    return landed
                 new, written, rows = self._build(case_id, head, specs)
+                tried[new.digest] = written
                 try:
                     ok = self._backend.write_chain(conn, head, new, rows)
                 except sa.exc.IntegrityError as exc:
@@ -603,6 +688,7 @@ class Ledger:
 
     # -- reading
 
+    @_reconnecting
     def events(self, case_id: str) -> list[Event]:
         """The case's events in seq order (empty for an unknown case).
 
@@ -625,6 +711,7 @@ class Ledger:
             out.append(event)
         return out
 
+    @_reconnecting
     def snapshot(self, case_id: str) -> dict[str, Any] | None:
         """The stored snapshot of the case (a fresh copy), or None for an unknown case.
 
@@ -664,6 +751,7 @@ class Ledger:
             )
         return dict(found)
 
+    @_reconnecting
     def cases(self, open_only: bool = False) -> list[CaseSummary]:
         """Every case (or only the open ones), ordered by case id.
 
@@ -705,6 +793,7 @@ class Ledger:
 
     # -- verification
 
+    @_reconnecting
     def verify(self, case_id: str | None = None) -> VerifyReport:
         """Replay one case's chain, or every case's, and report what does not hold.
 
@@ -725,6 +814,7 @@ class Ledger:
             raise UnknownCase(f"no case {case_id!r} in the ledger", case_id=case_id)
         return VerifyReport(n_cases, n_events, tuple(findings), self._key is not None)
 
+    @_reconnecting
     def load_verified(self, case_id: str) -> VerifiedCase:
         """The case's events and snapshot, after verifying them in one consistent read.
 
@@ -785,6 +875,7 @@ class Ledger:
 
     # -- idempotency
 
+    @_reconnecting
     def claim_idempotency(
         self,
         key: str,
@@ -795,7 +886,7 @@ class Ledger:
         operation_id: str,
         version: int,
     ) -> IdempotencyRecord | None:
-        """Claim ``key`` for this intent; None means the claim is ours.
+        """Claim ``key`` for this intent; None means the claim is ours (now or already).
 
         Exactly one claimer of a key wins, across processes (a unique key and
         ``INSERT ... ON CONFLICT DO NOTHING``, so no error ever aborts a
@@ -831,6 +922,8 @@ class Ledger:
                     break
             else:
                 raise LedgerError(f"could not claim idempotency key {key!r}; retry", key=key)
+        if existing.fingerprint == fingerprint and existing.intent_id == intent_id:
+            return None  # our own claim, seen again (a retry after a lost reply)
         if existing.fingerprint != fingerprint:
             raise IdempotencyConflict(
                 f"idempotency key {key!r} was already used by intent {existing.intent_id!r} "
@@ -846,6 +939,7 @@ class Ledger:
             )
         return existing
 
+    @_reconnecting
     def get_idempotency(self, key: str) -> IdempotencyRecord | None:
         """The claim of ``key``, or None if nobody claimed it."""
         with self._guard("read an idempotency key"), self._read_one.connect() as conn:
@@ -853,6 +947,7 @@ class Ledger:
 
     # -- plans and approvals
 
+    @_reconnecting
     def record_plan(
         self, plan_hash: str, case_id: str, requester: str, plan: Mapping[str, Any]
     ) -> PlanRecord:
@@ -889,6 +984,7 @@ class Ledger:
             )
         return _plan_record(row)
 
+    @_reconnecting
     def get_plan(self, plan_hash: str) -> PlanRecord:
         """The recorded plan; UnknownPlan if none has this hash."""
         with self._guard("read a plan"), self._read_one.connect() as conn:
@@ -937,6 +1033,7 @@ class Ledger:
             conn.execute(sa.insert(approvals).values(**values))
         return _approval_record(values)
 
+    @_reconnecting
     def approvals_for(self, plan_hash: str) -> list[ApprovalRecord]:
         """Every approval of the plan, oldest first."""
         with self._guard("read approvals"), self._read_one.connect() as conn:
@@ -947,6 +1044,7 @@ class Ledger:
             ).all()
         return [_approval_record(dict(row._mapping)) for row in rows]
 
+    @_reconnecting
     def consume_approval(
         self,
         plan_hash: str,
@@ -1088,6 +1186,28 @@ def _unreadable_event(row: sa.Row[Any]) -> Event:
         digest=row.digest,
         recorded_at=row.recorded_at,
     )
+
+
+def _landed(
+    conn: Connection, case_id: str, tried: dict[str, list[Event]] | None
+) -> list[Event] | None:
+    """The events of an earlier attempt of this append that reached the store, if any.
+
+    Only asked after a lost connection.  Every attempt's last digest is unique
+    (it covers ``recorded_at``), so finding one proves that attempt committed
+    and that retrying would record the events twice.  Reading this after the
+    head (and, on the locked path, under the row lock) leaves no window: an
+    attempt that commits later could only do so on the head we just read, and
+    then our own compare-and-swap fails and the next round finds it.
+    """
+    if not tried:
+        return None
+    found = conn.execute(
+        sa.select(events.c.digest).where(
+            events.c.case_id == case_id, events.c.digest.in_(list(tried))
+        )
+    ).first()
+    return None if found is None else tried[found.digest]
 
 
 def _idempotency_record(conn: Connection, key: str) -> IdempotencyRecord | None:

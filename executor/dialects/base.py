@@ -80,7 +80,9 @@ class Dialect:
     # --- engines and sessions ------------------------------------------------
 
     def engine_options(self) -> dict[str, Any]:
-        return {"pool_pre_ping": True}
+        # No pre-ping (a round trip per call): the executor retries the opening of a
+        # transaction once on a connection that turns out to be dead instead.
+        return {"pool_recycle": 1800}
 
     def prepare_engine(self, engine: sa.Engine) -> None:
         """Install event hooks (e.g. SQLite pragmas)."""

@@ -32,7 +32,7 @@ class MariadbDialect(Dialect):
     server_side_lease: ClassVar[bool] = True
 
     def engine_options(self) -> dict[str, Any]:
-        return {"pool_pre_ping": True, "pool_recycle": 3600}
+        return {"pool_recycle": 1800}
 
     def sql(self, text: str, tag: SessionTag | None) -> str:
         return tag.comment() + text if tag is not None else text
