@@ -66,7 +66,9 @@ rows:
       - {sql: "UPDATE bench_account SET balance = balance + :delta WHERE account_id = :account_id",
          expect_rows: 1}
     verify:
-      - {name: non_negative, sql: "SELECT count(*) FROM bench_account WHERE account_id = :account_id AND balance >= 0", expect: {value: 1}}
+      - name: non_negative
+        sql: SELECT count(*) FROM bench_account WHERE account_id = :account_id AND balance >= 0
+        expect: {value: 1}
 """
 UPDATE = "UPDATE bench_account SET balance = balance + %s WHERE account_id = %s"
 VERIFY = "SELECT count(*) FROM bench_account WHERE account_id = %s AND balance >= 0"

@@ -139,10 +139,10 @@ def _crash_demo(ex: Executor, folder: Path, agent: str) -> None:
     import importlib
 
     try:
-        resume = importlib.import_module("executor.resume")
-    except ImportError:
+        demo = importlib.import_module("executor.resume").crash_and_resume_demo
+    except (ImportError, AttributeError):
         print("   (resume is not available in this build)")
         return
-    lines: Any = resume.crash_and_resume_demo(ex, folder, who=agent)
+    lines: Any = demo(ex, folder, who=agent)
     for line in lines:
         print(f"   {line}")

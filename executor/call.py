@@ -33,7 +33,6 @@ from executor import outcome as oc
 from executor.checks import CheckResult, evaluate
 from executor.connectors import Connector, Connectors
 from executor.dialects import SessionTag, TxIdentity
-from executor.dialects.base import MARKER_TABLE
 from executor.grants import Grants
 from executor.ledger import Ledger
 from executor.outcome import Outcome, jsonable
@@ -123,6 +122,7 @@ class CallContext:
     plan: Plan
     attempt: int = 1
     rehearse: bool = False
+    resumed: bool = False  # resume hook (executor/resume.py): already prepared, no 2nd `prepared`
 
     @property
     def tag(self) -> SessionTag:
@@ -219,17 +219,7 @@ class Executor:
         idem = key or idempotency_key(row, inputs, case)
         intent_id = uuid.uuid4().hex
         if idem is not None and not rehearse:
-            existing = self.ledger.get_idempotency(idem)
-            if existing is not None:
-                replay = self._replay_recorded(existing, fp, idem)
-                if replay is not None:
-                    return replay
-                intent_id = existing.intent_id  # claimed, never prepared: adopt it
-        ctx = CallContext(row, inputs, case, who, connector, intent_id, idem, fp, plan,
-                          rehearse=rehearse)
-        if row.authorization.kind is AuthKind.GATE and not rehearse:
-            self._consume_approval(ctx)
-        if idem is not None and not rehearse:
+            # one round trip: claim the key, or learn who holds it
             claimed = self.ledger.claim_idempotency(
                 idem, case_id=case, intent_id=intent_id, fingerprint=fp,
                 operation_id=row.operation_id, version=row.version)
@@ -237,6 +227,15 @@ class Executor:
                 replay = self._replay_recorded(claimed, fp, idem)
                 if replay is not None:
                     return replay
+                if claimed.case_id != case:
+                    raise IdempotencyConflict(
+                        f"idempotency key {idem!r} is held by case {claimed.case_id!r}",
+                        key=idem, case=claimed.case_id, intent_id=claimed.intent_id)
+                intent_id = claimed.intent_id  # claimed earlier, never prepared: adopt it
+        ctx = CallContext(row, inputs, case, who, connector, intent_id, idem, fp, plan,
+                          rehearse=rehearse)
+        if row.authorization.kind is AuthKind.GATE and not rehearse:
+            self._consume_approval(ctx)
         if row.effect_class is EffectClass.READ:
             return self._read(ctx)
         if row.shape is Shape.LEASED:
@@ -315,6 +314,8 @@ class Executor:
     # --- ledger boundaries ---------------------------------------------------
 
     def _prepared(self, ctx: CallContext) -> None:
+        if ctx.resumed:  # resume hook: a retried attempt of an intent prepared before
+            return
         row = ctx.row
         self.ledger.append(ctx.case_id, "prepared", {
             "request": {"operation_id": row.operation_id, "version": row.version,
@@ -338,6 +339,12 @@ class Executor:
         crash_point("after_attempt_started")
 
     def _observed(self, ctx: CallContext, result: Outcome) -> Outcome:
+        # --- resume fence (executor/reconcile_fence.py): a late attempt never overwrites
+        from executor.reconcile_fence import superseded  # a newer attempt or a decision
+
+        if (late := superseded(self.ledger, ctx, result)) is not None:
+            return late
+        # --- end resume fence
         record = result.to_dict()
         self.ledger.append(ctx.case_id, "observed", {
             "outcome": record,
@@ -365,10 +372,13 @@ class Executor:
             conn = self._connect(ctx.connector)
             try:
                 identity = dialect.begin_write(conn, ctx.tag, ctx.row.timeout.seconds,
-                                               ctx.row.timeout.lock_seconds)
+                                               ctx.row.timeout.lock_seconds,
+                                               self._marker_row(ctx))
             except sa.exc.DBAPIError as exc:
                 conn.close()
-                if exc.connection_invalidated and attempt == 1:
+                if not exc.connection_invalidated:
+                    raise  # e.g. the marker's key already landed: the caller reports it
+                if attempt == 1:
                     continue  # nothing was sent but the opening query: safe to reopen
                 raise ConnectorUnavailable(
                     f"connector {ctx.connector.name!r} could not open a transaction: "
@@ -451,12 +461,16 @@ class Executor:
         connector = ctx.connector
         dialect = connector.dialect
         evidence: dict[str, Any] = {}
-        with self._open_write(ctx) as (conn, identity):
+        with contextlib.ExitStack() as stack:
+            try:
+                conn, identity = stack.enter_context(self._open_write(ctx))
+            except sa.exc.DBAPIError as exc:
+                return ctx.outcome(oc.ROLLED_BACK, evidence,
+                                   self._db_error_reason(ctx, exc, "begin"))
             try:
                 if not ctx.rehearse:
                     self._attempt_started(ctx, identity)
                 body(conn, evidence)
-                self._marker(conn, ctx)
             except Rollback as rb:
                 conn.rollback()
                 dialect.reset_session(conn)
@@ -538,16 +552,14 @@ class Executor:
                     raise Rollback({"kind": "replay", "sql": replay.sql,
                                      "expected": result.expected, "actual": result.actual})
 
-    def _marker(self, conn: sa.Connection, ctx: CallContext) -> None:
+    def _marker_row(self, ctx: CallContext) -> dict[str, Any] | None:
+        """The landing marker, written in the same transaction as the data."""
         if ctx.idem_key is None:
-            return
-        conn.execute(sa.text(ctx.connector.dialect.sql(
-            f"INSERT INTO {MARKER_TABLE} (intent_id, idem_key, fingerprint, attempt, case_id,"
-            " operation_id, landed_at) VALUES (:intent_id, :idem_key, :fingerprint, :attempt,"
-            " :case_id, :operation_id, :landed_at)", ctx.tag)), {
-            "intent_id": ctx.intent_id, "idem_key": ctx.idem_key,
-            "fingerprint": ctx.fingerprint, "attempt": ctx.attempt, "case_id": ctx.case_id,
-            "operation_id": ctx.row.operation_id, "landed_at": self.clock().isoformat()})
+            return None
+        return {"intent_id": ctx.intent_id, "idem_key": ctx.idem_key,
+                "fingerprint": ctx.fingerprint, "attempt": ctx.attempt,
+                "case_id": ctx.case_id, "operation_id": ctx.row.operation_id,
+                "landed_at": self.clock().isoformat()}
 
     # --- after commit --------------------------------------------------------
 

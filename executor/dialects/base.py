@@ -16,6 +16,11 @@ import sqlalchemy as sa
 from registry.errors import CapgateError
 
 MARKER_TABLE = "capgate_landed"
+MARKER_INSERT = (
+    f"INSERT INTO {MARKER_TABLE} (intent_id, idem_key, fingerprint, attempt, case_id,"
+    " operation_id, landed_at) VALUES (:intent_id, :idem_key, :fingerprint, :attempt,"
+    " :case_id, :operation_id, :landed_at)"
+)
 
 
 class NotSupported(CapgateError, code="CG390"):
@@ -108,9 +113,26 @@ class Dialect:
         return text
 
     def begin_write(self, conn: sa.Connection, tag: SessionTag, timeout_s: float,
-                    lock_timeout_s: float | None) -> TxIdentity:
-        """Start the write transaction, label it, set server timeouts, return its identity."""
+                    lock_timeout_s: float | None,
+                    marker: dict[str, Any] | None = None) -> TxIdentity:
+        """Start the write transaction, label it, set server timeouts, return its identity.
+
+        ``marker`` (the landing-marker row) is inserted in the same transaction; where
+        it is placed inside the transaction does not matter, so dialects that can fold
+        it into the opening round trip do.
+        """
+        identity = self.open_write(conn, tag, timeout_s, lock_timeout_s)
+        if marker is not None:
+            self.insert_marker(conn, tag, marker)
+        return identity
+
+    def open_write(self, conn: sa.Connection, tag: SessionTag, timeout_s: float,
+                   lock_timeout_s: float | None) -> TxIdentity:
         raise NotImplementedError
+
+    def insert_marker(self, conn: sa.Connection, tag: SessionTag,
+                      marker: dict[str, Any]) -> None:
+        conn.execute(sa.text(self.sql(MARKER_INSERT, tag)), marker)
 
     def begin_read(self, conn: sa.Connection, tag: SessionTag, timeout_s: float) -> None:
         """Start an engine-enforced read-only transaction."""

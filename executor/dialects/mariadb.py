@@ -46,8 +46,8 @@ class MariadbDialect(Dialect):
              max(1, math.ceil(timeout_s))),
         )
 
-    def begin_write(self, conn: sa.Connection, tag: SessionTag, timeout_s: float,
-                    lock_timeout_s: float | None) -> TxIdentity:
+    def open_write(self, conn: sa.Connection, tag: SessionTag, timeout_s: float,
+                   lock_timeout_s: float | None) -> TxIdentity:
         self._set_timeouts(conn, timeout_s, lock_timeout_s)
         conn.exec_driver_sql(self.sql("START TRANSACTION", tag))
         row = conn.execute(_IDENTITY).mappings().one()

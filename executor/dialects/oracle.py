@@ -71,8 +71,8 @@ class OracleDialect(Dialect):
         raw.client_identifier = tag.case_id[:64]
         raw.call_timeout = max(1, int(timeout_s * 1000))
 
-    def begin_write(self, conn: sa.Connection, tag: SessionTag, timeout_s: float,
-                    lock_timeout_s: float | None) -> TxIdentity:
+    def open_write(self, conn: sa.Connection, tag: SessionTag, timeout_s: float,
+                   lock_timeout_s: float | None) -> TxIdentity:
         self._tag(conn, tag, timeout_s)
         raw = _driver(conn)
         ltxid = bytes(raw.ltxid or b"").hex()

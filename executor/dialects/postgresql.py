@@ -14,8 +14,32 @@ from typing import Any, ClassVar
 
 import sqlalchemy as sa
 
-from executor.dialects.base import Dialect, SessionTag, TxIdentity, sqlstate
+from executor.dialects.base import MARKER_TABLE, Dialect, SessionTag, TxIdentity, sqlstate
 
+_IDENTITY_COLUMNS = (
+    " pg_current_xact_id()::text AS xid,"
+    " pg_backend_pid() AS pid,"
+    " (SELECT backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid())::text"
+    "   AS backend_start,"
+    " (SELECT system_identifier FROM pg_control_system())::text AS system_identifier,"
+    " (SELECT timeline_id FROM pg_control_checkpoint()) AS timeline"
+)
+_SETTINGS = (
+    "set_config('application_name', :app, true) AS app,"
+    " set_config('statement_timeout', :st, true) AS st,"
+    " set_config('lock_timeout', :lt, true) AS lt,"
+    " set_config('idle_in_transaction_session_timeout', :it, true) AS it,"
+)
+# One round trip opens the transaction: settings, identity and the landing marker.
+# The settings are taken in a CTE evaluated first, so the marker insert already
+# runs under the transaction's timeouts.
+_BEGIN_WITH_MARKER = sa.text(
+    f"WITH s AS MATERIALIZED (SELECT {_SETTINGS} 1 AS one),"
+    f" m AS (INSERT INTO {MARKER_TABLE} (intent_id, idem_key, fingerprint, attempt, case_id,"
+    "   operation_id, landed_at) SELECT :intent_id, :idem_key, :fingerprint, :attempt,"
+    "   :case_id, :operation_id, :landed_at FROM s RETURNING 1)"
+    f" SELECT (SELECT count(*) FROM m) AS marked, {_IDENTITY_COLUMNS} FROM s"
+)
 _BEGIN_WRITE = sa.text(
     "SELECT set_config('application_name', :app, true),"
     " set_config('statement_timeout', :st, true),"
@@ -45,13 +69,26 @@ class PostgresqlDialect(Dialect):
     server_side_lease: ClassVar[bool] = True
 
     def begin_write(self, conn: sa.Connection, tag: SessionTag, timeout_s: float,
-                    lock_timeout_s: float | None) -> TxIdentity:
-        row = conn.execute(_BEGIN_WRITE, {
+                    lock_timeout_s: float | None,
+                    marker: dict[str, Any] | None = None) -> TxIdentity:
+        settings = {
             "app": tag.text(),
             "st": _ms(timeout_s),
             "lt": _ms(lock_timeout_s if lock_timeout_s is not None else timeout_s),
             "it": _ms(timeout_s),
-        }).mappings().one()
+        }
+        if marker is not None:
+            row = conn.execute(_BEGIN_WITH_MARKER, {**settings, **marker}).mappings().one()
+        else:
+            row = conn.execute(_BEGIN_WRITE, settings).mappings().one()
+        return self._identity(row)
+
+    def open_write(self, conn: sa.Connection, tag: SessionTag, timeout_s: float,
+                   lock_timeout_s: float | None) -> TxIdentity:
+        return self.begin_write(conn, tag, timeout_s, lock_timeout_s)
+
+    @staticmethod
+    def _identity(row: Any) -> TxIdentity:
         return TxIdentity("postgresql", {
             "xid": row["xid"],
             "pid": row["pid"],

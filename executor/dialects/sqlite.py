@@ -40,8 +40,8 @@ class SqliteDialect(Dialect):
             mode = conn.info.pop("capgate_begin", "BEGIN")
             conn.exec_driver_sql(mode)
 
-    def begin_write(self, conn: sa.Connection, tag: SessionTag, timeout_s: float,
-                    lock_timeout_s: float | None) -> TxIdentity:
+    def open_write(self, conn: sa.Connection, tag: SessionTag, timeout_s: float,
+                   lock_timeout_s: float | None) -> TxIdentity:
         busy = int((lock_timeout_s if lock_timeout_s is not None else timeout_s) * 1000)
         _raw(conn).execute(f"PRAGMA busy_timeout={max(1, busy)}")
         conn.info["capgate_begin"] = "BEGIN IMMEDIATE"
