@@ -58,6 +58,12 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("cases", parents=[common], help="list cases")
     p.add_argument("--open", action="store_true", help="only cases with unresolved intents")
     p.set_defaults(handler=cmd_cases)
+    from capgate import commands_agent
+
+    commands_agent.register(sub, common)
+    from capgate import commands_resume
+
+    commands_resume.register(sub, common)
 
 
 def _executor(args: argparse.Namespace) -> Executor:

@@ -41,7 +41,7 @@ import time
 import uuid
 import xml.etree.ElementTree as ET
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
@@ -49,7 +49,7 @@ import sqlalchemy as sa
 from executor import outcome as oc
 from executor.dialects import SessionTag
 from executor.plan import binds_for
-from registry.errors import CapgateError
+from registry.errors import CapgateError, UnknownOperation
 from registry.model import EffectClass, Example, Row, Shape, thaw
 
 if TYPE_CHECKING:
@@ -153,16 +153,14 @@ class RehearsalReport:
 
     def table(self) -> str:
         """The human report: one line per verdict, problems indented under it."""
-        head = f"{'ROW':<28} {'EXAMPLE':<34} {'RESULT':<8} {'COUNTS':<14} OUTCOME"
+        head = f"{'ROW':<28} {'EXAMPLE':<34} {'RESULT':<8} {'COUNTS':<12} OUTCOME"
         lines = [head]
         for r in self.results:
-            counts = ",".join(map(str, r.counts)) if r.kind != ROW else ""
-            if r.expected_counts is not None and r.kind == EXAMPLE:
-                counts = f"{counts or '-'}/{','.join(r.expected_counts) or '-'}"
-            outcome = r.outcome or ""
+            counts = (",".join(map(str, r.counts)) or "-") if r.kind != ROW else ""
+            outcome = r.outcome or ("" if r.kind == ROW else r.kind)
             if r.expected_outcome and r.outcome and r.expected_outcome != r.outcome:
                 outcome = f"{r.outcome} (expected {r.expected_outcome})"
-            lines.append(f"{r.ref:<28} {r.name:<34} {r.result.upper():<8} {counts:<14} "
+            lines.append(f"{r.ref:<28} {r.name:<34} {r.result.upper():<8} {counts:<12} "
                          f"{outcome}".rstrip())
             for text in r.problems:
                 lines.append(f"    ! {text}")
@@ -171,7 +169,8 @@ class RehearsalReport:
         t = self.tally()
         where = ", ".join(f"{n} ({c.get('dialect')}, {c.get('environment')})"
                           for n, c in self.connectors.items())
-        verdict = "ok" if self.ok else "FAILED"
+        verdict = "ok" if self.ok else ("FAILED" if t[FAILED] or t[ERROR]
+                                        else "FAILED (nothing was rehearsed)")
         lines.append(f"{verdict}: {t[PASSED]} passed, {t[FAILED]} failed, {t[ERROR]} error(s), "
                      f"{t[SKIPPED]} skipped in {self.seconds:.2f}s on {where or 'no connector'}; "
                      f"every transaction rolled back")
@@ -193,8 +192,8 @@ class RehearsalReport:
                 totals[key] += value
             suite.set("time", f"{sum(r.seconds for r in mine):.3f}")
             props = ET.SubElement(suite, "properties")
-            for key, value in self.connectors[name].items():
-                ET.SubElement(props, "property", name=key, value=str(value))
+            for prop, text in self.connectors[name].items():
+                ET.SubElement(props, "property", name=prop, value=str(text))
             for r in mine:
                 case = ET.SubElement(suite, "testcase", classname=r.ref, name=r.name,
                                      time=f"{r.seconds:.3f}")
@@ -218,9 +217,10 @@ class RehearsalReport:
         return root
 
     def junit_xml(self) -> bytes:
-        tree = ET.ElementTree(self.junit())
-        ET.indent(tree)
-        return ET.tostring(tree.getroot(), encoding="utf-8", xml_declaration=True)
+        root = self.junit()
+        ET.indent(root)
+        data: bytes = ET.tostring(root, encoding="utf-8", xml_declaration=True)
+        return data
 
 
 # --- the run -------------------------------------------------------------------
@@ -241,6 +241,9 @@ def rehearse(executor: Executor, *, who: str, connectors: Sequence[str] | None =
     wanted = set(operations) if operations is not None else None
     rows = [r for r in executor.registry.rows(include_retired=True)
             if wanted is None or r.operation_id in wanted]
+    for missing in sorted((wanted or set()) - {r.operation_id for r in rows}):
+        raise UnknownOperation(f"no capability row declares operation {missing!r}",
+                               operation_id=missing)
     names = list(dict.fromkeys(connectors)) if connectors else sorted({r.connector for r in rows})
     info: dict[str, dict[str, str]] = {}
     for name in names:
@@ -299,18 +302,17 @@ def _skip_reason(executor: Executor, row: Row, environment: str) -> str | None:
 
 def _example(executor: Executor, row: Row, example: Example, who: str, case: str) -> Rehearsal:
     started = time.perf_counter()
-    base = {"operation_id": row.operation_id, "version": row.version,
-            "connector": row.connector, "name": example.name, "kind": EXAMPLE,
-            "expected_outcome": example.outcome,
-            "expected_counts": tuple(str(e) for e in example.expect_rows)
-            if example.expect_rows is not None else None}
+    base = Rehearsal(row.operation_id, row.version, row.connector, example.name, EXAMPLE,
+                     ERROR, expected_outcome=example.outcome,
+                     expected_counts=tuple(str(e) for e in example.expect_rows)
+                     if example.expect_rows is not None else None)
     where = f"{row.ref} example {example.name}"
     try:
         result = executor.call(row.operation_id, thaw(example.input), case=case, who=who,
                                version=row.version, rehearse=True)
     except CapgateError as exc:
-        return Rehearsal(**base, result=ERROR, seconds=time.perf_counter() - started,
-                         problems=(f"{where}: refused: {exc}",), reason=exc.to_dict())
+        return replace(base, seconds=time.perf_counter() - started,
+                       problems=(f"{where}: refused: {exc}",), reason=exc.to_dict())
     seconds = time.perf_counter() - started
     counts, labels = observed_counts(row, result)
     problems: list[str] = []
@@ -334,10 +336,10 @@ def _example(executor: Executor, row: Row, example: Example, who: str, case: str
     if example.expect_rows is not None:
         problems.extend(_compare_counts(where, example, counts, labels))
     notes.extend(_evidence_notes(row, result.evidence))
-    return Rehearsal(**base, result=FAILED if problems else PASSED, seconds=seconds,
-                     outcome=actual, counts=tuple(counts), labels=tuple(labels),
-                     problems=tuple(problems), notes=tuple(notes), reason=result.reason,
-                     evidence=result.evidence)
+    return replace(base, result=FAILED if problems else PASSED, seconds=seconds,
+                   outcome=actual, counts=tuple(counts), labels=tuple(labels),
+                   problems=tuple(problems), notes=tuple(notes), reason=result.reason,
+                   evidence=result.evidence)
 
 
 def _compare_counts(where: str, example: Example, counts: Sequence[int],

@@ -1,0 +1,103 @@
+"""Agent and CI commands: ``capgate mcp`` and ``capgate rehearse``.
+
+The logic lives in ``capgate.mcp_server`` and ``executor.rehearse``; these
+handlers parse, wire and print.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from capgate.api import build_executor
+from capgate.cli import emit
+from capgate.config import load_settings
+from executor.ledger import open_ledger
+from registry.errors import EXIT_OK, EXIT_REFUSED, UsageError
+from registry.loader import load_registry
+
+
+def register(sub: Any, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser(
+        "mcp", parents=[common],
+        help="serve the declared operations as MCP tools (stdio, or --http)",
+        description="One MCP tool per capability row the agent may use. The case of a call "
+                    "comes from request _meta 'capgate/case', else --case, else one per "
+                    "identity and server run.")
+    p.add_argument("--as", dest="who", default=None,
+                   help="the agent identity on stdio (default: CAPGATE_AGENT or config `agent`)")
+    p.add_argument("--case", default=None,
+                   help="default case for calls whose request _meta names none")
+    p.add_argument("--http", metavar="HOST:PORT", default=None,
+                   help="serve streamable HTTP at http://HOST:PORT/mcp instead of stdio")
+    p.add_argument("--tokens", metavar="FILE", default=None,
+                   help="HTTP: JSON object {token: identity} (default: env CAPGATE_MCP_TOKENS)")
+    p.add_argument("--poll", type=float, default=2.0, metavar="SECONDS",
+                   help="how often to look for changed capability files (default 2)")
+    p.set_defaults(handler=cmd_mcp)
+
+    p = sub.add_parser(
+        "rehearse", parents=[common],
+        help="run every row's examples in write-and-rollback against a connector",
+        description="Every example runs through the same path as `call` and rolls back "
+                    "instead of committing; rows without examples get a zero-row probe. "
+                    "Exit 0 when every example passed, 1 otherwise.")
+    p.add_argument("paths", nargs="*", metavar="PATH",
+                   help="capability files or directories (default: the configured ones)")
+    p.add_argument("--connector", action="append", default=None, metavar="NAME",
+                   help="rehearse the rows of this connector (repeatable; default: every "
+                        "connector a row names, each must be configured)")
+    p.add_argument("--operation", action="append", default=None, metavar="OPERATION_ID",
+                   help="only these operations (repeatable)")
+    p.add_argument("--junit", metavar="FILE", default=None, help="also write JUnit XML here")
+    p.add_argument("--as", dest="who", default=None,
+                   help="who rehearses; needs the grants a call needs "
+                        "(default: CAPGATE_AGENT or config `agent`)")
+    p.set_defaults(handler=cmd_rehearse)
+
+
+def cmd_mcp(args: argparse.Namespace) -> int:
+    from capgate import mcp_server
+
+    settings = load_settings(args.config)
+    if args.poll <= 0:
+        raise UsageError("--poll must be a positive number of seconds")
+    if args.http is not None and args.who is not None:
+        raise UsageError("over HTTP the identity comes from the bearer token; drop --as")
+    executor = build_executor(settings)
+    try:
+        mcp_server.serve(settings, executor, who=args.who or settings.agent, http=args.http,
+                         tokens_path=args.tokens, default_case=args.case,
+                         poll_seconds=args.poll)
+    finally:
+        executor.connectors.dispose()
+        executor.ledger.close()
+    return EXIT_OK
+
+
+def cmd_rehearse(args: argparse.Namespace) -> int:
+    from executor.rehearse import rehearse
+
+    settings = load_settings(args.config)
+    who = args.who or settings.agent
+    if not who:
+        raise UsageError("say who rehearses: --as WHO (or CAPGATE_AGENT / config `agent`)")
+    paths = list(args.paths) or list(settings.capabilities)
+    # The lock is `validate`'s business; a rehearsal tests behaviour, also before a bump.
+    registry = load_registry(paths, check_lock=False)
+    with tempfile.TemporaryDirectory(prefix="capgate-rehearse-") as scratch:
+        # A rehearsal writes nothing to a ledger; a throwaway one proves it.
+        ledger = open_ledger(f"sqlite:///{Path(scratch) / 'ledger.db'}")
+        executor = build_executor(settings, registry=registry, ledger=ledger)
+        try:
+            report = rehearse(executor, who=str(who), connectors=args.connector,
+                              operations=args.operation)
+        finally:
+            executor.connectors.dispose()
+            ledger.close()
+    if args.junit:
+        Path(args.junit).write_bytes(report.junit_xml())
+    emit(args, report.to_dict(), report.table())
+    return EXIT_OK if report.ok else EXIT_REFUSED

@@ -1,0 +1,577 @@
+"""``capgate mcp``: the declared operations a caller may use, one MCP tool per row.
+
+Built on the official ``mcp`` SDK (2.x) low-level ``Server``: tools here are
+data -- one per capability row -- so each tool's ``inputSchema``,
+``outputSchema`` and annotations are set from its row, not derived from a
+Python signature.  Served over stdio (default) or streamable HTTP.
+
+Tools
+    One per current (newest, not retired) row that the caller holds a grant
+    for, whose connector is configured and whose environments include the
+    connector's.  The tool name is the ``operation_id`` itself: MCP tool names
+    may use ``A-Z a-z 0-9 _ - .`` (SEP-986) and operation ids are lowercase
+    dotted words, so no mapping is needed.  ``inputSchema`` is the row's input
+    contract verbatim; ``outputSchema`` is ``OUTPUT_SCHEMA``; annotations:
+    ``readOnlyHint`` for reads, ``destructiveHint`` for irreversible and ddl
+    rows (false for other writes), ``idempotentHint`` from the row,
+    ``openWorldHint`` false.  A name not in the caller's list is a protocol
+    error (-32602); nothing falls back to SQL.
+
+Results
+    Structured content: the executor's outcome (``status``, ``intent_id``,
+    ``case``, ``evidence``, ``reason``, ...), ``isError`` unless the status is
+    ``ok`` or ``applied_verified``.  A gated row answers
+    ``status: approval_required`` with ``plan_hash`` and ``plan``; nothing on
+    this server can approve -- a person runs ``capgate approve PLAN_HASH``,
+    then the agent calls again with the same arguments.  A refusal (invalid
+    input naming the field, no grant, a case awaiting ``resume``) answers
+    ``status: refused`` with the error's code, message and details; nothing
+    was written.  ``ddl`` rows are listed but refused: they run through the
+    DDL loop, which this server does not drive.
+
+Identity
+    stdio: ``--as WHO``, else ``CAPGATE_AGENT`` / config ``agent``.  HTTP:
+    bearer tokens mapped to identities (``--tokens FILE`` or
+    ``CAPGATE_MCP_TOKENS``, a JSON object ``{"token": "identity"}``); a
+    missing or unknown token is answered 401, and an HTTP session stays bound
+    to the token that opened it.  Each identity sees its own tool list.
+
+Case
+    Every call belongs to a case.  The client names it per request in the
+    request ``_meta`` under ``capgate/case``; else the server's ``--case``
+    applies; else one case per identity and server run
+    (``mcp-<who>-<run id>``).  The case used is in every result.  The case is
+    not a tool argument: the input contracts are closed
+    (``additionalProperties: false``) and the tool schema stays the row's.
+
+Reload
+    The capability files are polled (paths, mtimes and sizes -- a stat per
+    file) every ``poll_seconds`` and before each ``tools/list`` and
+    ``tools/call``.  A changed, valid set replaces the registry and a
+    ``notifications/tools/list_changed`` goes out: directly to handshake-era
+    connections, and through ``subscriptions/listen`` to 2026-era clients.  An
+    invalid set is reported on stderr and the previous registry stays.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import threading
+import time
+import traceback
+import uuid
+import weakref
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import mcp.types as types
+from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
+from mcp.server.auth.provider import AccessToken
+from mcp.server.auth.settings import AuthSettings
+from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
+from mcp.server.lowlevel import NotificationOptions, Server
+from mcp.server.models import InitializationOptions
+from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
+from mcp.shared.exceptions import MCPError
+
+from capgate.config import Settings
+from executor.call import Executor
+from executor.outcome import APPLIED, READ_OK
+from registry.errors import (
+    EXIT_APPROVAL_REQUIRED,
+    EXIT_UNKNOWN,
+    CapgateError,
+    ConfigError,
+    DdlError,
+    NotAuthorized,
+    RegistryError,
+    SelfApproval,
+    UnknownConnector,
+)
+from registry.loader import SUFFIXES, load_registry
+from registry.lock import LOCK_NAME
+from registry.model import AuthKind, EffectClass, Row, thaw
+
+SERVER_NAME = "capgate"
+CASE_META_KEY = "capgate/case"
+TOKENS_ENV = "CAPGATE_MCP_TOKENS"
+MIN_TOKEN_LENGTH = 16
+MAX_CASE_LENGTH = 200
+
+STATUSES = ("ok", "applied_verified", "rolled_back", "compensated", "compensation_failed",
+            "approval_required", "refused", "unknown")
+
+OUTPUT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["status", "case", "operation_id", "version"],
+    "properties": {
+        "status": {"enum": list(STATUSES),
+                   "description": "ok (a read) or applied_verified: done and verified; "
+                                  "rolled_back: nothing landed, see reason and evidence; "
+                                  "approval_required: a person must approve plan_hash first; "
+                                  "refused: not executed, see error; unknown: run "
+                                  "`capgate resume CASE`"},
+        "intent_id": {"type": ["string", "null"]},
+        "case": {"type": "string"},
+        "operation_id": {"type": "string"},
+        "version": {"type": "integer"},
+        "row_hash": {"type": "string"},
+        "idempotency_key": {"type": ["string", "null"]},
+        "evidence": {"type": "object",
+                     "description": "counts, verify results, replayed rows, rows read"},
+        "reason": {"type": ["object", "null"],
+                   "description": "why it rolled back: the statement and count, or the check"},
+        "replayed": {"type": "boolean",
+                     "description": "the recorded outcome of an earlier identical call"},
+        "plan_hash": {"type": "string"},
+        "plan": {"type": "object",
+                 "description": "exactly what the call would send: statements, binds, counts"},
+        "approver_roles": {"type": "array", "items": {"type": "string"}},
+        "four_eyes": {"type": "boolean"},
+        "error": {"type": "object",
+                  "properties": {"code": {"type": "string"}, "error": {"type": "string"},
+                                 "message": {"type": "string"},
+                                 "details": {"type": "object"}}},
+    },
+}
+
+
+def log(message: str) -> None:
+    """Diagnostics go to stderr: on stdio, stdout is the protocol."""
+    print(f"capgate mcp: {message}", file=sys.stderr, flush=True)
+
+
+# --- rows as tools -------------------------------------------------------------
+
+
+def annotations_for(row: Row) -> types.ToolAnnotations:
+    read = row.effect_class is EffectClass.READ
+    return types.ToolAnnotations(
+        title=f"{row.operation_id} (v{row.version})",
+        read_only_hint=read,
+        destructive_hint=None if read else row.effect_class in (EffectClass.IRREVERSIBLE,
+                                                                EffectClass.DDL),
+        idempotent_hint=row.idempotent,
+        open_world_hint=False,
+    )
+
+
+def description_for(row: Row, connector: str, environment: str) -> str:
+    shape = f"/{row.shape}" if row.shape else ""
+    lines = [row.description,
+             f"Capability {row.ref}: {row.effect_class}{shape} on connector {connector} "
+             f"({environment})."]
+    if row.effect_class is EffectClass.DDL:
+        lines.append("Runs through the DDL loop; this MCP server refuses it.")
+    elif row.authorization.kind is AuthKind.GATE:
+        lines.append("Gated: the first call answers status approval_required with plan_hash and "
+                     "plan; a person approves it out of band (`capgate approve PLAN_HASH`), then "
+                     "call again with the same arguments. Approvals are single-use and expire"
+                     + (", and the requester cannot approve." if row.authorization.four_eyes
+                        else "."))
+    if row.idempotency_key:
+        lines.append(f"A repeated call with the same key ({row.idempotency_key}) returns the "
+                     "recorded outcome and executes nothing.")
+    return "\n".join(lines)
+
+
+def tool_for(row: Row, connector: str, environment: str) -> types.Tool:
+    return types.Tool(
+        name=row.operation_id,
+        title=f"{row.operation_id} (v{row.version})",
+        description=description_for(row, connector, environment),
+        input_schema=thaw(row.input),
+        output_schema=OUTPUT_SCHEMA,
+        annotations=annotations_for(row),
+        _meta={"capgate/version": row.version, "capgate/row_hash": row.row_hash,
+               "capgate/effect_class": str(row.effect_class),
+               "capgate/authorization": str(row.authorization.kind)},
+    )
+
+
+@dataclass(frozen=True)
+class ToolEntry:
+    row: Row
+    tool: types.Tool
+
+
+class Catalog:
+    """The registry as tools per identity; reloaded when the capability files change."""
+
+    def __init__(self, paths: Sequence[str], executor: Executor):
+        self.paths = list(paths)
+        self.executor = executor
+        self.generation = 0
+        self._signature = self._stat()
+        self._tools: dict[str, dict[str, ToolEntry]] = {}
+        self._lock = threading.Lock()
+
+    def _stat(self) -> tuple[tuple[str, int, int], ...]:
+        """Every capability file (and lock) with its mtime and size: a stat per file."""
+        seen: list[tuple[str, int, int]] = []
+        for raw in self.paths:
+            p = Path(raw)
+            files = sorted(f for f in p.rglob("*") if f.suffix in SUFFIXES or
+                           f.name == LOCK_NAME) if p.is_dir() else [p]
+            for f in files:
+                try:
+                    st = f.stat()
+                except OSError:
+                    seen.append((str(f), -1, -1))
+                    continue
+                seen.append((str(f), st.st_mtime_ns, st.st_size))
+        return tuple(seen)
+
+    def refresh(self) -> bool:
+        """Reload if the files changed; True when the set of rows actually changed."""
+        signature = self._stat()
+        with self._lock:  # claim this change; a concurrent refresh then sees no change
+            if signature == self._signature:
+                return False
+            self._signature = signature
+        try:  # parse outside the lock: tools() is called on the event loop
+            registry = load_registry(self.paths)
+        except (RegistryError, OSError) as exc:
+            log(f"capability files changed but do not load; keeping the previous "
+                f"registry: {exc}")
+            return False
+        new = {(r.key, r.row_hash, r.retired) for r in registry.rows()}
+        with self._lock:
+            if self._signature != signature:
+                return False  # a newer change was claimed meanwhile; its refresh swaps
+            old = {(r.key, r.row_hash, r.retired) for r in self.executor.registry.rows()}
+            if old == new:
+                return False
+            self.executor.registry = registry
+            self._tools.clear()
+            self.generation += 1
+        log(f"capability files reloaded: {len(registry)} row(s), generation {self.generation}")
+        return True
+
+    def tools(self, who: str) -> dict[str, ToolEntry]:
+        """name -> entry for every row ``who`` may call here."""
+        with self._lock:
+            cached = self._tools.get(who)
+            if cached is not None:
+                return cached
+            out: dict[str, ToolEntry] = {}
+            ex = self.executor
+            for row in ex.registry.current_rows():
+                try:
+                    config = ex.connectors.config(row.connector)
+                    if config.environment not in row.environments:
+                        continue
+                    ex.grants.check_call(who, row, config.name, config.environment)
+                except (UnknownConnector, NotAuthorized):
+                    continue
+                out[row.operation_id] = ToolEntry(row, tool_for(row, config.name,
+                                                                 config.environment))
+            self._tools[who] = out
+            return out
+
+
+# --- results -------------------------------------------------------------------
+
+
+def result(payload: Mapping[str, Any], *, is_error: bool) -> types.CallToolResult:
+    body = dict(payload)
+    return types.CallToolResult(
+        content=[types.TextContent(text=json.dumps(body, ensure_ascii=False, default=str))],
+        structured_content=body, is_error=is_error)
+
+
+def refusal(row: Row, case: str, exc: CapgateError) -> dict[str, Any]:
+    """A CapgateError as a structured answer: approval_required, unknown, or refused."""
+    error = exc.to_dict()
+    base = {"case": case, "operation_id": row.operation_id, "version": row.version,
+            "intent_id": None, "error": error}
+    details = exc.details
+    if "plan_hash" in details and (exc.exit_code == EXIT_APPROVAL_REQUIRED
+                                   or isinstance(exc, SelfApproval)):
+        error["details"] = {k: v for k, v in details.items() if k != "plan"}  # once is enough
+        return {"status": "approval_required", **base, "plan_hash": details["plan_hash"],
+                "plan": details.get("plan", {}),
+                "approver_roles": list(details.get("approver_roles", ())),
+                "four_eyes": bool(details.get("four_eyes", False))}
+    if exc.exit_code == EXIT_UNKNOWN:
+        return {"status": "unknown", **base, "intent_id": details.get("intent_id")}
+    return {"status": "refused", **base}
+
+
+# --- identities ----------------------------------------------------------------
+
+
+def load_tokens(path: str | None, env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Bearer token -> identity, from ``path`` or ``CAPGATE_MCP_TOKENS`` (JSON objects)."""
+    env = os.environ if env is None else env
+    if path is not None:
+        try:
+            raw = Path(path).read_text("utf-8")
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read the tokens file: {exc.strerror}") from None
+        source = path
+    elif env.get(TOKENS_ENV):
+        raw, source = env[TOKENS_ENV], TOKENS_ENV
+    else:
+        raise ConfigError("serving MCP over HTTP needs bearer tokens: --tokens FILE or "
+                          f"{TOKENS_ENV}, a JSON object {{\"token\": \"identity\"}}")
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{source}: not JSON: {exc}") from None
+    if not isinstance(data, dict) or not data:
+        raise ConfigError(f"{source}: expected a non-empty JSON object {{\"token\": \"identity\"}}")
+    out: dict[str, str] = {}
+    for token, who in data.items():
+        if not isinstance(who, str) or not who:
+            raise ConfigError(f"{source}: every identity must be a non-empty string")
+        if len(token) < MIN_TOKEN_LENGTH:
+            raise ConfigError(f"{source}: the token for {who!r} is shorter than "
+                              f"{MIN_TOKEN_LENGTH} characters")
+        out[token] = who
+    return out
+
+
+class TokenIdentities:
+    """The SDK's ``TokenVerifier``: a known bearer token becomes its identity."""
+
+    def __init__(self, tokens: Mapping[str, str]):
+        self._by_digest = {self._digest(t): who for t, who in tokens.items()}
+
+    @staticmethod
+    def _digest(token: str) -> str:
+        return hashlib.sha256(token.encode()).hexdigest()
+
+    async def verify_token(self, token: str) -> AccessToken | None:
+        digest = self._digest(token)
+        who = self._by_digest.get(digest)
+        if who is None:
+            return None
+        return AccessToken(token=f"sha256:{digest[:16]}", client_id=who, scopes=[])
+
+
+# --- the server ----------------------------------------------------------------
+
+
+class _Server(Server[Any]):
+    """The SDK's low-level server, advertising ``tools.listChanged`` on every transport."""
+
+    def create_initialization_options(
+        self, notification_options: NotificationOptions | None = None,
+        experimental_capabilities: dict[str, dict[str, Any]] | None = None,
+        extensions: dict[str, dict[str, Any]] | None = None,
+    ) -> InitializationOptions:
+        return super().create_initialization_options(
+            notification_options or NotificationOptions(tools_changed=True),
+            experimental_capabilities, extensions)
+
+
+class GateServer:
+    """Wires a Catalog and an Executor into an MCP server."""
+
+    def __init__(self, settings: Settings, executor: Executor, *, who: str | None = None,
+                 tokens: Mapping[str, str] | None = None, default_case: str | None = None,
+                 poll_seconds: float = 2.0):
+        if tokens is None and not who:
+            raise ConfigError("say who the agent is: --as WHO (or CAPGATE_AGENT / config "
+                              "`agent`)")
+        self.settings = settings
+        self.executor = executor
+        self.who = who
+        self.tokens = dict(tokens) if tokens is not None else None
+        self.default_case = default_case
+        self.poll_seconds = poll_seconds
+        self.run_id = time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
+        self.catalog = Catalog(settings.capabilities, executor)
+        self.bus = InMemorySubscriptionBus()
+        self._connections: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.server = _Server(
+            SERVER_NAME,
+            version=_version(),
+            instructions=(
+                "Declared database operations, one tool per capability row. Each call belongs "
+                f"to a case: set request _meta {CASE_META_KEY!r} to your ticket or task id "
+                "(else the server's default case is used; the result names it). Results are "
+                "status + intent_id + evidence. A gated tool answers approval_required with a "
+                "plan_hash: ask a person to run `capgate approve PLAN_HASH`, then call again "
+                "with the same arguments. There is no way to run other SQL."),
+            lifespan=self._lifespan,
+            on_list_tools=self._list_tools,
+            on_call_tool=self._call_tool,
+            on_subscriptions_listen=ListenHandler(self.bus),
+        )
+        self.server.middleware.append(self._remember_connection)
+
+    # --- handlers --------------------------------------------------------------
+
+    async def _list_tools(self, ctx: ServerRequestContext[Any, Any],
+                          params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
+        await self.refresh()
+        who = self.identity(ctx)
+        return types.ListToolsResult(tools=[e.tool for e in self.catalog.tools(who).values()])
+
+    async def _call_tool(self, ctx: ServerRequestContext[Any, Any],
+                         params: types.CallToolRequestParams) -> types.CallToolResult:
+        await self.refresh()
+        who = self.identity(ctx)
+        entry = self.catalog.tools(who).get(params.name)
+        if entry is None:
+            raise MCPError(code=types.INVALID_PARAMS,
+                           message=f"unknown tool {params.name!r}: no capability row that "
+                                   f"{who!r} may call is named so; only declared operations "
+                                   "run here (see tools/list)")
+        row = entry.row
+        case = self.case(ctx, who)
+        if row.effect_class is EffectClass.DDL:
+            refused = DdlError(f"{row.ref} is a ddl row: stored code changes run through the "
+                               "DDL loop, which this MCP server does not drive; nothing was "
+                               "executed", operation_id=row.operation_id, version=row.version)
+            return result(refusal(row, case, refused), is_error=True)
+        arguments = dict(params.arguments or {})
+        call = partial(self.executor.call, row.operation_id, arguments, case=case, who=who,
+                       version=row.version)
+        try:
+            outcome = await anyio.to_thread.run_sync(call)
+        except CapgateError as exc:
+            return result(refusal(row, case, exc), is_error=True)
+        except Exception as exc:  # a bug, not a refusal: never claim it did or did not land
+            traceback.print_exc(file=sys.stderr)
+            return result({"status": "unknown", "case": case, "operation_id": row.operation_id,
+                           "version": row.version, "intent_id": None,
+                           "error": {"error": type(exc).__name__, "code": "internal",
+                                     "message": f"internal error: {exc}; run `capgate resume "
+                                                f"{case}` before more work in this case",
+                                     "details": {}}}, is_error=True)
+        return result(outcome.to_dict(), is_error=outcome.status not in (APPLIED, READ_OK))
+
+    async def _remember_connection(self, ctx: ServerRequestContext[Any, Any],
+                                   call_next: CallNext) -> HandlerResult:
+        # The SDK hands handlers a per-request session proxy; its connection is what a
+        # later, unsolicited tools/list_changed must go to (handshake-era clients).
+        connection = getattr(ctx.session, "_connection", None)
+        if connection is not None:
+            self._connections.add(connection)
+        return await call_next(ctx)
+
+    # --- identity and case -------------------------------------------------------
+
+    def identity(self, ctx: ServerRequestContext[Any, Any]) -> str:
+        if self.tokens is None:
+            assert self.who is not None
+            return self.who
+        request = ctx.request
+        user = request.scope.get("user") if request is not None else None
+        if isinstance(user, AuthenticatedUser):
+            return str(user.access_token.client_id)
+        raise MCPError(code=types.INVALID_REQUEST, message="no authenticated identity")
+
+    def case(self, ctx: ServerRequestContext[Any, Any], who: str) -> str:
+        meta = ctx.meta or {}
+        value = meta.get(CASE_META_KEY)
+        if value is not None:
+            if not isinstance(value, str) or not value.strip() or len(value) > MAX_CASE_LENGTH:
+                raise MCPError(code=types.INVALID_PARAMS,
+                               message=f"_meta {CASE_META_KEY!r} must be a non-empty string of "
+                                       f"at most {MAX_CASE_LENGTH} characters")
+            return value
+        return self.default_case or f"mcp-{who}-{self.run_id}"
+
+    # --- reload --------------------------------------------------------------------
+
+    async def refresh(self) -> None:
+        if await anyio.to_thread.run_sync(self.catalog.refresh):
+            await self.announce()
+
+    async def announce(self) -> None:
+        """tools/list_changed to every client: 2026-era via the bus, the rest directly."""
+        await self.bus.publish(ToolsListChanged())
+        for connection in list(self._connections):
+            await connection.send_tool_list_changed()
+
+    async def _watch(self) -> None:
+        while True:
+            await anyio.sleep(self.poll_seconds)
+            try:
+                await self.refresh()
+            except Exception:  # keep serving; the next poll tries again
+                traceback.print_exc(file=sys.stderr)
+
+    @asynccontextmanager
+    async def _lifespan(self, _server: Server[Any]) -> AsyncIterator[dict[str, Any]]:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._watch)
+            try:
+                yield {}
+            finally:
+                tg.cancel_scope.cancel()
+
+    # --- transports ------------------------------------------------------------------
+
+    async def serve_stdio(self) -> None:
+        from mcp.server.stdio import stdio_server
+
+        assert self.who is not None
+        tools = self.catalog.tools(self.who)
+        log(f"serving {len(tools)} tool(s) to {self.who!r} over stdio; default case "
+            f"{self.default_case or f'mcp-{self.who}-{self.run_id}'}")
+        async with stdio_server() as (read_stream, write_stream):
+            await self.server.run(read_stream, write_stream,
+                                  self.server.create_initialization_options())
+
+    async def serve_http(self, host: str, port: int) -> None:
+        import uvicorn
+        from pydantic import AnyHttpUrl
+
+        assert self.tokens is not None
+        base = f"http://{host}:{port}"
+        app = self.server.streamable_http_app(
+            host=host,
+            auth=AuthSettings(issuer_url=AnyHttpUrl(base), resource_server_url=None),
+            token_verifier=TokenIdentities(self.tokens),
+        )
+        identities = sorted(set(self.tokens.values()))
+        log(f"serving streamable HTTP at {base}/mcp for {len(identities)} identit"
+            f"{'y' if len(identities) == 1 else 'ies'} ({', '.join(identities)})")
+        config = uvicorn.Config(app, host=host, port=port, log_level="warning",
+                                lifespan="on")
+        await uvicorn.Server(config).serve()
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("capgate")
+    except PackageNotFoundError:  # pragma: no cover - running from a source tree
+        return "0"
+
+
+def parse_http(spec: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:PORT`` for IPv6) -> (host, port)."""
+    host, sep, port = spec.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise ConfigError(f"--http wants HOST:PORT, e.g. 127.0.0.1:8765; got {spec!r}")
+    return host.strip("[]"), int(port)
+
+
+def serve(settings: Settings, executor: Executor, *, who: str | None, http: str | None,
+          tokens_path: str | None, default_case: str | None, poll_seconds: float) -> None:
+    """Run the server until the client hangs up (stdio) or the process is stopped (HTTP)."""
+    if http is not None:
+        host, port = parse_http(http)
+        gate = GateServer(settings, executor, tokens=load_tokens(tokens_path),
+                          default_case=default_case, poll_seconds=poll_seconds)
+        anyio.run(gate.serve_http, host, port)
+        return
+    gate = GateServer(settings, executor, who=who, default_case=default_case,
+                      poll_seconds=poll_seconds)
+    anyio.run(gate.serve_stdio)
