@@ -46,6 +46,7 @@ from registry.errors import (
     BudgetExhausted,
     CaseConflict,
     ConnectorUnavailable,
+    DdlError,
     IdempotencyConflict,
     InputInvalid,
     OutcomeUnknown,
@@ -215,6 +216,11 @@ class Executor:
                 f"the approved plan {plan_hash} is not this call's plan {plan.plan_hash}",
                 approved=plan_hash, actual=plan.plan_hash)
         self._check_case(case, task)
+        if row.effect_class is EffectClass.DDL:
+            raise DdlError(
+                f"{row.ref} changes stored code: it runs through the DDL loop "
+                f"(`capgate ddl plan` / `capgate ddl apply`), never as a plain call",
+                operation_id=row.operation_id, version=row.version)
         fp = fingerprint(row, inputs, connector.name, connector.environment)
         idem = key or idempotency_key(row, inputs, case)
         intent_id = uuid.uuid4().hex
@@ -234,15 +240,39 @@ class Executor:
                 intent_id = claimed.intent_id  # claimed earlier, never prepared: adopt it
         ctx = CallContext(row, inputs, case, who, connector, intent_id, idem, fp, plan,
                           rehearse=rehearse)
-        if row.authorization.kind is AuthKind.GATE and not rehearse:
-            self._consume_approval(ctx)
-        if row.effect_class is EffectClass.READ:
-            return self._read(ctx)
-        if row.shape is Shape.LEASED:
-            from executor.lease import run_leased
+        # --- impact claims and session budgets (executor/claims.py, executor/budget.py):
+        # both taken before `prepared`, so a conflict or an exhausted budget records nothing
+        from executor import budget, claims
 
-            return run_leased(self, ctx)
-        return self._collapsed(ctx)
+        claims.claim_for_call(self, ctx)
+        error: BaseException | None = None
+        try:
+            budget.reserve(self, ctx)
+            # --- end impact claims and session budgets
+            if row.authorization.kind is AuthKind.GATE and not rehearse:
+                self._consume_approval(ctx)
+            if row.effect_class is EffectClass.READ:
+                return self._read(ctx)
+            if row.shape is Shape.LEASED:
+                from executor.lease import run_leased
+
+                return run_leased(self, ctx)
+            return self._collapsed(ctx)
+        except BaseException as exc:  # --- impact claims and session budgets: release
+            error = exc
+            raise
+        finally:
+            budget.release_unused(self, ctx)
+            claims.release_after_call(self, ctx, error)  # --- end
+
+    def lease(self, operation_id: str, inputs: Mapping[str, Any], *, case: str, who: str,
+              steps: Any = None, version: int | None = None, key: str | None = None,
+              task: str | None = None, plan_hash: str | None = None) -> Outcome:
+        """Run a leased row under its deadline (see :func:`executor.lease.lease`)."""
+        from executor.lease import lease  # --- leased API (executor/lease.py)
+
+        return lease(self, operation_id, inputs, case=case, who=who, steps=steps,
+                     version=version, key=key, task=task, plan_hash=plan_hash)
 
     # --- guards --------------------------------------------------------------
 
@@ -350,14 +380,19 @@ class Executor:
             "outcome": record,
             "state": {"outcome": result.status, "outcome_record": record},
         }, intent_id=ctx.intent_id)
+        from executor.claims import release_after_observed  # --- impact claims
+
+        release_after_observed(self, ctx)  # --- end impact claims
         crash_point("after_observed")
         return result
 
     # --- shapes --------------------------------------------------------------
 
-    def _connect(self, connector: Connector) -> sa.Connection:
+    def _connect(self, connector: Connector, ctx: CallContext | None = None) -> sa.Connection:
+        from executor.budget import connect  # --- session budgets (executor/budget.py)
+
         try:
-            return connector.engine.connect()
+            return connect(self, connector, ctx)  # --- end session budgets
         except sa.exc.TimeoutError:
             raise BudgetExhausted(
                 f"connector {connector.name!r} has no free session within its budget of "
@@ -369,7 +404,7 @@ class Executor:
         """A labelled write transaction; a pooled connection found dead is replaced once."""
         dialect = ctx.connector.dialect
         for attempt in (1, 2):
-            conn = self._connect(ctx.connector)
+            conn = self._connect(ctx.connector, ctx)
             try:
                 identity = dialect.begin_write(conn, ctx.tag, ctx.row.timeout.seconds,
                                                ctx.row.timeout.lock_seconds,
@@ -396,7 +431,7 @@ class Executor:
         reason: dict[str, Any] | None = None
         if not ctx.rehearse:
             self._prepared(ctx)
-        with self._connect(ctx.connector) as conn:
+        with self._connect(ctx.connector, ctx) as conn:
             try:
                 dialect.begin_read(conn, ctx.tag, row.timeout.seconds)
                 for i, st in enumerate(row.statements):
@@ -461,6 +496,9 @@ class Executor:
         connector = ctx.connector
         dialect = connector.dialect
         evidence: dict[str, Any] = {}
+        from executor import claims  # --- impact claims: a write reached without call()
+
+        claims.ensure_claimed(self, ctx)  # --- end impact claims
         with contextlib.ExitStack() as stack:
             try:
                 conn, identity = stack.enter_context(self._open_write(ctx))
@@ -471,6 +509,8 @@ class Executor:
                 if not ctx.rehearse:
                     self._attempt_started(ctx, identity)
                 body(conn, evidence)
+                if not ctx.rehearse:
+                    claims.fence(self, ctx, conn)  # --- impact claims: the fence before COMMIT
             except Rollback as rb:
                 conn.rollback()
                 dialect.reset_session(conn)
@@ -492,6 +532,10 @@ class Executor:
                 conn.commit()
             except sa.exc.DBAPIError as exc:
                 if exc.connection_invalidated:
+                    from executor.reconcile_fence import superseded  # --- resume fence
+
+                    if (late := superseded(self.ledger, ctx, None)) is not None:
+                        return late  # --- end resume fence
                     self.ledger.append(ctx.case_id, "commit_uncertain", {
                         "state": {"error": str(exc.orig).splitlines()[0] if exc.orig else ""},
                     }, intent_id=ctx.intent_id)
@@ -579,7 +623,7 @@ class Executor:
         """Run checks in their own read-only transaction (after commit)."""
         dialect = ctx.connector.dialect
         out: list[CheckResult] = []
-        with self._connect(ctx.connector) as conn:
+        with self._connect(ctx.connector, ctx) as conn:
             try:
                 dialect.begin_read(conn, ctx.tag, ctx.row.timeout.seconds)
                 for check in checks:

@@ -382,3 +382,10 @@ def test_reads_are_engine_enforced_read_only(target_url: URL) -> None:
     with engine.connect() as conn:
         assert conn.execute(sa.text("SELECT count(*) FROM ro_probe")).scalar_one() == 0
     engine.dispose()
+
+
+def test_ddl_rows_never_run_as_plain_calls(executor: Executor) -> None:
+    with pytest.raises(errors.DdlError):
+        executor.call("code.policy_overview", {"source": "CREATE VIEW x AS SELECT 1"},
+                      case="C-ddl", who="agent")
+    assert executor.ledger.snapshot("C-ddl") is None
