@@ -1,1 +1,77 @@
-"""ddl."""
+"""The DDL loop for stored code: capture, plan, preflight, apply, verify, compensate.
+
+Public API::
+
+    from ddl import DdlLoop, SqlSnapshotStore, Change, ObjectRef
+
+    store = SqlSnapshotStore("sqlite:///.capgate/ledger.db")
+    with DdlLoop("mysql+pymysql://app@db/app", store) as loop:
+        snap = loop.capture(ObjectRef("package_body", "billing"))
+        plan = loop.plan([Change(new_source, base_snapshot_id=snap.id)])
+        outcome = loop.execute(plan, on_apply_started=ledger_hook)
+
+See ``ddl.loop`` for the steps, ``ddl.catalog`` for the adapters' protocol,
+``ddl.signature`` for the content signature and ``ddl.prohibitions`` for the
+six standing prohibitions.
+"""
+
+from ddl.catalog import (
+    CallerSearch,
+    CatalogAdapter,
+    Dependent,
+    LiveObject,
+    ObjectRef,
+    ObjectStatus,
+    adapter_for,
+)
+from ddl.events import DdlEventSink, ListSink, NullSink
+from ddl.loop import DdlLoop, check_plan, plan_hash
+from ddl.merge import MergeProposal
+from ddl.prohibitions import PROHIBITIONS, Prohibition
+from ddl.results import (
+    Change,
+    CompensationReport,
+    DdlOutcome,
+    FarSideStep,
+    PreflightResult,
+    RecoveryReport,
+    SmokeCall,
+    VerifyReport,
+)
+from ddl.signature import Signature, normalise, sign, signature_of
+from ddl.snapshots import Snapshot, SnapshotStore, SqlSnapshotStore, export_snapshots
+
+__all__ = [
+    "PROHIBITIONS",
+    "CallerSearch",
+    "CatalogAdapter",
+    "Change",
+    "CompensationReport",
+    "DdlEventSink",
+    "DdlLoop",
+    "DdlOutcome",
+    "Dependent",
+    "FarSideStep",
+    "ListSink",
+    "LiveObject",
+    "MergeProposal",
+    "NullSink",
+    "ObjectRef",
+    "ObjectStatus",
+    "PreflightResult",
+    "Prohibition",
+    "RecoveryReport",
+    "Signature",
+    "SmokeCall",
+    "Snapshot",
+    "SnapshotStore",
+    "SqlSnapshotStore",
+    "VerifyReport",
+    "adapter_for",
+    "check_plan",
+    "export_snapshots",
+    "normalise",
+    "plan_hash",
+    "sign",
+    "signature_of",
+]

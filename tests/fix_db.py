@@ -67,10 +67,15 @@ def docker_available() -> bool:
         import docker  # type: ignore[import-untyped]
 
         client = docker.from_env(timeout=3)
+    except Exception:
+        return False
+    try:
         client.ping()
         return True
     except Exception:
         return False
+    finally:
+        client.close()
 
 
 @dataclass

@@ -1,0 +1,587 @@
+"""Stored-code objects, and the one small protocol every catalog adapter implements.
+
+One module per dialect (``catalog_postgresql``, ``catalog_mariadb``,
+``catalog_oracle``, ``catalog_sqlite``) holds that dialect's quirks; the loop
+talks only to ``CatalogAdapter``.  ``adapter_for("postgresql")`` (or a URL)
+returns the registered adapter.  Flags such as ``transactional_ddl`` tell the
+loop which path to take; capability questions take ``check=`` (with
+``check=True`` a missing feature raises ``FeatureNotSupported`` or a more
+specific error naming what was found and what is needed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import re
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+import sqlalchemy as sa
+from sqlalchemy.engine import URL, Connection, Engine, make_url
+
+from ddl import signature as sigmod
+from ddl import sqltext
+from ddl.errors import ApplyFailed, FeatureNotSupported, UnsupportedObjectType
+
+KINDS = (
+    "package",
+    "package_body",
+    "type",
+    "type_body",
+    "procedure",
+    "function",
+    "view",
+    "trigger",
+)
+SPEC_OF_BODY = {"package_body": "package", "type_body": "type"}
+BODY_OF_SPEC = {v: k for k, v in SPEC_OF_BODY.items()}
+
+Progress = Callable[[int, int, str], None]
+"""``progress(done, total, label)``: called during sweeps so a CLI can draw a bar."""
+
+
+@dataclass(frozen=True, order=True)
+class ObjectRef:
+    """The identity of one stored-code object."""
+
+    kind: str
+    """One of ``KINDS`` (package, package_body, type, type_body, procedure, function, ...)."""
+    name: str
+    """The name as the catalog stores it."""
+    schema: str | None = None
+    """Schema / database / owner; None means the connection's current one."""
+    args: str | None = None
+    """PostgreSQL only: identity argument types of a function, e.g. ``integer, text``."""
+    parent: str | None = None
+    """The table a trigger belongs to, where trigger names are per table (PostgreSQL)."""
+    link: str | None = None
+    """A database link: set for remote objects, which the local catalog cannot see."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise UnsupportedObjectType(
+                f"object type {self.kind!r} is not handled by the DDL loop",
+                kind=self.kind,
+                supported=list(KINDS),
+            )
+        if not self.name:
+            raise ValueError("an object needs a name")
+
+    @property
+    def key(self) -> str:
+        """A stable text identity, e.g. ``function:billing.calc(integer)``."""
+        out = f"{self.kind}:"
+        if self.schema:
+            out += f"{self.schema}."
+        out += self.name
+        if self.args is not None:
+            out += f"({self.args})"
+        if self.parent:
+            out += f" on {self.parent}"
+        if self.link:
+            out += f"@{self.link}"
+        return out
+
+    def __str__(self) -> str:
+        return self.key
+
+    @property
+    def is_body(self) -> bool:
+        return self.kind in SPEC_OF_BODY
+
+    @property
+    def is_spec(self) -> bool:
+        return self.kind in BODY_OF_SPEC
+
+    def body(self) -> ObjectRef | None:
+        """The body of a package or type spec; None for other kinds."""
+        kind = BODY_OF_SPEC.get(self.kind)
+        return None if kind is None else ObjectRef(kind, self.name, self.schema, link=self.link)
+
+    def spec(self) -> ObjectRef | None:
+        """The spec of a package or type body; None for other kinds."""
+        kind = SPEC_OF_BODY.get(self.kind)
+        return None if kind is None else ObjectRef(kind, self.name, self.schema, link=self.link)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"kind": self.kind, "name": self.name, "schema": self.schema}
+        if self.args is not None:
+            out["args"] = self.args
+        if self.parent is not None:
+            out["parent"] = self.parent
+        if self.link is not None:
+            out["link"] = self.link
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ObjectRef:
+        return cls(
+            kind=str(data["kind"]),
+            name=str(data["name"]),
+            schema=data.get("schema"),
+            args=data.get("args"),
+            parent=data.get("parent"),
+            link=data.get("link"),
+        )
+
+    _KEY_RE: ClassVar[re.Pattern[str]] = re.compile(
+        r"^(?P<kind>[a-z_]+):(?:(?P<schema>[^.()@ ]+)\.)?(?P<name>[^.()@ ]+)"
+        r"(?:\((?P<args>[^)]*)\))?(?: on (?P<parent>[^@ ]+))?(?:@(?P<link>\S+))?$"
+    )
+
+    @classmethod
+    def parse(cls, text: str) -> ObjectRef:
+        """Parse ``kind:[schema.]name[(args)][ on table][@link]`` (the ``key`` form)."""
+        m = cls._KEY_RE.match(text.strip())
+        if not m:
+            raise ValueError(f"not an object reference: {text!r} (expected kind:[schema.]name)")
+        return cls(
+            kind=m.group("kind"),
+            name=m.group("name"),
+            schema=m.group("schema"),
+            args=m.group("args"),
+            parent=m.group("parent"),
+            link=m.group("link"),
+        )
+
+
+@dataclass(frozen=True)
+class LiveObject:
+    """An object's source as the catalog renders it, ready to be applied again."""
+
+    object: ObjectRef
+    source: str
+    """Re-appliable DDL (``CREATE OR REPLACE ...`` where the dialect has it)."""
+    attributes: dict[str, str] = field(default_factory=dict)
+    """Settings the source needs to mean the same thing again (e.g. MariaDB ``sql_mode``)."""
+
+
+VALID = "valid"
+INVALID = "invalid"
+MISSING = "missing"
+UNCHECKED = "unchecked"
+
+
+@dataclass(frozen=True)
+class ObjectStatus:
+    """The compile status of one object, and how it was established."""
+
+    object: ObjectRef
+    state: str
+    """``valid`` | ``invalid`` | ``missing`` | ``unchecked`` (no check is possible)."""
+    errors: tuple[str, ...] = ()
+    method: str = ""
+    """What was checked, in words, e.g. ``plpgsql_check_function_tb`` or ``ALL_OBJECTS.STATUS``."""
+
+    @property
+    def ok(self) -> bool:
+        return self.state in (VALID, UNCHECKED)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "object": self.object.key,
+            "state": self.state,
+            "errors": list(self.errors),
+            "method": self.method,
+        }
+
+
+@dataclass(frozen=True)
+class Dependent:
+    """An object that depends on another one."""
+
+    object: ObjectRef
+    on: ObjectRef
+    via: str
+    """Where it was found: pg_depend, plpgsql_check, ALL_DEPENDENCIES, source search, declared."""
+
+    @property
+    def remote(self) -> bool:
+        return self.object.link is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "object": self.object.to_dict(),
+            "key": self.object.key,
+            "on": self.on.key,
+            "via": self.via,
+            "remote": self.remote,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Dependent:
+        return cls(
+            object=ObjectRef.from_dict(data["object"]),
+            on=ObjectRef.parse(str(data["on"])),
+            via=str(data.get("via", "declared")),
+        )
+
+
+@dataclass(frozen=True)
+class CallerHit:
+    """One line of stored source that names the object."""
+
+    object: ObjectRef
+    line: int
+    text: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"object": self.object.key, "line": self.line, "text": self.text}
+
+
+@dataclass(frozen=True)
+class CallerSearch:
+    """The evidence of a caller search: what was searched, how, and what was found."""
+
+    target: ObjectRef
+    method: str
+    pattern: str
+    scope: tuple[str, ...]
+    searched: int
+    """How many stored objects were searched."""
+    hits: tuple[CallerHit, ...]
+    notes: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "object": self.target.key,
+            "method": self.method,
+            "pattern": self.pattern,
+            "scope": list(self.scope),
+            "searched": self.searched,
+            "hits": [h.to_dict() for h in self.hits],
+            "notes": list(self.notes),
+        }
+
+
+# --- the protocol -----------------------------------------------------------------------
+
+
+@runtime_checkable
+class CatalogAdapter(Protocol):
+    """What the DDL loop needs from one dialect's catalog."""
+
+    dialect: ClassVar[str]
+    transactional_ddl: ClassVar[bool]
+    """True where DDL is transactional (PostgreSQL, SQLite): apply and verify share one txn."""
+    kinds: ClassVar[frozenset[str]]
+
+    def engine(self, url: str | URL) -> Engine:
+        """An engine for ``url`` set up the way this adapter's steps expect."""
+        ...
+
+    def begin(self, conn: Connection) -> None:
+        """Open the transaction the apply runs in (transactional dialects)."""
+        ...
+
+    def resolve(self, conn: Connection, ref: ObjectRef) -> ObjectRef:
+        """Fill in the schema and the catalog's spelling of the name; the object need not exist."""
+        ...
+
+    def identify(self, conn: Connection, source: str) -> ObjectRef:
+        """The object a ``CREATE`` statement creates or replaces."""
+        ...
+
+    def read(self, conn: Connection, ref: ObjectRef) -> LiveObject | None:
+        """The live object's source, or None if it does not exist."""
+        ...
+
+    def normalise(self, ref: ObjectRef, text: str) -> str:
+        """Recipe-v1 normalisation with this dialect's cosmetic noise removed."""
+        ...
+
+    def render(self, conn: Connection, ref: ObjectRef, source: str) -> str | None:
+        """The normalised text the catalog will show after ``source``; None if unpredictable."""
+        ...
+
+    def source_matches(self, conn: Connection, ref: ObjectRef, source: str) -> bool | None:
+        """Whether the live object is what ``source`` creates; None when it cannot be told."""
+        ...
+
+    def status(self, conn: Connection, ref: ObjectRef) -> ObjectStatus:
+        """The object's compile status."""
+        ...
+
+    def recompile(self, conn: Connection, ref: ObjectRef) -> ObjectStatus:
+        """Recompile (or re-check) this one object and return its status.  Never schema-wide."""
+        ...
+
+    def dependents(
+        self, conn: Connection, ref: ObjectRef, progress: Progress | None = None
+    ) -> list[Dependent]:
+        """Local objects that depend on ``ref``, as far as the catalog can tell."""
+        ...
+
+    def remote_dependents(self, far: Connection, ref: ObjectRef, link: str) -> list[Dependent]:
+        """Objects in a far database that use ``ref`` through database link ``link``."""
+        ...
+
+    def search_callers(self, conn: Connection, ref: ObjectRef) -> CallerSearch:
+        """Search stored source for the object's name; the result is evidence for the plan."""
+        ...
+
+    def apply(
+        self, conn: Connection, ref: ObjectRef, source: str, attributes: Mapping[str, str]
+    ) -> None:
+        """Execute the DDL; ApplyFailed if the database refuses it or creates it with errors."""
+        ...
+
+    def drop(self, conn: Connection, ref: ObjectRef) -> None:
+        """Drop the object (compensation of an object that did not exist before)."""
+        ...
+
+    def holds_state(self, ref: ObjectRef, source: str) -> list[str]:
+        """Package-level declarations that make the package stateful."""
+        ...
+
+    def session(
+        self, conn: Connection, settings: Mapping[str, str]
+    ) -> AbstractContextManager[None]:
+        """A block run with session settings (MariaDB ``sql_mode``), restored afterwards."""
+        ...
+
+    def acquire_lock(self, conn: Connection, name: str, timeout: float) -> bool:
+        """Take a session-scoped exclusive lock named ``name`` on ``conn``; False on timeout."""
+        ...
+
+    def release_lock(self, conn: Connection, name: str) -> None: ...
+
+    def has_compile_status(self, conn: Connection, *, check: bool = False) -> bool:
+        """Can the catalog tell a compiled object from a broken one?"""
+        ...
+
+    def has_packages(self, conn: Connection, *, check: bool = False) -> bool:
+        """Does the database have packages with a spec and a body?"""
+        ...
+
+    def has_session_lock(self, *, check: bool = False) -> bool:
+        """Does the database offer a session-scoped lock that survives DDL commits?"""
+        ...
+
+
+# --- a base with the shared behaviour -----------------------------------------------------------
+
+
+class BaseAdapter:
+    """Shared behaviour of the adapters; each dialect overrides what differs."""
+
+    dialect: ClassVar[str] = ""
+    transactional_ddl: ClassVar[bool] = False
+    kinds: ClassVar[frozenset[str]] = frozenset()
+    fold: ClassVar[str | None] = None
+    """How bare identifiers fold: ``lower`` (PostgreSQL), ``upper`` (Oracle) or None."""
+    keep_semicolon: ClassVar[bool] = False
+    """Oracle PL/SQL keeps its final ``;``; other dialects drop it as a terminator."""
+
+    def __init__(self, scope: Sequence[str] | None = None) -> None:
+        self.scope: tuple[str, ...] | None = tuple(scope) if scope else None
+        """Schemas searched for callers and dependents; None means the object's own schema."""
+
+    # -- engines and transactions
+    def engine(self, url: str | URL) -> Engine:
+        return sa.create_engine(url, poolclass=sa.pool.NullPool)
+
+    def begin(self, conn: Connection) -> None:
+        return None
+
+    # -- identity
+    def check_kind(self, ref: ObjectRef) -> None:
+        if ref.kind not in self.kinds:
+            raise UnsupportedObjectType(
+                f"{self.dialect} cannot handle {ref.kind.replace('_', ' ')} objects "
+                f"({ref.key}); it handles {', '.join(sorted(self.kinds))}",
+                object=ref.key,
+                kind=ref.kind,
+                supported=sorted(self.kinds),
+            )
+
+    def identify(self, conn: Connection, source: str) -> ObjectRef:
+        header = sqltext.parse_header(source, self.fold)
+        ref = ObjectRef(header.kind, header.name, header.schema)
+        self.check_kind(ref)
+        return self.resolve(conn, ref)
+
+    def resolve(self, conn: Connection, ref: ObjectRef) -> ObjectRef:
+        self.check_kind(ref)
+        return ref
+
+    def scopes(self, ref: ObjectRef) -> tuple[str, ...]:
+        if self.scope:
+            return self.scope
+        return (ref.schema,) if ref.schema else ()
+
+    # -- text
+    def keeps_semicolon(self, ref: ObjectRef) -> bool:
+        """Whether a final ``;`` belongs to the unit (Oracle PL/SQL) rather than the script."""
+        return self.keep_semicolon and ref.kind != "view"
+
+    def cosmetic(self, ref: ObjectRef, text: str) -> str:
+        """Remove this dialect's cosmetic noise (before the generic recipe steps)."""
+        return sqltext.strip_terminator(text, keep_semicolon=self.keeps_semicolon(ref))
+
+    def normalise(self, ref: ObjectRef, text: str) -> str:
+        return sigmod.normalise(text, lambda t: self.cosmetic(ref, t))
+
+    def render(self, conn: Connection, ref: ObjectRef, source: str) -> str | None:
+        return self.normalise(ref, source)
+
+    def source_matches(self, conn: Connection, ref: ObjectRef, source: str) -> bool | None:
+        live = self.read(conn, ref)
+        if live is None:
+            return False
+        expected = self.render(conn, ref, source)
+        if expected is None:
+            return None
+        return bool(self.normalise(ref, live.source) == expected)
+
+    def holds_state(self, ref: ObjectRef, source: str) -> list[str]:
+        if ref.kind in ("package", "package_body"):
+            return sqltext.package_state(source)
+        return []
+
+    def sql_source(self, ref: ObjectRef, source: str) -> str:
+        """The text sent to the server: line endings fixed, script terminators dropped."""
+        text = source.replace("\r\n", "\n").replace("\r", "\n")
+        return sqltext.strip_terminator(text, keep_semicolon=self.keeps_semicolon(ref))
+
+    def execute_ddl(self, conn: Connection, ref: ObjectRef, source: str) -> None:
+        """Send DDL text verbatim (no bind parsing: PL/SQL ``:=`` and ``:new`` stay as they are)."""
+        try:
+            conn.exec_driver_sql(
+                self.sql_source(ref, source), execution_options={"no_parameters": True})
+        except sa.exc.DBAPIError as exc:
+            raise ApplyFailed(
+                f"{self.dialect} refused the DDL for {ref.key}: {_first_line(exc.orig)}",
+                object=ref.key,
+                database_error=_first_line(exc.orig),
+            ) from exc
+
+    # -- what every dialect must provide
+    def read(self, conn: Connection, ref: ObjectRef) -> LiveObject | None:
+        raise NotImplementedError
+
+    def status(self, conn: Connection, ref: ObjectRef) -> ObjectStatus:
+        raise NotImplementedError
+
+    def recompile(self, conn: Connection, ref: ObjectRef) -> ObjectStatus:
+        raise NotImplementedError
+
+    def dependents(
+        self, conn: Connection, ref: ObjectRef, progress: Progress | None = None
+    ) -> list[Dependent]:
+        raise NotImplementedError
+
+    def search_callers(self, conn: Connection, ref: ObjectRef) -> CallerSearch:
+        raise NotImplementedError
+
+    def apply(
+        self, conn: Connection, ref: ObjectRef, source: str, attributes: Mapping[str, str]
+    ) -> None:
+        raise NotImplementedError
+
+    def drop(self, conn: Connection, ref: ObjectRef) -> None:
+        raise NotImplementedError
+
+    def acquire_lock(self, conn: Connection, name: str, timeout: float) -> bool:
+        raise NotImplementedError
+
+    def release_lock(self, conn: Connection, name: str) -> None:
+        raise NotImplementedError
+
+    @contextmanager
+    def session(self, conn: Connection, settings: Mapping[str, str]) -> Iterator[None]:
+        """Run a block with session settings (e.g. MariaDB ``sql_mode``); none by default."""
+        if settings:
+            raise FeatureNotSupported(
+                f"{self.dialect} takes no session settings ({sorted(settings)})",
+                feature="session settings",
+            )
+        yield
+
+    # -- remote and capabilities
+    def remote_dependents(self, far: Connection, ref: ObjectRef, link: str) -> list[Dependent]:
+        return []
+
+    def has_packages(self, conn: Connection, *, check: bool = False) -> bool:
+        if check:
+            raise FeatureNotSupported(
+                f"{self.dialect} has no packages", feature="packages", dialect=self.dialect
+            )
+        return False
+
+    def has_session_lock(self, *, check: bool = False) -> bool:
+        return True
+
+    def has_compile_status(self, conn: Connection, *, check: bool = False) -> bool:
+        return True
+
+
+def _first_line(exc: BaseException | None) -> str:
+    text = str(exc) if exc is not None else ""
+    return text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+
+
+first_line = _first_line
+
+
+def lock_key(dialect: str, ref: ObjectRef) -> str:
+    """The name of the session lock that serialises DDL on one (resolved) object.
+
+    It depends on the object only -- not on how a URL spells the server -- so
+    every loop on the same database contends for the same lock (PostgreSQL
+    advisory locks are per database; MariaDB ``GET_LOCK`` and Oracle
+    ``DBMS_LOCK`` names are per server, and the schema is part of the name).
+    Packages and their bodies share one lock.
+    """
+    kind = SPEC_OF_BODY.get(ref.kind, ref.kind)
+    raw = f"capgate:ddl:{dialect}:{kind}:{ref.schema}:{ref.name}:{ref.args}:{ref.parent}"
+    return "cgddl_" + hashlib.sha256(raw.encode()).hexdigest()[:40]
+
+
+# --- the registry -------------------------------------------------------------------------------
+
+_ADAPTERS: dict[str, type[BaseAdapter]] = {}
+_MODULES = {
+    "postgresql": "ddl.catalog_postgresql",
+    "mariadb": "ddl.catalog_mariadb",
+    "oracle": "ddl.catalog_oracle",
+    "sqlite": "ddl.catalog_sqlite",
+}
+_ALIASES = {"mysql": "mariadb", "postgres": "postgresql"}
+
+
+def register(cls: type[BaseAdapter]) -> type[BaseAdapter]:
+    """Class decorator: register an adapter under its ``dialect`` name."""
+    _ADAPTERS[cls.dialect] = cls
+    return cls
+
+
+def dialect_name(name_or_url: str | URL) -> str:
+    """``postgresql`` / ``mariadb`` / ``oracle`` / ``sqlite`` for a dialect name or a URL."""
+    if isinstance(name_or_url, URL) or "://" in str(name_or_url):
+        name = make_url(name_or_url).get_backend_name()
+    else:
+        name = str(name_or_url).lower()
+    return _ALIASES.get(name, name)
+
+
+def adapter_for(name_or_url: str | URL, scope: Sequence[str] | None = None) -> BaseAdapter:
+    """The catalog adapter for a dialect name or a database URL."""
+    name = dialect_name(name_or_url)
+    if name not in _ADAPTERS and name in _MODULES:
+        importlib.import_module(_MODULES[name])
+    cls = _ADAPTERS.get(name)
+    if cls is None:
+        raise FeatureNotSupported(
+            f"no DDL catalog adapter for dialect {name!r}; known: {', '.join(sorted(_MODULES))}",
+            feature="catalog adapter",
+            dialect=name,
+        )
+    return cls(scope=scope)
+
+
+def registered_dialects() -> list[str]:
+    return sorted(_MODULES)

@@ -1,0 +1,418 @@
+"""MariaDB catalog adapter: procedures, functions, views, triggers, packages and package bodies.
+
+* Source: ``SHOW CREATE PROCEDURE|FUNCTION|VIEW|TRIGGER|PACKAGE|PACKAGE BODY``;
+  existence and names from ``information_schema.ROUTINES`` / ``VIEWS`` /
+  ``TRIGGERS``.  The routine's ``sql_mode`` is part of the snapshot and is set
+  again when a snapshot is re-applied (packages need ``sql_mode=ORACLE``).
+* Normalisation drops the ``DEFINER=`` clause (who created it, not what it
+  is), ``OR REPLACE``, identifier quotes around the name, a schema prefix and
+  the ``END name`` label MariaDB does not store.  For packages and triggers
+  the normalised source is exactly what ``SHOW CREATE`` shows after the
+  apply.  For procedures and functions MariaDB re-renders the characteristics
+  and the return type, and a view's text is rewritten completely, so their
+  post-apply text cannot be predicted; recovery compares the stored routine
+  body (``ROUTINES.ROUTINE_DEFINITION``) with the tail of the new source, and
+  cannot decide for views.
+* Compile status: MariaDB has none -- no INVALID state; routines resolve
+  tables and other routines when they run.  The closest honest checks are
+  used and reported as such: the object is stored and ``SHOW CREATE`` reads it
+  back; a package body exists next to its spec (MariaDB checks the body
+  against the spec at ``CREATE``, and *drops the body* when the spec is
+  replaced); a view passes ``CHECK TABLE`` (which names invalid tables and
+  columns); a trigger's table exists.  Runtime behaviour needs the plan's
+  smoke calls.
+* Dependents and callers: there is no dependency catalog, so both come from a
+  whole-word search of stored source (routines and packages, views,
+  triggers); a spec's body is always a dependent of the spec.
+* DDL commits implicitly: the loop records "apply started" first and
+  compensates on a failed verify.  Lock: ``GET_LOCK`` (session scoped).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager, suppress
+
+import sqlalchemy as sa
+from sqlalchemy import bindparam, text
+from sqlalchemy.engine import URL, Connection, Engine
+
+from ddl import signature as sigmod
+from ddl import sqltext
+from ddl.catalog import (
+    INVALID,
+    MISSING,
+    VALID,
+    BaseAdapter,
+    CallerHit,
+    CallerSearch,
+    Dependent,
+    LiveObject,
+    ObjectRef,
+    ObjectStatus,
+    Progress,
+    first_line,
+    register,
+)
+from ddl.errors import FeatureNotSupported
+
+ROUTINE_TYPE = {
+    "package": "PACKAGE",
+    "package_body": "PACKAGE BODY",
+    "procedure": "PROCEDURE",
+    "function": "FUNCTION",
+}
+KIND_OF_ROUTINE_TYPE = {v: k for k, v in ROUTINE_TYPE.items()}
+SHOW_WORD = {**ROUTINE_TYPE, "view": "VIEW", "trigger": "TRIGGER"}
+_CASE_INSENSITIVE = {"package", "package_body", "procedure", "function"}
+
+
+def _q(name: str, what: str = "identifier") -> str:
+    return sqltext.quote(name, "mariadb", what)
+
+
+@register
+class MariadbAdapter(BaseAdapter):
+    dialect = "mariadb"
+    transactional_ddl = False
+    kinds = frozenset({"package", "package_body", "procedure", "function", "view", "trigger"})
+    fold = None
+
+    def engine(self, url: str | URL) -> Engine:
+        return sa.create_engine(url, poolclass=sa.pool.NullPool, isolation_level="AUTOCOMMIT")
+
+    # -- identity ------------------------------------------------------------------------------
+    def _database(self, conn: Connection) -> str:
+        db = conn.execute(text("SELECT DATABASE()")).scalar()
+        if db is None:
+            raise FeatureNotSupported("the connection has no current database; put it in the URL")
+        return str(db)
+
+    def _stored_name(self, conn: Connection, ref: ObjectRef, schema: str) -> str | None:
+        if ref.kind in ROUTINE_TYPE:
+            sql = (
+                "SELECT ROUTINE_NAME FROM information_schema.ROUTINES WHERE ROUTINE_SCHEMA = :s "
+                "AND ROUTINE_TYPE = :t AND ROUTINE_NAME = :n"
+            )
+            params = {"s": schema, "t": ROUTINE_TYPE[ref.kind], "n": ref.name}
+        elif ref.kind == "view":
+            sql = (
+                "SELECT TABLE_NAME FROM information_schema.VIEWS WHERE TABLE_SCHEMA = :s "
+                "AND TABLE_NAME = :n"
+            )
+            params = {"s": schema, "n": ref.name}
+        else:
+            sql = (
+                "SELECT TRIGGER_NAME FROM information_schema.TRIGGERS WHERE TRIGGER_SCHEMA = :s "
+                "AND TRIGGER_NAME = :n"
+            )
+            params = {"s": schema, "n": ref.name}
+        v = conn.execute(text(sql), params).scalar()
+        return None if v is None else str(v)
+
+    def resolve(self, conn: Connection, ref: ObjectRef) -> ObjectRef:
+        self.check_kind(ref)
+        schema = ref.schema or self._database(conn)
+        sqltext.check_identifier(schema, "mariadb", "schema")
+        sqltext.check_identifier(ref.name, "mariadb", "object name")
+        name = self._stored_name(conn, ref, schema) or ref.name
+        return ObjectRef(ref.kind, name, schema)
+
+    # -- reading ---------------------------------------------------------------------------------
+    def read(self, conn: Connection, ref: ObjectRef) -> LiveObject | None:
+        ref = self.resolve(conn, ref)
+        assert ref.schema is not None
+        if self._stored_name(conn, ref, ref.schema) is None:
+            return None
+        word = SHOW_WORD[ref.kind]
+        try:
+            row = conn.execute(text(f"SHOW CREATE {word} {_q(ref.schema)}.{_q(ref.name)}")).one()
+        except sa.exc.DBAPIError:
+            return None
+        attributes: dict[str, str] = {}
+        if ref.kind == "view":
+            create = str(row[1])
+        else:
+            attributes["sql_mode"] = str(row[1])
+            create = str(row[2])
+        create = re.sub(r"^\s*CREATE\s+(?!OR\s+REPLACE\b)", "CREATE OR REPLACE ", create,
+                        count=1, flags=re.IGNORECASE)
+        return LiveObject(ref, create, attributes)
+
+    def cosmetic(self, ref: ObjectRef, text_: str) -> str:
+        t = sqltext.strip_terminator(text_)
+        m = sqltext.header_match(t)
+        if not m:
+            return t
+        kind = sqltext.KIND_WORDS.get(" ".join(m.group("kind").lower().split()))
+        if kind is None:
+            return t
+        parts = re.findall(sqltext._Q, t[m.start("qname") : m.end("qname")])
+        name, _ = sqltext.unquote(parts[-1], None)
+        if kind in _CASE_INSENSITIVE:
+            name = name.lower()
+        keep = []
+        for mod in re.findall(r"ALGORITHM\s*=\s*\w+|SQL\s+SECURITY\s+\w+", m.group("mods"),
+                              re.IGNORECASE):
+            keep.append(" ".join(mod.upper().replace("=", " = ").split()).replace(" = ", "="))
+        header = ("CREATE " + "".join(k + " " for k in keep) + sqltext.KIND_KEYWORD[kind]
+                  + " " + name)
+        rest = t[m.end() :].lstrip(" \t\n")
+        out = header + ("" if rest.startswith("(") else " ") + rest
+        if kind in ("package", "package_body"):
+            # MariaDB does not store the label of the final ``END name``.
+            head, tail = out[:-256], out[-256:]
+            out = head + re.sub(
+                r"\bEND\s+[`\"]?" + re.escape(parts[-1].strip('`"')) + r"[`\"]?\s*$",
+                "END",
+                tail,
+                flags=re.IGNORECASE,
+            )
+        return out
+
+    def render(self, conn: Connection, ref: ObjectRef, source: str) -> str | None:
+        if ref.kind in ("package", "package_body", "trigger"):
+            return self.normalise(ref, source)
+        return None
+
+    def source_matches(self, conn: Connection, ref: ObjectRef, source: str) -> bool | None:
+        live = self.read(conn, ref)
+        if live is None:
+            return False
+        if ref.kind in ("package", "package_body", "trigger"):
+            return self.normalise(ref, live.source) == self.normalise(ref, source)
+        if ref.kind == "view":
+            return None
+        resolved = self.resolve(conn, ref)
+        body = conn.execute(
+            text(
+                "SELECT ROUTINE_DEFINITION FROM information_schema.ROUTINES "
+                "WHERE ROUTINE_SCHEMA = :s AND ROUTINE_TYPE = :t AND ROUTINE_NAME = :n"
+            ),
+            {"s": resolved.schema, "t": ROUTINE_TYPE[ref.kind], "n": resolved.name},
+        ).scalar()
+        if body is None:
+            return None
+        body_n = sigmod.normalise(str(body)).rstrip()
+        if not body_n:
+            return None
+        return self.normalise(ref, source).rstrip().endswith(body_n)
+
+    # -- status ------------------------------------------------------------------------------------
+    def status(self, conn: Connection, ref: ObjectRef) -> ObjectStatus:
+        ref = self.resolve(conn, ref)
+        assert ref.schema is not None
+        if self._stored_name(conn, ref, ref.schema) is None:
+            return ObjectStatus(ref, MISSING, (), "information_schema")
+        if ref.kind == "view":
+            rows = conn.execute(text(f"CHECK TABLE {_q(ref.schema)}.{_q(ref.name)}")).all()
+            errors = tuple(str(r[3]) for r in rows if str(r[2]).lower() == "error"
+                           and str(r[3]) != "Corrupt")
+            return ObjectStatus(ref, INVALID if errors else VALID, errors, "CHECK TABLE")
+        live = self.read(conn, ref)
+        if live is None:
+            return ObjectStatus(ref, INVALID, ("SHOW CREATE could not read it",), "SHOW CREATE")
+        if ref.kind == "package_body":
+            spec = ObjectRef("package", ref.name, ref.schema)
+            if self._stored_name(conn, spec, ref.schema) is None:
+                return ObjectStatus(ref, INVALID, ("its package spec is missing",), "ROUTINES")
+            return ObjectStatus(
+                ref, VALID, (), "stored and readable; the body was checked against its spec "
+                "at CREATE (MariaDB has no INVALID status)"
+            )
+        if ref.kind == "trigger":
+            table = conn.execute(
+                text(
+                    "SELECT EVENT_OBJECT_TABLE FROM information_schema.TRIGGERS "
+                    "WHERE TRIGGER_SCHEMA = :s AND TRIGGER_NAME = :n"
+                ),
+                {"s": ref.schema, "n": ref.name},
+            ).scalar()
+            exists = conn.execute(
+                text(
+                    "SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = :s "
+                    "AND TABLE_NAME = :t"
+                ),
+                {"s": ref.schema, "t": table},
+            ).scalar()
+            if not exists:
+                return ObjectStatus(ref, INVALID, (f"table {table} is missing",), "TRIGGERS")
+            return ObjectStatus(ref, VALID, (), "stored, readable, table present")
+        return ObjectStatus(
+            ref, VALID, (), "stored and readable (MariaDB has no INVALID status; tables and "
+            "routines are resolved when the routine runs)"
+        )
+
+    def recompile(self, conn: Connection, ref: ObjectRef) -> ObjectStatus:
+        """MariaDB has no recompile; the object's checks are run again."""
+        return self.status(conn, ref)
+
+    def has_compile_status(self, conn: Connection, *, check: bool = False) -> bool:
+        if check:
+            raise FeatureNotSupported(
+                "MariaDB keeps no compile status for stored code (no INVALID state)",
+                feature="compile status",
+                found="none",
+                needed="a catalog status column",
+            )
+        return False
+
+    def has_packages(self, conn: Connection, *, check: bool = False) -> bool:
+        version = str(conn.execute(text("SELECT VERSION()")).scalar())
+        m = re.match(r"(\d+)\.(\d+)", version)
+        ok = "mariadb" in version.lower() and m is not None and (
+            int(m.group(1)), int(m.group(2))) >= (10, 3)
+        if not ok and check:
+            raise FeatureNotSupported(
+                f"packages need MariaDB 10.3 or later with sql_mode=ORACLE; found {version}",
+                feature="packages",
+                found=version,
+                needed="MariaDB >= 10.3",
+            )
+        return ok
+
+    # -- dependents and callers ----------------------------------------------------------------
+    def dependents(
+        self, conn: Connection, ref: ObjectRef, progress: Progress | None = None
+    ) -> list[Dependent]:
+        ref = self.resolve(conn, ref)
+        found: dict[str, Dependent] = {}
+        body = ref.body()
+        if body is not None:
+            assert ref.schema is not None
+            if self._stored_name(conn, body, ref.schema) is not None:
+                found[body.key] = Dependent(body, ref, "package spec/body")
+        search = self.search_callers(conn, ref)
+        hit_objects = sorted({h.object for h in search.hits})
+        for i, obj in enumerate(hit_objects, start=1):
+            if progress is not None:
+                progress(i, len(hit_objects), obj.key)
+            if obj.key not in found and obj.key != ref.key:
+                found[obj.key] = Dependent(obj, ref, "source search")
+        return list(found.values())
+
+    def search_callers(self, conn: Connection, ref: ObjectRef) -> CallerSearch:
+        ref = self.resolve(conn, ref)
+        scopes = list(self.scopes(ref))
+        hits: list[CallerHit] = []
+        notes: list[str] = []
+        searched = 0
+        routines = conn.execute(
+            text(
+                "SELECT ROUTINE_SCHEMA, ROUTINE_NAME, ROUTINE_TYPE, ROUTINE_DEFINITION "
+                "FROM information_schema.ROUTINES WHERE ROUTINE_SCHEMA IN :s "
+                "ORDER BY ROUTINE_SCHEMA, ROUTINE_NAME, ROUTINE_TYPE"
+            ).bindparams(bindparam("s", expanding=True)),
+            {"s": scopes},
+        ).all()
+        for row in routines:
+            kind = KIND_OF_ROUTINE_TYPE.get(str(row[2]))
+            if kind is None:
+                continue
+            oref = ObjectRef(kind, str(row[1]), str(row[0]))
+            if oref.key == ref.key:
+                continue
+            searched += 1
+            if row[3] is None:
+                notes.append(f"{oref.key}: source not visible (no privilege)")
+                continue
+            hits += [CallerHit(oref, n, t) for n, t in sqltext.find_word(str(row[3]), ref.name)]
+        views = conn.execute(
+            text(
+                "SELECT TABLE_SCHEMA, TABLE_NAME, VIEW_DEFINITION FROM information_schema.VIEWS "
+                "WHERE TABLE_SCHEMA IN :s ORDER BY TABLE_SCHEMA, TABLE_NAME"
+            ).bindparams(bindparam("s", expanding=True)),
+            {"s": scopes},
+        ).all()
+        for row in views:
+            oref = ObjectRef("view", str(row[1]), str(row[0]))
+            if oref.key == ref.key:
+                continue
+            searched += 1
+            hits += [CallerHit(oref, n, t) for n, t in sqltext.find_word(str(row[2] or ""),
+                                                                         ref.name)]
+        triggers = conn.execute(
+            text(
+                "SELECT TRIGGER_SCHEMA, TRIGGER_NAME, ACTION_STATEMENT FROM "
+                "information_schema.TRIGGERS WHERE TRIGGER_SCHEMA IN :s "
+                "ORDER BY TRIGGER_SCHEMA, TRIGGER_NAME"
+            ).bindparams(bindparam("s", expanding=True)),
+            {"s": scopes},
+        ).all()
+        for row in triggers:
+            oref = ObjectRef("trigger", str(row[1]), str(row[0]))
+            if oref.key == ref.key:
+                continue
+            searched += 1
+            hits += [CallerHit(oref, n, t) for n, t in sqltext.find_word(str(row[2] or ""),
+                                                                         ref.name)]
+        return CallerSearch(
+            target=ref,
+            method="whole-word search of information_schema ROUTINES.ROUTINE_DEFINITION "
+            "(routines and packages), VIEWS.VIEW_DEFINITION, TRIGGERS.ACTION_STATEMENT",
+            pattern=ref.name,
+            scope=tuple(scopes),
+            searched=searched,
+            hits=tuple(hits),
+            notes=tuple(notes),
+        )
+
+    # -- changing ----------------------------------------------------------------------------------
+    @contextmanager
+    def session(self, conn: Connection, settings: Mapping[str, str]) -> Iterator[None]:
+        """Run with session settings (``sql_mode``; ``database`` switches the current one)."""
+        unknown = set(settings) - {"sql_mode", "database"}
+        if unknown:
+            raise FeatureNotSupported(f"unknown MariaDB session settings {sorted(unknown)}")
+        mode = settings.get("sql_mode")
+        current_db = self._database(conn)
+        target_db = settings.get("database")
+        switch_db = target_db is not None and target_db != current_db
+        prev_mode = str(conn.execute(text("SELECT @@SESSION.sql_mode")).scalar())
+        try:
+            if switch_db:
+                assert target_db is not None
+                conn.execute(text(f"USE {_q(target_db)}"))
+            if mode is not None:
+                conn.execute(text("SET SESSION sql_mode = :m"), {"m": mode})
+            yield
+        finally:
+            with suppress(sa.exc.DBAPIError):
+                if mode is not None:
+                    conn.execute(text("SET SESSION sql_mode = :m"), {"m": prev_mode})
+                if switch_db:
+                    conn.execute(text(f"USE {_q(current_db)}"))
+
+    def apply(
+        self, conn: Connection, ref: ObjectRef, source: str, attributes: Mapping[str, str]
+    ) -> None:
+        self.check_kind(ref)
+        settings = {k: v for k, v in attributes.items() if k == "sql_mode"}
+        if ref.schema is not None:
+            settings["database"] = ref.schema
+        with self.session(conn, settings):
+            self.execute_ddl(conn, ref, source)
+
+    def drop(self, conn: Connection, ref: ObjectRef) -> None:
+        ref = self.resolve(conn, ref)
+        assert ref.schema is not None
+        conn.execute(text(f"DROP {SHOW_WORD[ref.kind]} IF EXISTS {_q(ref.schema)}.{_q(ref.name)}"))
+
+    # -- locks ----------------------------------------------------------------------------------
+    def acquire_lock(self, conn: Connection, name: str, timeout: float) -> bool:
+        deadline = time.monotonic() + max(timeout, 0.0)
+        while True:
+            try:
+                got = conn.execute(text("SELECT GET_LOCK(:n, 0)"), {"n": name}).scalar()
+            except sa.exc.DBAPIError as exc:
+                raise FeatureNotSupported(f"GET_LOCK failed: {first_line(exc.orig)}") from exc
+            if got == 1:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+
+    def release_lock(self, conn: Connection, name: str) -> None:
+        conn.execute(text("SELECT RELEASE_LOCK(:n)"), {"n": name})
