@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -63,19 +64,25 @@ def normalise_url(engine: str, dsn: str) -> URL:
 
 
 def docker_available() -> bool:
+    """Whether a Docker daemon answers ``/_ping`` (probed on its socket, closed after)."""
+    host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
     try:
-        import docker  # type: ignore[import-untyped]
-
-        client = docker.from_env(timeout=3)
-    except Exception:
+        if host.startswith("unix://"):
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            address: Any = host[len("unix://"):]
+        elif host.startswith("tcp://"):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            name, _, port = host[len("tcp://"):].partition(":")
+            address = (name, int(port or 2375))
+        else:
+            return False
+        with sock:
+            sock.settimeout(3)
+            sock.connect(address)
+            sock.sendall(b"GET /_ping HTTP/1.0\r\nHost: docker\r\n\r\n")
+            return b" 200 " in sock.recv(64)
+    except OSError:
         return False
-    try:
-        client.ping()
-        return True
-    except Exception:
-        return False
-    finally:
-        client.close()
 
 
 @dataclass
