@@ -64,6 +64,9 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     from capgate import commands_resume
 
     commands_resume.register(sub, common)
+    from capgate import commands_ddl
+
+    commands_ddl.register(sub, common)
 
 
 def _executor(args: argparse.Namespace) -> Executor:

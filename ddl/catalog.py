@@ -408,6 +408,10 @@ class BaseAdapter:
         self.check_kind(ref)
         return ref
 
+    def default_schema(self, conn: Connection) -> str | None:
+        """The schema an unqualified name resolves to on ``conn`` (None where there are none)."""
+        return None
+
     def scopes(self, ref: ObjectRef) -> tuple[str, ...]:
         if self.scope:
             return self.scope

@@ -84,6 +84,9 @@ class MariadbAdapter(BaseAdapter):
         return sa.create_engine(url, poolclass=sa.pool.NullPool, isolation_level="AUTOCOMMIT")
 
     # -- identity ------------------------------------------------------------------------------
+    def default_schema(self, conn: Connection) -> str | None:
+        return self._database(conn)
+
     def _database(self, conn: Connection) -> str:
         db = conn.execute(text("SELECT DATABASE()")).scalar()
         if db is None:

@@ -91,6 +91,9 @@ class OracleAdapter(BaseAdapter):
     keep_semicolon = True
 
     # -- identity ------------------------------------------------------------------------------
+    def default_schema(self, conn: Connection) -> str | None:
+        return self._current_schema(conn)
+
     def _current_schema(self, conn: Connection) -> str:
         return str(
             conn.execute(text("SELECT SYS_CONTEXT('USERENV', 'CURRENT_SCHEMA') FROM dual"))

@@ -71,6 +71,9 @@ class PostgresqlAdapter(BaseAdapter):
     fold = "lower"
 
     # -- identity ------------------------------------------------------------------------
+    def default_schema(self, conn: Connection) -> str | None:
+        return self._current_schema(conn)
+
     def _current_schema(self, conn: Connection) -> str:
         return str(conn.execute(text("SELECT current_schema()")).scalar_one())
 

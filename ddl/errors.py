@@ -198,6 +198,18 @@ class InvalidObjectName(DdlError, code="CG525"):
     """
 
 
+class ObjectOutOfScope(DdlError, code="CG526"):
+    """The object is not one the capability row may change.
+
+    A ``ddl`` row names the stored-code objects it may change (``ddl.objects``:
+    type and name, in the connector's own schema) or a name pattern
+    (``ddl.pattern``).  A source that creates or replaces anything else --
+    another object, another schema, an object over a database link -- is
+    refused before the plan reads the catalog.  Use the row that covers the
+    object, or have a DBA add the object to a new version of the row.
+    """
+
+
 def error_details(exc: BaseException) -> dict[str, Any]:
     """A JSON-ready description of any exception (ours or the driver's)."""
     to_dict = getattr(exc, "to_dict", None)

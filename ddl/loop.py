@@ -84,6 +84,11 @@ from ddl.snapshots import Snapshot, SnapshotStore
 from registry.canonical import canonical_hash
 
 PLAN_FORMAT = "capgate.ddl.plan/1"
+_PLAN_KEYS = frozenset({
+    "format", "dialect", "target", "recipe", "transactional_ddl", "objects", "dependents",
+    "caller_search", "far_side_steps", "smoke", "recompile", "warnings", "approval",
+    "prohibitions", "plan_hash",
+})
 OnApplyStarted = Callable[[list[str]], None]
 
 
@@ -301,16 +306,23 @@ class DdlLoop:
         search_callers: bool = True,
         render: bool = True,
         refuse: bool = True,
+        bind: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
         """Make the plan for ``changes``; raise the first prohibition it violates (``refuse``).
 
         ``remote_dependents`` are declared by the row or the DBA (the local
         catalog cannot see them); dependents found through ``far_side``
         catalogs are added.  ``search_callers=False`` records no caller search
-        -- the plan is then refused as ungrepped.
+        -- the plan is then refused as ungrepped.  ``bind`` adds the caller's
+        fields to the plan, covered by its hash (the executor binds the row's
+        ``operation_id``, ``version``, ``row_hash``, connector and environment,
+        so an approval of the hash is an approval of that row on that target).
         """
         if not changes:
             raise ValueError("a plan needs at least one change")
+        if bind and set(bind) & _PLAN_KEYS:
+            raise ValueError(f"bind may not set the plan's own fields "
+                             f"{sorted(set(bind) & _PLAN_KEYS)}")
         objects: list[dict[str, Any]] = []
         warnings: list[str] = []
         searches: list[dict[str, Any]] = []
@@ -429,6 +441,7 @@ class DdlLoop:
             "approval": {"required": True, "reason": "DDL rows are gated: a person approves "
                          "this plan hash before it is applied"},
         }
+        plan.update(bind or {})
         plan["prohibitions"] = prohibitions.summary(plan)
         plan["plan_hash"] = plan_hash(plan)
         self._emit(ev.PLANNED, {"plan_hash": plan["plan_hash"],
@@ -857,6 +870,46 @@ class DdlLoop:
             self._emit(ev.FAR_SIDE, {"plan_hash": plan["plan_hash"], "step": s["name"],
                                      "passed": out[-1].passed, "detail": out[-1].detail})
         return out
+
+    def verify_object(self, obj: ObjectRef | str) -> VerifyReport:
+        """Check one live object outside any plan: its compile status and the dependent sweep.
+
+        Every local dependent is re-checked one by one (``progress`` is called per
+        dependent); an invalid dependent fails the report, since no status from
+        before a change is known here.  Nothing is changed on PostgreSQL and
+        MariaDB (a re-check); Oracle recompiles each dependent (``ALTER ...
+        COMPILE``), never the schema.
+        """
+        ref = ObjectRef.parse(obj) if isinstance(obj, str) else obj
+        checks: list[Check] = []
+        with self.engine.connect() as conn:
+            ref = self.adapter.resolve(conn, ref)
+            live, sig = self._live(conn, ref)
+            if live is None:
+                conn.rollback()
+                raise ObjectNotFound(f"{ref.key} does not exist on {self.target}",
+                                     object=ref.key)
+            ref = live.object
+            st = self._status(conn, ref)
+            checks.append(Check("compile", ref.key, st.ok,
+                                f"{st.state} ({st.method}); live {sig}"
+                                + (f": {'; '.join(st.errors)}" if st.errors else "")))
+            deps = self.adapter.dependents(conn, ref, self.progress)
+            seen: set[str] = {ref.key}
+            refs = []
+            for d in deps:
+                if d.object.key not in seen and not d.remote:
+                    seen.add(d.object.key)
+                    refs.append(d.object)
+            refs.sort()
+            for i, dep in enumerate(refs, start=1):
+                if self.progress is not None:
+                    self.progress(i, len(refs), dep.key)
+                st = self.adapter.recompile(conn, dep)
+                checks.append(Check("dependent", dep.key, st.ok, f"{st.state} ({st.method})"
+                                    + (f": {'; '.join(st.errors)}" if st.errors else "")))
+            conn.rollback()
+        return VerifyReport(tuple(checks))
 
     def verify(self, plan: Mapping[str, Any]) -> VerifyReport:
         """Check the live state against the plan: compile status, landed text, dependents, smoke."""

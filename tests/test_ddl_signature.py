@@ -136,11 +136,11 @@ def _big_package(lines: int) -> str:
     return "\r\n".join(out) + "\r\n"
 
 
-def test_capture_signature_of_50000_lines_under_200_ms() -> None:
+def test_signature_of_50000_lines() -> None:
     """Normalise (with the dialect's cosmetics) and sign 50,000 lines.
 
-    The bound is on the best of five runs' CPU time, so that other work on a
-    shared machine does not make it flaky; wall time is printed alongside.
+    The time is printed, not asserted (timed assertions belong in bench/ddl.py,
+    whose results are in bench/RESULTS.md).
     """
     source = _big_package(50_000)
     ad = adapter_for("mariadb")
@@ -156,5 +156,4 @@ def test_capture_signature_of_50000_lines_under_200_ms() -> None:
           f"wall median {statistics.median(wall) * 1000:.1f} ms")
     assert sig.lines == 50_000
     assert len(sig.blocks) == -(-50_000 // BLOCK_LINES)
-    assert min(cpu) < 0.200
     assert signature_of(source) != sig  # the dialect cosmetics are part of the recipe

@@ -1,0 +1,420 @@
+"""DDL commands: ``capgate ddl capture | plan | apply | verify | compensate | recover |
+snapshots | export | prohibitions``.
+
+The logic lives in ``ddl.service`` (the gates, the ledger) and ``ddl.loop``
+(the catalog work); these handlers parse, wire and print.  Sweeps over many
+objects draw a progress bar on stderr when it is a terminal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TextIO
+
+from capgate.api import open as open_executor
+from capgate.cli import emit
+from capgate.config import load_settings
+from ddl.errors import MergeRequired, StaleExtract
+from ddl.prohibitions import PROHIBITIONS
+from ddl.results import SmokeCall, VerifyReport
+from ddl.service import DdlService
+from ddl.snapshots import Snapshot
+from registry.errors import EXIT_OK, EXIT_REFUSED, EXIT_UNKNOWN, UsageError
+
+
+def register(sub: Any, common: argparse.ArgumentParser) -> None:
+    ddl = sub.add_parser(
+        "ddl", help="the DDL loop for stored code: capture, plan, apply, verify, compensate",
+        description="Stored code (packages, procedures, functions, views, triggers) changed "
+                    "through ddl rows: snapshot, preflight, apply, verify, compensate. "
+                    "OBJECT is kind:[schema.]name[(args)], e.g. function:premium_due_total "
+                    "or package_body:billing.")
+    dsub = ddl.add_subparsers(dest="ddl_command", metavar="COMMAND", required=True)
+
+    p = dsub.add_parser("capture", parents=[common],
+                        help="snapshot objects (immutable, content addressed)")
+    p.add_argument("objects", nargs="+", metavar="OBJECT")
+    p.add_argument("--connector", required=True, help="the configured connector")
+    p.set_defaults(handler=cmd_capture)
+
+    p = dsub.add_parser("plan", parents=[common],
+                        help="plan new sources for a ddl row; commits no DDL")
+    p.add_argument("files", nargs="+", metavar="FILE", help="a CREATE OR REPLACE per file")
+    p.add_argument("--operation", required=True, metavar="OPERATION[@VERSION]",
+                   help="the ddl row whose objects the sources change")
+    p.add_argument("--case", required=True, help="the case this change belongs to")
+    p.add_argument("--as", dest="who", default=None,
+                   help="requester identity (default: CAPGATE_AGENT or config `agent`)")
+    p.add_argument("--base", action="append", default=[], metavar="SNAPSHOT_ID",
+                   help="the snapshot a source was written against (default: the object's "
+                        "latest snapshot; captured now when it has none)")
+    p.add_argument("--fresh", action="store_true",
+                   help="capture every object now and plan against that")
+    p.add_argument("--smoke", action="append", default=[], metavar="JSON",
+                   help='a smoke call: {"name": ..., "sql": ..., "expect": ..., "binds": {}, '
+                        '"session": {}}')
+    p.add_argument("--recompile", action="append", default=[], metavar="OBJECT",
+                   help="an extra object to recompile (never a whole schema)")
+    p.set_defaults(handler=cmd_plan)
+
+    p = dsub.add_parser("apply", parents=[common],
+                        help="apply an approved plan: preflight, apply, verify, undo on failure")
+    p.add_argument("plan_hash", metavar="PLAN_HASH")
+    p.add_argument("--case", required=True)
+    p.add_argument("--as", dest="who", default=None)
+    p.set_defaults(handler=cmd_apply)
+
+    p = dsub.add_parser("verify", parents=[common],
+                        help="compile status and dependent sweep of an object (or a plan)")
+    p.add_argument("object", nargs="?", metavar="OBJECT")
+    p.add_argument("--connector", default=None)
+    p.add_argument("--plan", dest="plan_hash", default=None, metavar="PLAN_HASH",
+                   help="verify the live state against a recorded plan instead")
+    p.set_defaults(handler=cmd_verify)
+
+    p = dsub.add_parser("compensate", parents=[common],
+                        help="restore an applied intent's objects from their snapshots")
+    p.add_argument("intent", metavar="INTENT")
+    p.add_argument("--case", required=True)
+    p.add_argument("--as", dest="who", default=None)
+    p.set_defaults(handler=cmd_compensate)
+
+    p = dsub.add_parser("recover", parents=[common],
+                        help="after a crash: classify an open DDL intent and record it")
+    p.add_argument("intent", metavar="INTENT")
+    p.add_argument("--case", required=True)
+    p.add_argument("--as", dest="who", default=None)
+    p.add_argument("--dry-run", action="store_true", help="classify only; record nothing")
+    p.set_defaults(handler=cmd_recover)
+
+    p = dsub.add_parser("snapshots", parents=[common], help="an object's stored snapshots")
+    p.add_argument("object", metavar="OBJECT")
+    p.add_argument("--connector", required=True)
+    p.set_defaults(handler=cmd_snapshots)
+
+    p = dsub.add_parser("export", parents=[common],
+                        help="write every snapshot as a file (for a git mirror)")
+    p.add_argument("directory", metavar="DIR")
+    p.set_defaults(handler=cmd_export)
+
+    p = dsub.add_parser("prohibitions", parents=[common],
+                        help="the six standing prohibitions and their codes")
+    p.set_defaults(handler=cmd_prohibitions)
+
+
+# --- progress -------------------------------------------------------------------------------------
+
+
+class ProgressBar:
+    """``progress(done, total, label)`` drawn on a terminal; silent when not a TTY."""
+
+    def __init__(self, stream: TextIO | None = None, *, width: int = 28,
+                 interval: float = 0.08) -> None:
+        self.stream = stream if stream is not None else sys.stderr
+        self.enabled = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.width = width
+        self.interval = interval
+        self._last = 0.0
+        self._shown = 0
+        self.drawn = 0
+
+    def __call__(self, done: int, total: int, label: str) -> None:
+        if not self.enabled or total <= 1:
+            return
+        now = time.monotonic()
+        if done < total and now - self._last < self.interval:
+            return
+        self._last = now
+        filled = self.width * done // total
+        text = f"\r[{'#' * filled}{'.' * (self.width - filled)}] {done}/{total} {label[:48]}"
+        self.stream.write(text.ljust(self._shown))
+        self._shown = len(text)
+        self.drawn += 1
+        if done >= total:
+            self.stream.write("\n")
+            self._shown = 0
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.enabled and self._shown:
+            self.stream.write("\n")
+            self.stream.flush()
+            self._shown = 0
+
+
+@contextmanager
+def _service(args: argparse.Namespace) -> Iterator[DdlService]:
+    bar = ProgressBar()
+    with open_executor(args.config) as executor:
+        try:
+            yield DdlService(executor, progress=bar)
+        finally:
+            bar.close()
+
+
+def _who(args: argparse.Namespace) -> str:
+    who = args.who or load_settings(args.config).agent
+    if not who:
+        raise UsageError("say who is acting: --as WHO (or CAPGATE_AGENT)")
+    return str(who)
+
+
+def _op(spec: str) -> tuple[str, int | None]:
+    op, _, ver = spec.partition("@")
+    if ver and not ver.isdigit():
+        raise UsageError(f"version must be an integer, got {ver!r}")
+    return op, int(ver) if ver else None
+
+
+def _short(value: str | None, n: int = 12) -> str:
+    if not value:
+        return "-"
+    head, _, tail = value.rpartition(":")
+    return f"{head}:{tail[:n]}" if head else value[:n]
+
+
+# --- handlers ------------------------------------------------------------------------------------
+
+
+def _snapshot_line(s: Snapshot) -> str:
+    state = f"{s.signature.lines} lines" if s.exists else "absent"
+    return f"  {s.id}  {s.signature}  {state}  {s.captured_at}"
+
+
+def cmd_capture(args: argparse.Namespace) -> int:
+    with _service(args) as svc:
+        snaps = svc.capture(args.connector, args.objects)
+    lines = []
+    for s in snaps:
+        lines.append(f"captured {s.object.key}")
+        lines.append(_snapshot_line(s))
+    emit(args, [s.to_dict(with_source=False) for s in snaps], "\n".join(lines))
+    return EXIT_OK
+
+
+def _smoke(raw: list[str]) -> list[SmokeCall]:
+    out = []
+    for i, text in enumerate(raw):
+        try:
+            d = json.loads(text)
+            if not isinstance(d, dict):
+                raise ValueError("not a JSON object")
+            out.append(SmokeCall(str(d.get("name") or f"smoke{i + 1}"), str(d["sql"]),
+                                 d.get("expect"), dict(d.get("binds") or {}),
+                                 {str(k): str(v) for k, v in (d.get("session") or {}).items()}))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise UsageError(f"--smoke {text!r}: {exc} (expected "
+                             '{"name": ..., "sql": ..., "expect": ...})') from None
+    return out
+
+
+def _read_sources(files: list[str]) -> list[str]:
+    out = []
+    for name in files:
+        try:
+            out.append(Path(name).read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise UsageError(f"cannot read {name}: {exc.strerror}") from None
+    return out
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    op, version = _op(args.operation)
+    sources = _read_sources(args.files)
+    smoke = _smoke(args.smoke)
+    with _service(args) as svc:
+        try:
+            plan = svc.plan(op, sources, case=args.case, who=_who(args), version=version,
+                            bases=args.base, fresh=args.fresh, smoke=smoke,
+                            recompile=args.recompile)
+        except StaleExtract as exc:
+            _print_merge(args, exc.details.get("merge") or [])
+            raise
+    emit(args, plan, _plan_text(plan))
+    return EXIT_OK
+
+
+def _plan_text(plan: dict[str, Any]) -> str:
+    h = plan["plan_hash"]
+    lines = [f"plan {h}",
+             f"  {plan['operation_id']}@{plan['version']} on {plan['connector']} "
+             f"({plan['environment']}), {plan['dialect']}"
+             f"{', transactional DDL' if plan['transactional_ddl'] else ', DDL commits'}"]
+    for o in plan["objects"]:
+        blocks = ", ".join(str(b["block"]) for b in o.get("changed_blocks") or []) or "-"
+        lines.append(f"  {o['change']:<7} {o['key']}")
+        lines.append(f"          base {o['base_snapshot_id']}")
+        lines.append(f"          {o['base_signature']} -> "
+                     f"{o.get('expected_signature') or o['new_signature']}"
+                     f"  (blocks changed: {blocks})")
+    deps = plan.get("dependents") or []
+    lines.append(f"  dependents: {len(deps)}")
+    for d in deps[:20]:
+        st = (d.get("status_before") or {}).get("state", "-")
+        lines.append(f"    {d['key']}  via {d['via']}  ({st})")
+    if len(deps) > 20:
+        lines.append(f"    ... and {len(deps) - 20} more")
+    for s in plan.get("caller_search") or []:
+        hits = s.get("hits") or []
+        lines.append(f"  callers of {s['object']}: {len(hits)} line(s) in "
+                     f"{len({h['object'] for h in hits})} object(s), {s['searched']} searched "
+                     f"({s['method']})")
+    for w in plan.get("warnings") or []:
+        lines.append(f"  warning: {w}")
+    passed = [p for p in plan["prohibitions"] if p["passed"]]
+    lines.append(f"  prohibitions: {len(passed)}/{len(plan['prohibitions'])} passed")
+    auth = plan.get("authorization") or {}
+    roles = "|".join(auth.get("approver_roles") or [])
+    lines.append(f"  approval needed from: {roles}"
+                 f"{' (four eyes)' if auth.get('four_eyes') else ''}")
+    lines.append(f"  next: capgate approve {h} --by WHO --role {roles.split('|')[0]}")
+    return "\n".join(lines)
+
+
+def _print_merge(args: argparse.Namespace, merges: list[dict[str, Any]]) -> None:
+    if getattr(args, "json", False):
+        return
+    for m in merges:
+        state = "clean" if m.get("clean") else f"{m.get('conflicts')} conflict(s)"
+        print(f"merge proposal for {m.get('object')} ({state}; base = snapshot "
+              f"{m.get('base_snapshot_id')}, ours = new source, theirs = live):",
+              file=sys.stderr)
+        print(m.get("merged", ""), file=sys.stderr)
+
+
+def _outcome_text(payload: dict[str, Any]) -> str:
+    ev = payload.get("evidence") or {}
+    replayed = " (recorded outcome, nothing executed)" if payload.get("replayed") else ""
+    lines = [f"{payload['status']}: {payload['operation_id']}@{payload['version']} intent "
+             f"{payload['intent_id']}{replayed}",
+             f"  plan {ev.get('plan_hash')}"]
+    for o in ev.get("objects") or []:
+        lines.append(f"  {o['object']}: {o['base_signature']} -> "
+                     f"{o.get('applied_signature') or '(not applied)'}")
+    verify = ev.get("verify")
+    if verify:
+        checks = verify.get("checks") or []
+        failed = [c for c in checks if not c["passed"] and c.get("severity") == "error"]
+        kinds: dict[str, int] = {}
+        for c in checks:
+            kinds[c["name"].split(":")[0]] = kinds.get(c["name"].split(":")[0], 0) + 1
+        lines.append(f"  verify: {len(checks) - len(failed)}/{len(checks)} checks passed ("
+                     + ", ".join(f"{k} {n}" for k, n in kinds.items()) + ")")
+        for c in failed[:10]:
+            lines.append(f"    FAILED {c['name']} {c['object']}: {c['detail']}")
+    changed = [s for s in ev.get("statuses") or [] if s.get("before") != s.get("after")]
+    for s in changed[:10]:
+        lines.append(f"  status {s['object']}: {s.get('before')} -> {s.get('after')}")
+    comp = ev.get("compensation")
+    if comp:
+        lines.append(f"  compensation: {'restored' if comp.get('ok') else 'FAILED'}")
+        for a in comp.get("actions") or []:
+            lines.append(f"    {a['object']}: {a['action']}")
+    if payload.get("reason"):
+        err = payload["reason"]
+        lines.append(f"  reason: {err.get('code', '')} {err.get('message', '')}".rstrip())
+    return "\n".join(lines)
+
+
+def cmd_apply(args: argparse.Namespace) -> int:
+    with _service(args) as svc:
+        try:
+            outcome, _ = svc.apply(args.plan_hash, case=args.case, who=_who(args))
+        except MergeRequired as exc:
+            _print_merge(args, exc.details.get("merge") or [])
+            raise
+    payload = outcome.to_dict()
+    emit(args, payload, _outcome_text(payload))
+    return outcome.exit_code
+
+
+def _verify_text(what: str, report: VerifyReport) -> str:
+    lines = [f"{'passed' if report.passed else 'FAILED'}: {what}"]
+    for c in report.checks:
+        mark = "ok " if c.passed else ("warn" if c.severity == "warning" else "FAIL")
+        lines.append(f"  {mark} {c.name:<10} {c.object}  {c.detail}")
+    return "\n".join(lines)
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    if (args.object is None) == (args.plan_hash is None):
+        raise UsageError("give OBJECT --connector NAME, or --plan PLAN_HASH")
+    with _service(args) as svc:
+        if args.plan_hash is not None:
+            report = svc.verify_plan(args.plan_hash)
+            what = f"plan {args.plan_hash}"
+        else:
+            if not args.connector:
+                raise UsageError("ddl verify OBJECT needs --connector NAME")
+            report = svc.verify_object(args.connector, args.object)
+            what = f"{args.object} on {args.connector}"
+    emit(args, {"what": what, **report.to_dict()}, _verify_text(what, report))
+    return EXIT_OK if report.passed else EXIT_REFUSED
+
+
+def cmd_compensate(args: argparse.Namespace) -> int:
+    with _service(args) as svc:
+        result = svc.compensate(args.case, args.intent, who=_who(args))
+    record = dict(result.record)
+    text = _outcome_text(record)
+    text += f"\n  before: {result.before.classification}"
+    if not result.ok:
+        text += "\n  ESCALATED: the live objects differ from the snapshots; do not apply again"
+    emit(args, result.to_dict(), text)
+    return EXIT_OK if result.ok else EXIT_UNKNOWN
+
+
+def cmd_recover(args: argparse.Namespace) -> int:
+    from ddl.service import settle_ddl_intent
+
+    with _service(args) as svc:
+        if args.dry_run:
+            classification, evidence = svc.classify(args.case, args.intent)
+            result: dict[str, Any] = {"case": args.case, "intent_id": args.intent,
+                                      "classification": classification, "evidence": evidence,
+                                      "action": "none", "resolved": False}
+        else:
+            result = settle_ddl_intent(svc.executor, args.case, args.intent, who=_who(args))
+    ev = result.get("evidence") or {}
+    lines = [f"{result['classification'] or 'closed'}: intent {args.intent} -> "
+             f"{result['action']}"]
+    if ev.get("rule"):
+        lines.append(f"  rule: {ev['rule']}")
+    for o in ev.get("objects") or []:
+        lines.append(f"  {o['object']}: {o['state']} (live {o['live_signature']})")
+    if ev.get("next_action"):
+        lines.append(f"  next: {ev['next_action']}")
+    emit(args, result, "\n".join(lines))
+    return EXIT_OK if result["resolved"] or args.dry_run else EXIT_UNKNOWN
+
+
+def cmd_snapshots(args: argparse.Namespace) -> int:
+    with _service(args) as svc:
+        snaps = svc.snapshots(args.connector, args.object)
+    lines = [f"{len(snaps)} snapshot(s) of {args.object} on {args.connector}"]
+    lines += [_snapshot_line(s) for s in snaps]
+    emit(args, [s.to_dict(with_source=False) for s in snaps], "\n".join(lines))
+    return EXIT_OK
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    with _service(args) as svc:
+        result = svc.export(args.directory)
+    text = (f"exported to {result.directory}: {len(result.written)} written, "
+            f"{len(result.unchanged)} unchanged")
+    emit(args, result.to_dict(), text)
+    return EXIT_OK
+
+
+def cmd_prohibitions(args: argparse.Namespace) -> int:
+    rows = [p.to_dict() for p in PROHIBITIONS]
+    lines = [f"{p['code']}  {p['name']:<28} {p['summary']}" for p in rows]
+    emit(args, rows, "\n".join(lines))
+    return EXIT_OK
+
