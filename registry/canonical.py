@@ -43,7 +43,9 @@ def _plain(value: Any) -> bool:
             return False  # outside IEEE-754's exact range: rfc8785 decides
         if kind is dict:
             for key in item:
-                if type(key) is not str or (key and max(key) > "\uffff"):
+                if type(key) is not str:
+                    return False
+                if not key.isascii() and max(key) > "\uffff":
                     return False
             stack.extend(item.values())
         elif kind is list or kind is tuple:

@@ -297,7 +297,13 @@ class VersionNotIncreasing(RegistryError, code="CG131"):
 
 
 class LockFileInvalid(RegistryError, code="CG132"):
-    """``capabilities.lock`` cannot be read.  Regenerate it with ``capgate lock``."""
+    """``capabilities.lock`` cannot be read.
+
+    ``capgate lock`` refuses to overwrite a lock it cannot read, since that
+    would drop the pins of published rows.  Restore the file from version
+    control; only if it is truly lost, delete it and run ``capgate lock`` to
+    pin the rows as they are now.
+    """
 
 
 class LockedRowMissing(RegistryError, code="CG133"):

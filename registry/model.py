@@ -48,6 +48,9 @@ class Recovery(StrEnum):
 
 def _freeze(value: Any) -> Any:
     """Deep-freeze plain data (dicts become read-only mappings, lists tuples)."""
+    kind = type(value)
+    if kind is str or kind is int or kind is bool or kind is float or value is None:
+        return value  # the common case, without the slow isinstance(..., Mapping) of an ABC
     if isinstance(value, Mapping):
         return MappingProxyType({k: _freeze(v) for k, v in value.items()})
     if isinstance(value, list | tuple):
@@ -73,8 +76,8 @@ class ExpectRows:
 
     @classmethod
     def from_value(cls, value: Any) -> ExpectRows:
-        if isinstance(value, int):
-            return cls(value, value)
+        if isinstance(value, int | float):  # JSON Schema's integer includes 1.0
+            return cls(int(value), int(value))
         return cls(int(value["min"]), None if value.get("max") is None else int(value["max"]))
 
     def matches(self, count: int) -> bool:
@@ -302,12 +305,13 @@ class Row:
         probe = d.get("landed_probe")
         ddl = d.get("ddl")
         effect = EffectClass(d["effect_class"])
+        raw = _freeze(d)  # frozen once; the input contract and example inputs are shared with it
         return cls(
             operation_id=d["operation_id"],
             version=int(d["version"]),
             connector=d["connector"],
             description=d["description"].strip(),
-            input=_freeze(d["input"]),
+            input=raw["input"],
             target=Target(
                 system=d["target"]["system"],
                 object=d["target"]["object"],
@@ -366,7 +370,7 @@ class Row:
             examples=tuple(
                 Example(
                     name=e["name"],
-                    input=_freeze(e["input"]),
+                    input=e["input"],
                     expect_rows=(
                         tuple(ExpectRows.from_value(x) for x in e["expect_rows"])
                         if "expect_rows" in e
@@ -374,9 +378,9 @@ class Row:
                     ),
                     outcome=e.get("outcome", "applied_verified"),
                 )
-                for e in d.get("examples", ())
+                for e in raw.get("examples", ())
             ),
-            raw=_freeze(d),
+            raw=raw,
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from typing import Any
 from registry.checks import binds_of
 from registry.errors import CapabilityPathError
 from registry.loader import DEFAULT_PATH, SUFFIXES, validate_paths, validate_texts
-from registry.model import Row
+from registry.model import ExpectRows, Row
 
 
 def card(row: Row) -> str:
@@ -52,13 +52,13 @@ def card(row: Row) -> str:
             kind = spec.get("type", "any") if hasattr(spec, "get") else "any"
             lines.append(f"    {name}: {kind}{' (required)' if name in required else ''}")
     sections: list[tuple[str, list[tuple[str, str, str]]]] = [
-        ("statements", [(s.name or f"#{i + 1}", s.sql, f"expect {s.expect_rows}")
+        ("statements", [(s.name or f"#{i + 1}", s.sql, _count_note(s.expect_rows))
                         for i, s in enumerate(row.statements)]),
         ("steps", [(s.name, s.sql or s.check or f"function {s.function}", _step_note(s))
                    for s in row.steps]),
         ("verify (same session, before commit)",
          [(c.name, c.sql, f"expect {json.dumps(c.expect.to_dict())}") for c in row.verify]),
-        ("compensation", [(s.name or f"#{i + 1}", s.sql, f"expect {s.expect_rows}")
+        ("compensation", [(s.name or f"#{i + 1}", s.sql, _count_note(s.expect_rows))
                           for i, s in enumerate(row.compensation)]),
         ("post-commit checks",
          [(c.name, c.sql, f"expect {json.dumps(c.expect.to_dict())}") for c in row.post_commit]),
@@ -82,6 +82,11 @@ def card(row: Row) -> str:
     if row.examples:
         lines.append("  examples: " + ", ".join(e.name for e in row.examples))
     return "\n".join(lines)
+
+
+def _count_note(expect_rows: ExpectRows | None) -> str:
+    """A read statement has no expected count; say nothing rather than ``expect None``."""
+    return "" if expect_rows is None else f"expect {expect_rows}"
 
 
 def _step_note(step: Any) -> str:
@@ -112,7 +117,10 @@ def _git(args: Sequence[str], cwd: Path) -> str:
 
 
 def _rows_from_git(rev: str, sub: str, repo: Path) -> list[Row]:
-    names = _git(["ls-tree", "-r", "--name-only", rev, "--", sub], repo).splitlines()
+    # --full-name: SUB is relative to the working directory, `git show REV:NAME` to the root;
+    # -z: names are not quoted (a non-ASCII name would otherwise end in a quote)
+    names = _git(["ls-tree", "-r", "-z", "--name-only", "--full-name", rev, "--", sub],
+                 repo).split("\0")
     files = [n for n in names if n.endswith(SUFFIXES)]
     if not files:
         raise CapabilityPathError(f"no capability files under {sub} at {rev}")
@@ -139,7 +147,12 @@ def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
 def _show(value: Any) -> str:
     text = json.dumps(value, ensure_ascii=False) if not isinstance(value, str) else value
     text = " ".join(text.split())
-    return "`" + text.replace("`", "'") + "`"
+    return "`" + _cell(text.replace("`", "'")) + "`"
+
+
+def _cell(text: str) -> str:
+    """Escape ``|`` for a Markdown table cell (SQL's ``||`` would split the cell)."""
+    return text.replace("|", "\\|")
 
 
 def diff(old: Iterable[Row], new: Iterable[Row]) -> str:
@@ -176,7 +189,7 @@ def diff(old: Iterable[Row], new: Iterable[Row]) -> str:
                     continue
                 old_v = _show(a[field]) if field in a else "—"
                 new_v = _show(b[field]) if field in b else "—"
-                out.append(f"| `{field}` | {old_v} | {new_v} |")
+                out.append(f"| `{_cell(field)}` | {old_v} | {new_v} |")
             out.append("")
     if retired:
         out += ["", "### Retired", ""]
