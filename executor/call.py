@@ -512,8 +512,11 @@ class Executor:
                 if not ctx.rehearse:
                     claims.fence(self, ctx, conn)  # --- impact claims: the fence before COMMIT
             except Rollback as rb:
-                conn.rollback()
-                dialect.reset_session(conn)
+                try:  # --- lease (executor/lease.py): the server may have ended the session
+                    conn.rollback()
+                    dialect.reset_session(conn)
+                except sa.exc.DBAPIError:
+                    pass  # the session is gone; COMMIT was never sent, nothing landed
                 return ctx.outcome(oc.ROLLED_BACK, evidence, rb.reason)
             except sa.exc.DBAPIError as exc:
                 reason = self._db_error_reason(ctx, exc, "statement")

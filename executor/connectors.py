@@ -89,7 +89,11 @@ class Connector:
         url = normalise_url(config.url)
         dialect = dialect_for(url.get_backend_name())
         options: dict[str, Any] = dialect.engine_options()
-        if url.get_backend_name() != "sqlite":
+        if url.get_backend_name() != "sqlite" and config.db_user_budget is not None:
+            # --- session budgets (executor/budget.py): an idle pooled session still counts
+            # against the database user's cap at the server, so keep none
+            options["poolclass"] = sa.pool.NullPool  # --- end session budgets
+        elif url.get_backend_name() != "sqlite":
             options.setdefault("pool_size", config.session_budget)
             options.setdefault("max_overflow", 0)
         engine = sa.create_engine(url, **options)

@@ -1,26 +1,355 @@
 """Leased transactions (shape B): declared deterministic steps under a deadline.
 
 Only the row's declared steps run inside the lease -- SQL with expected
-counts, and checks that branch (continue, skip forward to a named step, or
-abort with a reason).  There is no way to hand control to a model, a person
-or another agent while the transaction is open.  The server enforces the
-deadline too (the dialect sets statement and idle-in-transaction timeouts
-from the row's timeout), so a hung or killed executor cannot hold locks past
-it.
+counts, checks that branch (continue, skip forward to a named step, or abort
+with a reason), and *registered* step functions (:mod:`executor.steps`).
+There is no way to hand control to a model, a person or another agent while
+the transaction is open: the caller gets control back only after COMMIT or
+ROLLBACK, and a function step the registry does not know is refused before
+anything is recorded or opened.
+
+The deadline is the row's ``timeout.seconds``, counted from the moment the
+transaction is open, and it is enforced three times:
+
+1. **The executor's watchdog** (one thread per process).  At the deadline it
+   cancels the running statement -- psycopg ``Connection.cancel_safe()``,
+   MariaDB ``KILL QUERY <id>`` from a side connection, python-oracledb
+   ``Connection.cancel()``, SQLite ``interrupt()`` -- and the lease rolls back
+   before the next step.  A step stuck in Python (a registered function that
+   does not return) cannot be cancelled; :data:`ESCALATE_AFTER_SECONDS` later
+   the watchdog terminates the session itself (PostgreSQL
+   ``pg_terminate_backend`` on the lease's pid and label, MariaDB ``KILL
+   CONNECTION``), so its locks go with it.
+2. **The server.**  The transaction opens with the dialect's timeouts set to
+   the full timeout (PostgreSQL ``statement_timeout`` and
+   ``idle_in_transaction_session_timeout`` via ``set_config(..., true)``,
+   MariaDB ``max_statement_time`` and ``idle_transaction_timeout``); before a
+   step that starts more than :data:`REARM_AFTER_SECONDS` after the last arming
+   they are re-armed to the time left plus :data:`LEASE_GRACE_SECONDS`.  So a
+   hung executor (SIGSTOP, a partition) -- whose watchdog is stopped too --
+   loses its session and its row locks about a second after the deadline.  A
+   SIGKILLed executor's socket is closed by its kernel: the server rolls back
+   at once.
+3. **The ledger.**  ``lease_started`` records the deadline (wall clock and
+   epoch) before the first step; ``lease_released`` or ``lease_expired``
+   (naming the step that was running at the deadline) follows the COMMIT or
+   ROLLBACK, before ``observed``.  A process killed mid-lease cannot write its
+   own ``lease_expired``: :func:`sweep_expired_leases` appends it for every
+   intent whose recorded deadline has passed, and ``resume`` classifies the
+   intent from the target's evidence as usual.
+
+The Python API :func:`lease` (also ``Executor.lease``) runs a leased row and
+accepts the registered step functions it expects to run, as names or as the
+very function objects registered; an unregistered callable is refused.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
+import math
+import os
+import socket
+import threading
+import time
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
+from executor import outcome as oc
 from executor.checks import evaluate
 from executor.outcome import Outcome
 from executor.plan import binds_for
+from registry.errors import LeaseExpired, UsageError
+from registry.model import Shape
 
 if TYPE_CHECKING:
     from executor.call import CallContext, Executor
+    from executor.connectors import Connector
+    from executor.ledger import Ledger
+
+__all__ = [
+    "ESCALATE_AFTER_SECONDS",
+    "LEASE_GRACE_SECONDS",
+    "Lease",
+    "lease",
+    "run_leased",
+    "sweep_expired_leases",
+]
+
+LEASE_GRACE_SECONDS = 0.75
+"""The server's timeouts are the time left plus this much (PostgreSQL; MariaDB rounds up)."""
+REARM_AFTER_SECONDS = 0.25
+"""Re-arm the server's timeouts before a step when the last arming is older than this."""
+ESCALATE_AFTER_SECONDS = 1.0
+"""After the deadline, how long a cancelled lease may take before its session is terminated."""
+SWEEP_MARGIN_SECONDS = 2.0
+"""A recorded deadline must be this far in the past before the sweeper calls it expired."""
+
+
+def _iso(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, UTC).isoformat()
+
+
+# --- the watchdog ---------------------------------------------------------------------
+
+
+class _Watchdog:
+    """One thread per process that runs lease actions at their (monotonic) times."""
+
+    def __init__(self) -> None:
+        self._cv = threading.Condition()
+        self._heap: list[tuple[float, int, Lease, Callable[[], None]]] = []
+        self._seq = itertools.count()
+        self._thread: threading.Thread | None = None
+        self._pid = os.getpid()
+
+    def at(self, when: float, lease: Lease, action: Callable[[], None]) -> None:
+        """Run ``action`` at ``when`` (monotonic) unless ``lease`` has finished by then."""
+        with self._cv:
+            if self._pid != os.getpid():  # forked: the parent's thread does not exist here
+                self._heap, self._thread, self._pid = [], None, os.getpid()
+            heapq.heappush(self._heap, (when, next(self._seq), lease, action))
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="capgate-lease-watchdog",
+                                                daemon=True)
+                self._thread.start()
+            self._cv.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._heap:
+                    self._cv.wait()
+                when, _, lease, action = self._heap[0]
+                delay = when - time.monotonic()
+                if delay > 0:
+                    self._cv.wait(delay)
+                    continue
+                heapq.heappop(self._heap)
+            if lease.state != "running":
+                continue  # finished in time: the usual case, nothing to do
+            # each action on its own short thread: a slow cancel never delays another lease
+            threading.Thread(target=action, name="capgate-lease-fire", daemon=True).start()
+
+
+_WATCHDOG = _Watchdog()
+
+_SIDE: weakref.WeakKeyDictionary[sa.Engine, sa.Engine] = weakref.WeakKeyDictionary()
+_SIDE_LOCK = threading.Lock()
+
+
+def _side_engine(connector: Connector) -> sa.Engine:
+    """A pool-less engine for the watchdog's side connection (KILL, pg_terminate_backend)."""
+    with _SIDE_LOCK:
+        engine = _SIDE.get(connector.engine)
+        if engine is None:
+            engine = sa.create_engine(connector.engine.url, poolclass=sa.pool.NullPool)
+            _SIDE[connector.engine] = engine
+        return engine
+
+
+# --- one lease ------------------------------------------------------------------------
+
+
+class Lease:
+    """The deadline of one leased transaction, and who enforces it.
+
+    The main thread calls :meth:`enter` before each step and :meth:`finish`
+    after the last; the watchdog calls :meth:`fire` at the deadline and
+    :meth:`escalate` after it.  One lock orders them: once the lease is
+    finished the watchdog does nothing (so a cancel can never hit the COMMIT),
+    and once it fired the main thread never reaches COMMIT.
+    """
+
+    def __init__(self, ctx: CallContext, conn: sa.Connection) -> None:
+        self.ctx = ctx
+        self.connector = ctx.connector
+        self.dialect = ctx.connector.dialect.name
+        self.timeout = float(ctx.row.timeout.seconds)
+        self.started_wall = time.time()
+        self.started = time.monotonic()
+        self.deadline = self.started + self.timeout
+        self.deadline_wall = self.started_wall + self.timeout
+        self.armed_at = self.started  # begin_write armed the full timeout
+        self.step: str | None = None
+        self.state = "running"
+        self.expired = False
+        self.step_at_deadline: str | None = None
+        self.enforced_by: str | None = None
+        self.terminated = False
+        self.errors: list[str] = []
+        self._lock = threading.Lock()
+        raw: Any = conn.connection.driver_connection
+        self._raw = raw
+        self._session: int | None = None
+        try:
+            if self.dialect == "postgresql":
+                self._session = int(raw.info.backend_pid)
+            elif self.dialect == "mariadb":
+                self._session = int(raw.thread_id())
+        except Exception:  # no id: the watchdog can still cancel in-band
+            self._session = None
+
+    # -- the main thread
+
+    def remaining(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def enter(self, conn: sa.Connection, name: str) -> None:
+        """Before a step: refuse to start it after the deadline; re-arm the server."""
+        with self._lock:
+            self._check_locked(conn)
+            self.step = name
+        now = time.monotonic()
+        if now - self.armed_at > REARM_AFTER_SECONDS:
+            self._arm(conn, self.deadline - now)
+            self.armed_at = now
+
+    def finish(self, conn: sa.Connection) -> None:
+        """After the last step: from here on the watchdog leaves the transaction alone."""
+        with self._lock:
+            self._check_locked(conn)
+            self.state = "done"
+
+    def close(self) -> None:
+        with self._lock:
+            self.state = "done"
+            self._raw = None  # the watchdog's queue may hold this lease until its deadline
+
+    def _check_locked(self, conn: sa.Connection) -> None:
+        if not self.expired and time.monotonic() >= self.deadline:
+            self.expired = True
+            self.step_at_deadline = self.step
+            self.enforced_by = "deadline_check"
+        if self.expired:
+            from executor.call import Rollback
+
+            self.state = "done"
+            if self.terminated:
+                conn.invalidate()  # the watchdog ended the session: nothing to roll back
+            raise Rollback(self.reason())
+
+    def _arm(self, conn: sa.Connection, left: float) -> None:
+        left = max(left, 0.001)
+        if self.dialect == "postgresql":
+            ms = f"{max(1, int((left + LEASE_GRACE_SECONDS) * 1000))}ms"
+            conn.execute(sa.text(
+                "SELECT set_config('statement_timeout', :ms, true),"
+                " set_config('idle_in_transaction_session_timeout', :ms, true)"), {"ms": ms})
+        elif self.dialect == "mariadb":
+            conn.exec_driver_sql(
+                "SET SESSION max_statement_time = %s, idle_transaction_timeout = %s",
+                (round(left + LEASE_GRACE_SECONDS, 3), max(1, math.ceil(left))))
+        elif self.dialect == "oracle":
+            self._raw.call_timeout = max(1, int((left + LEASE_GRACE_SECONDS) * 1000))
+
+    # -- the watchdog
+
+    def fire(self) -> None:
+        """At the deadline: mark the lease expired and cancel the running statement."""
+        with self._lock:
+            if self.state != "running":
+                return
+            self.expired = True
+            self.step_at_deadline = self.step
+            self.enforced_by = "watchdog_cancel"
+            try:
+                self._cancel()
+            except Exception as exc:  # the server's timeouts still hold
+                self.errors.append(f"cancel: {type(exc).__name__}: {exc}")
+        _WATCHDOG.at(self.deadline + ESCALATE_AFTER_SECONDS, self, self.escalate)
+
+    def escalate(self) -> None:
+        """Still running after the cancel: terminate the session, and its locks with it."""
+        with self._lock:
+            if self.state != "running" or self._session is None:
+                return  # finished; or no session id (SQLite, Oracle): nothing to terminate
+            try:
+                self.terminated = self._terminate()
+                # no such session: the server's own timeout ended it first
+                self.enforced_by = "watchdog_terminate" if self.terminated else "server"
+            except Exception as exc:  # the server's timeouts still hold
+                self.errors.append(f"terminate: {type(exc).__name__}: {exc}")
+
+    def _cancel(self) -> None:
+        if self.dialect == "postgresql":
+            cancel = getattr(self._raw, "cancel_safe", None) or self._raw.cancel
+            cancel()
+        elif self.dialect == "mariadb":
+            if self._session is not None:
+                with _side_engine(self.connector).connect() as side:
+                    side.exec_driver_sql("KILL QUERY %s", (self._session,))
+        elif self.dialect in ("oracle",):
+            self._raw.cancel()
+        elif self.dialect == "sqlite":
+            self._raw.interrupt()
+
+    def _terminate(self) -> bool:
+        if self._session is None:
+            return False
+        with _side_engine(self.connector).connect() as side:
+            if self.dialect == "postgresql":
+                return bool(side.execute(sa.text(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                    " WHERE pid = :pid AND application_name = :app"),
+                    {"pid": self._session, "app": self.ctx.tag.text()}).scalar())
+            if self.dialect == "mariadb":
+                alive = side.execute(sa.text(
+                    "SELECT count(*) FROM information_schema.PROCESSLIST WHERE ID = :id"),
+                    {"id": self._session}).scalar()
+                if alive:
+                    side.exec_driver_sql("KILL CONNECTION %s", (self._session,))
+                return bool(alive)
+        return False
+
+    # -- what it says
+
+    def record(self) -> dict[str, Any]:
+        """The lease as ``lease_started`` records it."""
+        return {"timeout_seconds": self.timeout, "started_at": _iso(self.started_wall),
+                "deadline": _iso(self.deadline_wall), "deadline_epoch": self.deadline_wall,
+                "holder": f"{socket.gethostname()}:{os.getpid()}",
+                "steps": [s.name for s in self.ctx.row.steps]}
+
+    def summary(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"timeout_seconds": self.timeout,
+                               "deadline": _iso(self.deadline_wall), "expired": self.expired}
+        if self.expired:
+            out.update(step=self.step_at_deadline, enforced_by=self.enforced_by)
+        if self.errors:
+            out["watchdog_errors"] = list(self.errors)
+        return out
+
+    def reason(self, cause: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        step = self.step_at_deadline or "(opening)"
+        out: dict[str, Any] = {
+            "kind": "lease_expired", "code": LeaseExpired.code, "step": step,
+            "timeout_seconds": self.timeout,
+            "deadline": _iso(self.deadline_wall),
+            "overrun_seconds": round(max(0.0, time.monotonic() - self.deadline), 3),
+            "enforced_by": self.enforced_by or "server",
+            "message": f"the lease of {self.timeout:g} s expired while step {step!r} was "
+                       "running; the transaction was rolled back",
+        }
+        if cause is not None:
+            out["cause"] = dict(cause)
+        return out
+
+
+# --- the runner -----------------------------------------------------------------------
+
+
+def check_steps(executor: Executor, ctx: CallContext) -> None:
+    """Refuse, before anything is recorded, a row naming a function nobody registered."""
+    from executor.steps import require
+
+    for step in ctx.row.steps:
+        if step.function is not None:
+            require(step.function)
 
 
 def run_leased(executor: Executor, ctx: CallContext) -> Outcome:
@@ -28,48 +357,168 @@ def run_leased(executor: Executor, ctx: CallContext) -> Outcome:
 
     row = ctx.row
     ctx.connector.ensure_marker()
+    check_steps(executor, ctx)
+    leases: list[Lease] = []
 
     def body(conn: sa.Connection, evidence: dict[str, Any]) -> None:
         dialect = ctx.connector.dialect
+        current = Lease(ctx, conn)
+        leases.append(current)
+        _WATCHDOG.at(current.deadline, current, current.fire)
         trace: list[dict[str, Any]] = []
         evidence["steps"] = trace
         counts: list[int] = []
         evidence["counts"] = counts
-        skip_to: str | None = None
-        for step in row.steps:
-            if skip_to is not None:
-                if step.name != skip_to:
-                    trace.append({"step": step.name, "skipped": True})
-                    continue
-                skip_to = None
-            if step.sql is not None:
-                n = conn.execute(sa.text(dialect.sql(step.sql, ctx.tag)),
-                                 binds_for(step.sql, ctx.inputs)).rowcount
-                counts.append(n)
-                trace.append({"step": step.name, "rows": n})
-                if step.expect_rows is not None and not step.expect_rows.matches(n):
-                    raise Rollback({"kind": "count", "step": step.name, "sql": step.sql,
-                                    "expected": step.expect_rows.to_value(), "actual": n})
-            elif step.check is not None and step.expect is not None:
-                rows = conn.execute(sa.text(dialect.sql(step.check, ctx.tag)),
-                                    binds_for(step.check, ctx.inputs)).fetchmany(1001)
-                result = evaluate(step.name, step.expect, rows)
-                trace.append({"step": step.name, "check": result.to_dict()})
-                if result.ok:
-                    continue
-                if step.abort is not None:
-                    raise Rollback({"kind": "abort", "step": step.name, "reason": step.abort,
-                                    "expected": result.expected, "actual": result.actual})
-                skip_to = step.skip_to
-            else:
-                from executor.steps import run_registered
+        try:
+            if not ctx.rehearse:
+                from executor.claims import held
 
-                trace.append(run_registered(step.function or "", conn, ctx))
-        executor.verify_and_replay(ctx, conn, evidence)
+                claim = held(executor, ctx.intent_id)
+                record = current.record()
+                if claim is not None:
+                    record["claims"] = dict(claim.tokens)
+                executor.ledger.append(ctx.case_id, "lease_started", {"state": {
+                    "lease": record}}, intent_id=ctx.intent_id)
+            skip_to: str | None = None
+            for step in row.steps:
+                if skip_to is not None:
+                    if step.name != skip_to:
+                        trace.append({"step": step.name, "skipped": True})
+                        continue
+                    skip_to = None
+                current.enter(conn, step.name)
+                if step.sql is not None:
+                    n = conn.execute(sa.text(dialect.sql(step.sql, ctx.tag)),
+                                     binds_for(step.sql, ctx.inputs)).rowcount
+                    counts.append(n)
+                    trace.append({"step": step.name, "rows": n})
+                    if step.expect_rows is not None and not step.expect_rows.matches(n):
+                        raise Rollback({"kind": "count", "step": step.name, "sql": step.sql,
+                                        "expected": step.expect_rows.to_value(), "actual": n})
+                elif step.check is not None and step.expect is not None:
+                    rows = conn.execute(sa.text(dialect.sql(step.check, ctx.tag)),
+                                        binds_for(step.check, ctx.inputs)).fetchmany(1001)
+                    result = evaluate(step.name, step.expect, rows)
+                    trace.append({"step": step.name, "check": result.to_dict()})
+                    if result.ok:
+                        continue
+                    if step.abort is not None:
+                        raise Rollback({"kind": "abort", "step": step.name,
+                                        "reason": step.abort, "expected": result.expected,
+                                        "actual": result.actual})
+                    skip_to = step.skip_to
+                else:
+                    from executor.steps import run_registered
+
+                    trace.append(run_registered(step.function or "", conn, ctx))
+            current.enter(conn, "verify")
+            executor.verify_and_replay(ctx, conn, evidence)
+            current.finish(conn)
+        finally:
+            current.close()
+            evidence["lease"] = current.summary()
 
     if not ctx.rehearse:
         executor._prepared(ctx)
     result = executor.run_transaction(ctx, body)
+    if leases:
+        result = _settle(executor, ctx, leases[0], result)
     if ctx.rehearse:
         return result
     return executor._observed(ctx, result)
+
+
+def _settle(executor: Executor, ctx: CallContext, current: Lease, result: Outcome) -> Outcome:
+    """Name the expiry in the outcome; record ``lease_released`` / ``lease_expired``."""
+    reason = dict(result.reason) if result.reason is not None else None
+    if result.status == oc.ROLLED_BACK and not current.expired and reason is not None \
+            and reason.get("kind") in ("timeout", "database_error") \
+            and time.monotonic() >= current.deadline:
+        # the server's own timeout ended it (e.g. the process was stopped past the deadline)
+        current.expired = True
+        current.step_at_deadline = current.step
+        current.enforced_by = "server"
+    evidence = {**result.evidence, "lease": current.summary()}
+    if current.expired and result.status == oc.ROLLED_BACK and (
+            reason is None or reason.get("kind") != "lease_expired"):
+        reason = current.reason(reason)
+    result = Outcome(**{**result.__dict__, "evidence": evidence, "reason": reason})
+    if not ctx.rehearse:
+        kind = "lease_expired" if current.expired else "lease_released"
+        executor.ledger.append(ctx.case_id, kind, {"state": {"lease": {
+            **current.record(), **current.summary(), "outcome": result.status,
+            "ended_at": _iso(time.time())}}}, intent_id=ctx.intent_id)
+    return result
+
+
+# --- the Python API -------------------------------------------------------------------
+
+
+def lease(executor: Executor, operation_id: str, inputs: Mapping[str, Any], *, case: str,
+          who: str, steps: Sequence[str | Callable[..., Any]] | None = None,
+          version: int | None = None, key: str | None = None, task: str | None = None,
+          plan_hash: str | None = None) -> Outcome:
+    """Run a leased row: its declared steps, under its deadline, then COMMIT or ROLLBACK.
+
+    ``steps`` names the registered step functions the caller expects the row to
+    run, as names or as the registered function objects themselves.  Each must
+    be registered (else UnregisteredStep, before anything is recorded) and
+    together they must be the row's ``function`` steps in order (else
+    UsageError): what runs inside a lease is always the reviewed row, never
+    code handed in by the caller.
+    """
+    from executor.steps import registered_name, require
+
+    row, _ = executor.resolve(operation_id, version)
+    if row.shape is not Shape.LEASED:
+        raise UsageError(f"{row.ref} is not a leased row (shape {row.shape}); use call()")
+    declared = [s.function for s in row.steps if s.function is not None]
+    for name in declared:
+        require(name)
+    if steps is not None:
+        offered = [registered_name(s) for s in steps]
+        if offered != declared:
+            raise UsageError(f"{row.ref} runs the step functions {declared}, not {offered}; "
+                             "a lease runs exactly the reviewed row's steps",
+                             declared=declared, offered=offered)
+    return executor.call(operation_id, inputs, case=case, who=who, version=version, key=key,
+                         task=task, plan_hash=plan_hash)
+
+
+# --- after a crash --------------------------------------------------------------------
+
+
+def sweep_expired_leases(ledger: Ledger, *, now: float | None = None,
+                         margin: float = SWEEP_MARGIN_SECONDS,
+                         case_ids: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    """Record ``lease_expired`` for every lease whose executor vanished past its deadline.
+
+    A lease still ``lease_started`` after its recorded deadline (plus ``margin``
+    for clock skew between machines) belongs to an executor that died or hung:
+    the server has already rolled its transaction back or will at its own
+    timeout.  The sweeper only records that fact; ``resume`` still decides from
+    the target's evidence what landed.  Returns what it recorded.
+    """
+    moment = time.time() if now is None else now
+    ids = list(case_ids) if case_ids is not None else [
+        c.case_id for c in ledger.cases(open_only=True)
+        if "lease_started" in c.statuses.values()]
+    found: list[dict[str, Any]] = []
+    for case_id in ids:
+        snapshot = ledger.snapshot(case_id) or {}
+        for intent_id, state in (snapshot.get("intents") or {}).items():
+            if state.get("status") != "lease_started":
+                continue
+            record = state.get("lease") or {}
+            deadline = record.get("deadline_epoch")
+            if not isinstance(deadline, int | float) or deadline + margin > moment:
+                continue
+            entry = {**record, "expired": True, "step": None, "enforced_by": "server",
+                     "detected_by": "sweeper", "detected_at": _iso(moment),
+                     "note": "the executor recorded nothing after its deadline (killed or "
+                             "hung); the server's lease timeouts end such a transaction -- "
+                             "what landed is for resume to establish from the target"}
+            ledger.append(case_id, "lease_expired", {"state": {"lease": entry}},
+                          intent_id=intent_id)
+            found.append({"case": case_id, "intent_id": intent_id, **entry})
+    return found

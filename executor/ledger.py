@@ -413,6 +413,16 @@ class Ledger:
         return self._backend.name
 
     @property
+    def engine(self) -> Engine:
+        """The store's engine, for the coordination tables kept in the same store.
+
+        Impact claims and session budgets (``executor.claims``, ``executor.budget``)
+        live in ``cg_claims`` / ``cg_budget_slots`` next to the chain, so that
+        every executor sharing this ledger shares them too.
+        """
+        return self._engine
+
+    @property
     def signed(self) -> bool:
         """Whether chain heads are signed (and verified) with an HMAC key."""
         return self._key is not None

@@ -74,3 +74,38 @@ approvals = sa.Table(
     sa.Column("used_by_intent", sa.Text, nullable=True),
     sa.Column("used_at", sa.Text, nullable=True),
 )
+
+# --- coordination tables (executor/claims.py, executor/budget.py) -------------
+#
+# Unlike the chain, these rows are compared against *the store's own clock*
+# (epoch seconds as FLOAT): an expiry written by one machine and tested by
+# another must use one clock, and the store is the only one they share.
+
+claims = sa.Table(
+    "cg_claims",
+    metadata,
+    # One row per impact key, never deleted: ``token`` only grows, so a fencing
+    # token is never reused even after the key was released and claimed again.
+    sa.Column("impact_key", sa.Text, primary_key=True),
+    sa.Column("token", sa.BigInteger, nullable=False),
+    sa.Column("case_id", sa.Text, nullable=True),  # NULL: free
+    sa.Column("intent_id", sa.Text, nullable=True),
+    sa.Column("operation_id", sa.Text, nullable=True),
+    sa.Column("holder", sa.Text, nullable=True),  # host:pid of the claiming executor
+    sa.Column("acquired_at", sa.Float, nullable=False),
+    sa.Column("expires_at", sa.Float, nullable=False),
+)
+
+budget_slots = sa.Table(
+    "cg_budget_slots",
+    metadata,
+    # Slots 0..N-1 of one scope (``connector:NAME`` or ``db_user:USER@HOST:PORT``).
+    sa.Column("scope", sa.Text, primary_key=True),
+    sa.Column("slot", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("ticket", sa.Text, nullable=True),  # NULL: free
+    sa.Column("case_id", sa.Text, nullable=True),
+    sa.Column("intent_id", sa.Text, nullable=True),
+    sa.Column("holder", sa.Text, nullable=True),
+    sa.Column("acquired_at", sa.Float, nullable=False),
+    sa.Column("expires_at", sa.Float, nullable=False),
+)

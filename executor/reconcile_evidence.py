@@ -46,6 +46,8 @@ _CHUNK = 500
 """Most ids in one ``IN (...)`` list (Oracle allows 1,000)."""
 _POLL = 0.02
 """Seconds between two looks at a session that is ending."""
+_INNODB_TRX_REFRESH = 0.15
+"""MariaDB refreshes its ``INNODB_TRX`` cache only when nobody read it for 100 ms."""
 
 
 class Classification(StrEnum):
@@ -159,14 +161,18 @@ def classify(pending: Pending, facts: Facts) -> tuple[Classification, str]:
         if facts.outcome == "in_progress" or facts.details.get("session_alive"):
             return u, "the recorded session may still commit (still in progress)"
         return u, "cannot establish that the attempt's transaction finished"
-    if facts.probe == "present":
-        return u, "the transaction did not commit, yet the landed probe finds the effect"
     if facts.marker == "absent":
+        if facts.probe == "present":
+            return u, "the marker is absent, yet the landed probe finds the effect"
         if facts.outcome == "aborted":
             return n, "marker absent and the commit-outcome probe says aborted"
         return n, "marker absent and the attempt's transaction is over"
     if facts.outcome == "aborted":
+        if facts.probe == "present":
+            return u, "the transaction aborted, yet the landed probe finds the effect"
         return n, "the commit-outcome probe says aborted"
+    if facts.probe == "present":
+        return a, "no marker is written for this row; the landed probe finds the effect"
     if facts.probe == "absent":
         return n, "the transaction is over and the landed probe finds no effect"
     return u, "no marker, no commit outcome and no landed probe for this row"
@@ -383,7 +389,14 @@ def _xact_status(conn: sa.Connection, dialect: Any, items: Iterable[Pending]) ->
 
 def _mariadb(connector: Connector, items: list[Pending], facts: dict[str, Facts],
              terminate: bool, wait_seconds: float) -> None:
-    """No commit-outcome API: the recorded connection, on the same server incarnation."""
+    """No commit-outcome API: the recorded connection, on the same server incarnation.
+
+    Finished means: the connection is gone from ``PROCESSLIST`` *and* its
+    transaction is gone from ``INNODB_TRX``.  Both are needed: a killed
+    thread leaves ``PROCESSLIST`` as soon as its socket is closed, before its
+    rollback ends; and ``INNODB_TRX`` is a cache that MariaDB refreshes only
+    after 100 ms without readers, so its reads are spaced further apart.
+    """
     dialect = connector.dialect
     with _autocommit(connector) as conn:
         server = dialect.server_identity(conn)
@@ -402,25 +415,31 @@ def _mariadb(connector: Connector, items: list[Pending], facts: dict[str, Facts]
             if same:
                 watched[p.intent_id] = p
         deadline = _deadline(wait_seconds)
-        killed: set[str] = set()
+        killed_at: dict[str, float] = {}
+        busy: list[str] = []
         while True:
             alive, open_tx = _mariadb_sessions(conn, watched.values())
+            now = time.monotonic()
+            busy = []
             for intent_id, p in watched.items():
                 cid = int(p.tx["connection_id"])
                 facts[intent_id].note("session", {"connection_id": cid, "alive": cid in alive,
                                                   "open_transaction": cid in open_tx})
-                if cid in alive and terminate and intent_id not in killed:
+                if cid in alive and terminate and intent_id not in killed_at:
                     try:
                         conn.exec_driver_sql("KILL CONNECTION %s", (cid,))
                         facts[intent_id].note("terminated_session", {"connection_id": cid})
                     except sa.exc.DBAPIError as exc:  # ended meanwhile (1094 unknown thread)
                         facts[intent_id].note("terminate_error", _first_line(exc))
-                    killed.add(intent_id)
-            busy = [i for i, p in watched.items()
-                    if int(p.tx["connection_id"]) in alive | open_tx]
+                    killed_at[intent_id] = now
+                # A killed thread leaves PROCESSLIST before its rollback ends: only a
+                # fresh INNODB_TRX read, taken a cache period after the kill, settles it.
+                if (cid in alive or cid in open_tx
+                        or now - killed_at.get(intent_id, -1e9) < _INNODB_TRX_REFRESH):
+                    busy.append(intent_id)
             if not busy or time.monotonic() >= deadline:
                 break
-            time.sleep(_POLL)
+            time.sleep(_INNODB_TRX_REFRESH)
         for intent_id in watched:
             f = facts[intent_id]
             f.finished = intent_id not in busy

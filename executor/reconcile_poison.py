@@ -98,7 +98,9 @@ def recheck(executor: Executor, deps: list[Dependency]) -> list[Recheck]:
         try:
             connector = executor.connectors.get(name)
             dialect = connector.dialect
-            tag = SessionTag(items[0].case_id, "capgate.resume", "recheck")
+            cases = {d.case_id for d in items}
+            tag = SessionTag(items[0].case_id if len(cases) == 1 else f"{len(cases)} cases",
+                             "capgate.resume", "recheck")
             with connector.engine.connect() as conn:
                 try:
                     dialect.begin_read(conn, tag, 10.0)

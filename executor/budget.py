@@ -1,0 +1,356 @@
+"""Session budgets: capgate waits or refuses before the database would.
+
+A real estate caps sessions per database user (INSIS: 6 per user, ORA-02391
+beyond).  Hitting that cap at the server is a surprise in the middle of a
+call; capgate checks it first, across every executor sharing the ledger.
+
+Two scopes, each a set of *slots* in the ledger store (``cg_budget_slots``):
+
+* ``connector:NAME`` -- ``ConnectorConfig.session_budget`` slots: the sessions
+  capgate has open at once on that connector, in all processes together;
+* ``db_user:USER@HOST:PORT`` -- ``ConnectorConfig.db_user_budget`` slots, shared
+  by every connector that logs in as that user on that server.
+
+A session takes one slot of each scope before it is opened and gives them back
+when the connection is returned (the pool's ``checkin``, which also fires for
+a connection that was invalidated).  Taking a slot is one statement::
+
+    UPDATE cg_budget_slots SET ticket = :ticket, ..., expires_at = now + :ttl
+    WHERE scope = :scope AND slot = (SELECT slot FROM cg_budget_slots
+        WHERE scope = :scope AND slot < :budget AND (ticket IS NULL OR expires_at < now)
+        ORDER BY slot LIMIT 1 FOR UPDATE SKIP LOCKED)       -- PostgreSQL
+    RETURNING slot
+
+so two processes never take one slot (the row lock; SQLite: ``BEGIN
+IMMEDIATE``), and a slot whose holder was killed frees itself when its
+expiry -- the call's timeout plus :data:`BUDGET_MARGIN_SECONDS`, on the
+store's clock -- passes.  With no free slot the call polls for up to
+``budget_wait_seconds`` and then raises :class:`~registry.errors.BudgetExhausted`
+naming the scope, the budget and who holds the slots.  ``Executor.call``
+reserves its session's slots *before* ``prepared``, so a refusal records
+nothing and leaves no open intent.
+
+A connector with a ``db_user_budget`` does not keep idle pooled sessions
+(``Connector.open`` uses no pool there): an idle pooled session is still a
+session to the server, and would count against the user's cap unseen.
+
+The marker and fence tables are created once per process and connector
+under a slot of their own (:func:`prepare_target`).  Not counted: ``resume``'s
+evidence sessions and the lease watchdog's side connection (at a deadline:
+MariaDB ``KILL QUERY``, PostgreSQL ``pg_terminate_backend``).  Leave the
+database's own cap one session above the budget for those.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import socket
+import threading
+import time
+import uuid
+import weakref
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from executor.claims import StoreAccess
+from registry.errors import BudgetExhausted, LedgerError
+
+if TYPE_CHECKING:
+    from executor.call import CallContext, Executor
+    from executor.connectors import Connector
+    from executor.ledger import Ledger
+
+__all__ = ["BUDGET_MARGIN_SECONDS", "SlotStore", "Ticket", "connect", "release_unused",
+           "reserve", "scopes_for"]
+
+BUDGET_MARGIN_SECONDS = 5.0
+"""How long past a call's timeout a slot outlives a holder that vanished."""
+
+_RECORD_KEY = "capgate_budget_ticket"
+
+
+@dataclass(frozen=True)
+class Scope:
+    """One budget: ``name`` (``connector:…`` / ``db_user:…``), its size, how to say it."""
+
+    name: str
+    budget: int
+    kind: str
+    label: str
+
+
+def scopes_for(connector: Connector) -> list[Scope]:
+    config = connector.config
+    out = [Scope(f"connector:{config.name}", config.session_budget, "connector",
+                 f"connector {config.name!r}")]
+    url = connector.engine.url
+    if config.db_user_budget is not None and url.username:
+        where = f"{url.username}@{url.host or 'localhost'}:{url.port or ''}"
+        out.append(Scope(f"db_user:{where}", config.db_user_budget, "db_user",
+                         f"database user {url.username!r} on {url.host or 'localhost'}"))
+    return out
+
+
+@dataclass
+class Ticket:
+    """The slots one session holds; released exactly once."""
+
+    ticket: str
+    slots: tuple[tuple[str, int], ...]
+    store: SlotStore
+    released: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def release(self) -> None:
+        with self.lock:
+            if self.released:
+                return
+            self.released = True
+        with contextlib.suppress(LedgerError):  # it expires on its own
+            self.store.release(self.ticket)
+
+
+class SlotStore:
+    """``cg_budget_slots`` in one ledger store."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.store = StoreAccess(ledger)
+        s = self.store
+        lock = " FOR UPDATE SKIP LOCKED" if s.backend == "postgresql" else ""
+        self._take = sa.text(
+            "UPDATE cg_budget_slots SET ticket = :ticket, case_id = :case_id,"
+            f" intent_id = :intent_id, holder = :holder, acquired_at = {s.now_sql},"
+            f" expires_at = {s.now_sql} + :ttl"
+            " WHERE scope = :scope AND slot = (SELECT slot FROM cg_budget_slots"
+            " WHERE scope = :scope AND slot < :n"
+            f" AND (ticket IS NULL OR expires_at < {s.now_sql})"
+            f" ORDER BY slot LIMIT 1{lock}) RETURNING slot"
+        )
+        self._seed = sa.text(
+            "INSERT INTO cg_budget_slots (scope, slot, acquired_at, expires_at)"
+            " VALUES (:scope, :slot, 0, 0) ON CONFLICT (scope, slot) DO NOTHING"
+        )
+        self._release = sa.text(
+            "UPDATE cg_budget_slots SET ticket = NULL, case_id = NULL, intent_id = NULL,"
+            " holder = NULL, expires_at = 0 WHERE ticket = :ticket"
+        )
+        self._holders = sa.text(
+            "SELECT slot, case_id, intent_id, holder,"
+            f" expires_at - {s.now_sql} AS expires_in FROM cg_budget_slots"
+            f" WHERE scope = :scope AND slot < :n AND ticket IS NOT NULL"
+            f" AND expires_at >= {s.now_sql} ORDER BY slot"
+        )
+        self._seeded: set[tuple[str, int]] = set()
+
+    def _ensure(self, scope: Scope) -> None:
+        if (scope.name, scope.budget) in self._seeded:
+            return
+        with self.store.write("prepare session budget slots", many=True) as conn:
+            conn.execute(self._seed, [{"scope": scope.name, "slot": i}
+                                      for i in range(scope.budget)])
+        self._seeded.add((scope.name, scope.budget))
+
+    def try_take(self, scope: Scope, ticket: str, *, ttl: float, case_id: str | None,
+                 intent_id: str | None) -> int | None:
+        self._ensure(scope)
+        with self.store.write("take a session budget slot") as conn:
+            row = conn.execute(self._take, {
+                "scope": scope.name, "n": scope.budget, "ticket": ticket, "ttl": float(ttl),
+                "case_id": case_id, "intent_id": intent_id,
+                "holder": f"{socket.gethostname()}:{os.getpid()}"}).first()
+        return None if row is None else int(row[0])
+
+    def holders(self, scope: Scope) -> list[dict[str, Any]]:
+        with self.store.write("read session budget slots") as conn:
+            rows = conn.execute(self._holders, {"scope": scope.name, "n": scope.budget})
+            return [dict(r) for r in rows.mappings()]
+
+    def release(self, ticket: str) -> None:
+        with self.store.write("release session budget slots") as conn:
+            conn.execute(self._release, {"ticket": ticket})
+
+    def acquire(self, scopes: list[Scope], *, wait: float, ttl: float,
+                case_id: str | None = None, intent_id: str | None = None) -> Ticket:
+        """One slot of every scope, waiting up to ``wait`` seconds; else BudgetExhausted."""
+        ticket = Ticket(uuid.uuid4().hex, (), self)
+        started = time.monotonic()
+        end = started + max(0.0, wait)
+        taken: list[tuple[str, int]] = []
+        pause = 0.01
+        try:
+            for scope in scopes:
+                while True:
+                    slot = self.try_take(scope, ticket.ticket, ttl=ttl, case_id=case_id,
+                                         intent_id=intent_id)
+                    if slot is not None:
+                        taken.append((scope.name, slot))
+                        break
+                    now = time.monotonic()
+                    if now >= end:
+                        raise self._exhausted(scope, now - started, wait)
+                    time.sleep(min(pause * (0.5 + random.random()), end - now))
+                    pause = min(pause * 2, 0.05)
+        except BaseException:
+            if taken:
+                ticket.release()
+            raise
+        ticket.slots = tuple(taken)
+        return ticket
+
+    def _exhausted(self, scope: Scope, waited: float, wait: float) -> BudgetExhausted:
+        holders = self.holders(scope)
+        who = ", ".join(sorted({f"{h['case_id']}" for h in holders if h["case_id"]})) or "-"
+        return BudgetExhausted(
+            f"{scope.label} has no free session within its budget of {scope.budget} "
+            f"({len(holders)} held; cases: {who}); waited {waited:.1f} s of "
+            f"budget_wait_seconds={wait:g} -- retry later or raise the budget",
+            scope=scope.kind, name=scope.name, budget=scope.budget,
+            waited_seconds=round(waited, 3), holders=holders)
+
+
+# --- per-executor bookkeeping and the executor's hooks ------------------------------
+
+
+@dataclass
+class _Book:
+    store: SlotStore
+    reserved: dict[str, tuple[str, Ticket]] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+_BOOKS: weakref.WeakKeyDictionary[Any, _Book] = weakref.WeakKeyDictionary()
+_BOOKS_LOCK = threading.Lock()
+_HOOKED: weakref.WeakSet[sa.Engine] = weakref.WeakSet()
+
+
+def _book(executor: Executor) -> _Book:
+    with _BOOKS_LOCK:
+        book = _BOOKS.get(executor)
+        if book is None or book.store.store.engine is not executor.ledger.engine:
+            book = _Book(SlotStore(executor.ledger))
+            _BOOKS[executor] = book
+        return book
+
+
+def slot_store(executor: Executor) -> SlotStore:
+    return _book(executor).store
+
+
+def _ttl(connector: Connector, ctx: CallContext | None) -> float:
+    seconds = ctx.row.timeout.seconds if ctx is not None else connector.config.statement_timeout
+    return float(seconds) + BUDGET_MARGIN_SECONDS
+
+
+def acquire_for(executor: Executor, connector: Connector,
+                ctx: CallContext | None = None) -> Ticket:
+    return _book(executor).store.acquire(
+        scopes_for(connector), wait=connector.config.budget_wait_seconds,
+        ttl=_ttl(connector, ctx), case_id=ctx.case_id if ctx else None,
+        intent_id=ctx.intent_id if ctx else None)
+
+
+_PREPARED: weakref.WeakSet[sa.Engine] = weakref.WeakSet()
+
+
+def prepare_target(executor: Executor, connector: Connector,
+                   ctx: CallContext | None = None) -> None:
+    """Once per process and connector: the marker and fence tables, under a budget slot.
+
+    Their set-up opens a session of its own (outside any write, since DDL
+    commits on MariaDB and Oracle); it is counted like any other.
+    """
+    if connector.engine in _PREPARED:
+        return
+    from executor.claims import ensure_fence_table
+
+    ticket = acquire_for(executor, connector, ctx)
+    try:
+        connector.ensure_marker()
+        ensure_fence_table(connector)
+    finally:
+        ticket.release()
+    _PREPARED.add(connector.engine)
+
+
+def reserve(executor: Executor, ctx: CallContext) -> None:
+    """``Executor.call``, before ``prepared``: the slots of the call's first session."""
+    if ctx.rehearse:
+        return
+    if ctx.row.is_write:
+        prepare_target(executor, ctx.connector, ctx)
+    ticket = acquire_for(executor, ctx.connector, ctx)
+    book = _book(executor)
+    with book.lock:
+        book.reserved[ctx.intent_id] = (ctx.connector.name, ticket)
+
+
+def release_unused(executor: Executor, ctx: CallContext) -> None:
+    """The end of ``Executor.call``: a reservation no session used goes back."""
+    book = _book(executor)
+    with book.lock:
+        entry = book.reserved.pop(ctx.intent_id, None)
+    if entry is not None:
+        entry[1].release()
+
+
+def _on_checkin(_dbapi_conn: Any, record: Any) -> None:
+    ticket = record.record_info.pop(_RECORD_KEY, None)
+    if isinstance(ticket, Ticket):
+        ticket.release()
+
+
+def _hook(connector: Connector) -> None:
+    engine = connector.engine
+    if engine in _HOOKED:
+        return
+    with _BOOKS_LOCK:
+        if not sa.event.contains(engine, "checkin", _on_checkin):
+            sa.event.listen(engine, "checkin", _on_checkin)
+        _HOOKED.add(engine)
+
+
+def connect(executor: Executor, connector: Connector,
+            ctx: CallContext | None = None) -> Connection:
+    """``Executor._connect``: a budget slot first (the call's reservation, or a new one)."""
+    ticket: Ticket | None = None
+    if ctx is not None:
+        book = _book(executor)
+        with book.lock:
+            entry = book.reserved.get(ctx.intent_id)
+            if entry is not None and entry[0] == connector.name:
+                ticket = book.reserved.pop(ctx.intent_id)[1]
+    if ticket is None:
+        ticket = acquire_for(executor, connector, ctx)
+    _hook(connector)
+    try:
+        conn = connector.engine.connect()
+    except BaseException:
+        ticket.release()
+        raise
+    info: dict[str, Any] | None = conn.connection.record_info
+    if info is not None:
+        info[_RECORD_KEY] = ticket
+    else:  # no pool record to carry it: the slot expires on its own
+        ticket.release()
+    return conn
+
+
+@contextlib.contextmanager
+def holding(executor: Executor, connector: Connector, count: int) -> Iterator[list[Connection]]:
+    """Hold ``count`` budgeted sessions open (tests, tools): a busy neighbour on demand."""
+    conns: list[Connection] = []
+    try:
+        for _ in range(count):
+            conns.append(connect(executor, connector))
+            conns[-1].execute(sa.text("SELECT 1"))
+            conns[-1].rollback()
+        yield conns
+    finally:
+        for conn in conns:
+            conn.close()

@@ -1,0 +1,547 @@
+"""Impact claims: two cases never write one target at once, across processes.
+
+A write's impact keys (``environment/system/object/key=value``, from
+:func:`executor.plan.impact_keys`) are claimed by its case in the ledger
+store *before* ``prepared`` and released at the end of the call.  Reads never
+claim.  The store is the ledger's own database, so every executor sharing a
+ledger -- any process, any machine, when the ledger is PostgreSQL -- shares
+the claims; nothing here relies on an in-process lock.
+
+The claim row (``cg_claims``, one per impact key, never deleted)
+-----------------------------------------------------------------
+
+Acquiring is one atomic upsert per key::
+
+    INSERT INTO cg_claims (...) VALUES (..., token = 1, ...)
+    ON CONFLICT (impact_key) DO UPDATE SET token = cg_claims.token + 1, <holder>
+    WHERE cg_claims.case_id IS NULL              -- free
+       OR cg_claims.case_id = excluded.case_id   -- the same case again
+       OR cg_claims.expires_at < <store now>     -- the holder's claim expired
+    RETURNING token
+
+Nothing returned means another case holds the key: the caller gets
+:class:`~registry.errors.ImpactConflict` naming the holder's case, intent,
+operation and expiry, and nothing was recorded or opened.  Concurrent
+claimers serialise on the row (PostgreSQL re-checks the ``WHERE`` against the
+committed row; SQLite writers serialise on ``BEGIN IMMEDIATE``); several keys
+are taken in one transaction, in sorted order, all or none.
+
+Every acquisition increments the key's ``token``: a *fencing token* that only
+grows.  A claim carries an expiry (the lease deadline plus a margin, see
+:func:`claim_ttl`) measured on the store's clock, so a dead executor's claim
+can be taken over -- with a new token -- once it expired.
+
+The fence: refusing a stale holder's late write
+-----------------------------------------------
+
+The claim lives in the ledger's database; the write happens in the target's.
+No single transaction spans both, so the fence is built in two parts, both
+run after the last statement and before COMMIT (``Executor.run_transaction``):
+
+1. **In the target, in the write's own transaction**: a row per impact key in
+   ``capgate_fence`` is moved to our token with
+   ``UPDATE capgate_fence SET token = :t WHERE key_hash = :k AND token <= :t``.
+   A newer holder that already committed left a larger token, so the update
+   matches nothing and the write rolls back (``stale_fence``).  The row lock
+   this update takes serialises the fence with any other holder's commit, and
+   the check commits atomically with the data: a stale token can never land.
+2. **In the ledger**: a conditional renewal
+   (``UPDATE cg_claims SET expires_at = max(expires_at, now + margin)
+   WHERE impact_key = :k AND token = :t AND case_id = :case``).  If the token
+   moved (the claim expired and was taken over) the write rolls back before
+   COMMIT; if it did not, nobody can take the key over for ``margin`` seconds,
+   which covers the COMMIT.
+
+The window that remains: a holder that passed both checks and then stalls
+*between* the fence and COMMIT for longer than the margin, while another case
+takes the key over and writes.  The newer holder's own fence update then
+waits for the stale transaction's fence-row lock, and on PostgreSQL and
+MariaDB the stale session is killed by the server's idle-in-transaction
+timeout (re-armed by the lease to the time left) before the margin runs out,
+so it cannot COMMIT afterwards.  On engines without a server-side lease
+(SQLite, Oracle) that last window is bounded only by the margin.
+
+Same case, same key: a case claiming a key it already holds takes it over
+with a new token (a resumed retry of a crashed intent, a compensation): the
+older attempt of that case is fenced out exactly like another case's would be.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import socket
+import threading
+import weakref
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+from executor.plan import impact_keys
+from registry.errors import (
+    CapgateError,
+    ImpactConflict,
+    LedgerError,
+    OutcomeUnknown,
+    StaleFence,
+)
+from registry.model import EffectClass
+
+if TYPE_CHECKING:
+    from executor.call import CallContext, Executor
+    from executor.connectors import Connector
+    from executor.ledger import Ledger
+
+__all__ = [
+    "CLAIM_MARGIN_SECONDS",
+    "FENCE_TABLE",
+    "ClaimStore",
+    "HeldClaim",
+    "claim_ttl",
+    "claims_enabled",
+    "set_claims",
+    "store_for",
+]
+
+CLAIM_MARGIN_SECONDS = 2.0
+"""Slack added to a claim beyond the server's own lease enforcement (seconds)."""
+
+FENCE_TABLE = "capgate_fence"
+
+def _holder() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+# --- the store --------------------------------------------------------------------
+
+
+class StoreAccess:
+    """The ledger's engine, used for coordination rows: fork-safe, short transactions.
+
+    ``write()`` is one statement's transaction: autocommit on PostgreSQL (one
+    round trip), ``BEGIN IMMEDIATE`` on SQLite.  ``now_sql`` is the store's
+    clock as epoch seconds, so that expiry is compared on one clock.
+    """
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger_url = ledger.url
+        self.engine: Engine = ledger.engine
+        self.backend = ledger.backend
+        self._pid = os.getpid()
+        self._single: Engine
+        if self.backend == "postgresql":
+            self.now_sql = "CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION)"
+            self.greatest = "GREATEST"
+            self._single = self.engine.execution_options(isolation_level="AUTOCOMMIT")
+        else:
+            self.now_sql = "((julianday('now') - 2440587.5) * 86400.0)"
+            self.greatest = "max"
+            self._single = self.engine
+
+    def _forked(self) -> None:
+        if os.getpid() != self._pid:  # a forked child must not share pooled sockets
+            self.engine.dispose(close=False)
+            self._pid = os.getpid()
+
+    @contextlib.contextmanager
+    def write(self, action: str, *, many: bool = False) -> Iterator[Connection]:
+        """A write transaction (``many``: several statements, all or none)."""
+        self._forked()
+        try:
+            with (self.engine if many else self._single).begin() as conn:
+                yield conn
+        except CapgateError:
+            raise
+        except sa.exc.SQLAlchemyError as exc:
+            first = str(getattr(exc, "orig", None) or exc).strip().splitlines()
+            raise LedgerError(f"could not {action} in the ledger at {self.ledger_url}: "
+                              f"{first[0] if first else type(exc).__name__}",
+                              ledger=self.ledger_url) from exc
+
+    def now(self) -> float:
+        """The store's clock (epoch seconds)."""
+        with self.write("read the clock") as conn:
+            return float(conn.execute(sa.text(f"SELECT {self.now_sql}")).scalar_one())
+
+
+_ACQUIRE_ATTEMPTS = 8
+
+
+class _Released(Exception):
+    """Internal: the key was free by the time the holder was looked up."""
+
+
+@dataclass(frozen=True)
+class HeldClaim:
+    """The impact keys one intent holds, each with its fencing token."""
+
+    case_id: str
+    intent_id: str
+    tokens: Mapping[str, int]
+    expires_at: float
+    release_on_observed: bool = False
+    """True when taken by ``run_transaction`` itself (resume, compensation)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"keys": dict(self.tokens), "expires_at": self.expires_at}
+
+
+class ClaimStore:
+    """``cg_claims`` in one ledger store."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.store = StoreAccess(ledger)
+        s = self.store
+        self._acquire = sa.text(
+            "INSERT INTO cg_claims (impact_key, token, case_id, intent_id, operation_id, holder,"
+            " acquired_at, expires_at)"
+            f" VALUES (:k, 1, :case_id, :intent_id, :operation_id, :holder, {s.now_sql},"
+            f" {s.now_sql} + :ttl)"
+            " ON CONFLICT (impact_key) DO UPDATE SET token = cg_claims.token + 1,"
+            " case_id = excluded.case_id, intent_id = excluded.intent_id,"
+            " operation_id = excluded.operation_id, holder = excluded.holder,"
+            " acquired_at = excluded.acquired_at, expires_at = excluded.expires_at"
+            " WHERE cg_claims.case_id IS NULL OR cg_claims.case_id = excluded.case_id"
+            " OR cg_claims.expires_at < excluded.acquired_at"
+            " RETURNING token, expires_at"
+        )
+        self._renew = sa.text(
+            f"UPDATE cg_claims SET expires_at = {s.greatest}(expires_at, {s.now_sql} + :margin)"
+            " WHERE impact_key = :k AND token = :t AND case_id = :case_id RETURNING impact_key"
+        )
+        self._release = sa.text(
+            "UPDATE cg_claims SET case_id = NULL, intent_id = NULL, operation_id = NULL,"
+            " holder = NULL, expires_at = 0 WHERE impact_key = :k AND token = :t"
+        )
+        self._read = sa.text(
+            "SELECT impact_key, token, case_id, intent_id, operation_id, holder, acquired_at,"
+            f" expires_at, {s.now_sql} AS now FROM cg_claims WHERE impact_key = :k"
+        )
+
+    def acquire(self, keys: Sequence[str], *, case_id: str, intent_id: str,
+                operation_id: str, ttl: float) -> HeldClaim:
+        """Claim every key for ``case_id`` (all or none); ImpactConflict names the holder."""
+        ordered = sorted(set(keys))
+        params = {"case_id": case_id, "intent_id": intent_id, "operation_id": operation_id,
+                  "holder": _holder(), "ttl": float(ttl)}
+        for _ in range(_ACQUIRE_ATTEMPTS):
+            tokens: dict[str, int] = {}
+            expires = 0.0
+            try:
+                # raising inside the transaction rolls back the keys it took: all or none
+                with self.store.write("claim impact keys", many=len(ordered) > 1) as conn:
+                    for key in ordered:
+                        row = conn.execute(self._acquire, {**params, "k": key}).first()
+                        if row is None:
+                            self._refuse(conn, key, case_id)
+                        else:
+                            tokens[key] = int(row[0])
+                            expires = float(row[1])
+            except _Released:
+                continue  # the holder let go between our claim and our look: claim again
+            return HeldClaim(case_id, intent_id, tokens, expires)
+        raise ImpactConflict(f"impact keys {ordered} changed hands too often to be claimed; "
+                             "retry", impact_keys=ordered, requested_by_case=case_id)
+
+    def _refuse(self, conn: Connection, key: str, case_id: str) -> None:
+        conflict = self._describe(conn, key)
+        if conflict["case_id"] is None or conflict["case_id"] == case_id \
+                or conflict["expires_in"] <= 0:
+            raise _Released
+        raise ImpactConflict(
+            f"impact key {key!r} is claimed by case {conflict['case_id']!r} "
+            f"(intent {conflict['intent_id']}, {conflict['operation_id']}) "
+            f"for {conflict['expires_in']:.1f} s more; wait for it to finish "
+            "or coordinate with that case",
+            **conflict, requested_by_case=case_id)
+
+    def _describe(self, conn: Connection, key: str) -> dict[str, Any]:
+        row = conn.execute(self._read, {"k": key}).mappings().first()
+        if row is None:  # vanished meanwhile: report it plainly, the caller may retry
+            return {"impact_key": key, "case_id": None, "intent_id": None,
+                    "operation_id": None, "holder": None, "token": None, "expires_in": 0.0}
+        return {"impact_key": key, "case_id": row["case_id"], "intent_id": row["intent_id"],
+                "operation_id": row["operation_id"], "holder": row["holder"],
+                "token": int(row["token"]),
+                "expires_in": max(0.0, float(row["expires_at"]) - float(row["now"]))}
+
+    def renew(self, held: HeldClaim, *, margin: float) -> list[str]:
+        """Re-validate every token and extend the claim by ``margin``; the keys lost."""
+        lost: list[str] = []
+        with self.store.write("re-validate impact claims", many=len(held.tokens) > 1) as conn:
+            for key, token in held.tokens.items():
+                row = conn.execute(self._renew, {"k": key, "t": token, "case_id": held.case_id,
+                                                 "margin": float(margin)}).first()
+                if row is None:
+                    lost.append(key)
+        return lost
+
+    def release(self, held: HeldClaim) -> None:
+        """Free the keys still held with these tokens (a taken-over key is left alone)."""
+        with self.store.write("release impact claims", many=len(held.tokens) > 1) as conn:
+            for key, token in held.tokens.items():
+                conn.execute(self._release, {"k": key, "t": token})
+
+    def current(self, key: str) -> dict[str, Any] | None:
+        """The claim row of ``key`` as stored (``expires_in`` on the store's clock)."""
+        with self.store.write("read an impact claim") as conn:
+            row = conn.execute(self._read, {"k": key}).mappings().first()
+        if row is None:
+            return None
+        out = {k: row[k] for k in ("impact_key", "token", "case_id", "intent_id",
+                                   "operation_id", "holder")}
+        out["expires_in"] = float(row["expires_at"]) - float(row["now"])
+        return out
+
+
+# --- per-executor bookkeeping -----------------------------------------------------
+
+
+@dataclass
+class _Book:
+    store: ClaimStore
+    enabled: bool = True
+    held: dict[str, HeldClaim] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+_BOOKS: weakref.WeakKeyDictionary[Any, _Book] = weakref.WeakKeyDictionary()
+_BOOKS_LOCK = threading.Lock()
+
+
+def _book(executor: Executor) -> _Book:
+    with _BOOKS_LOCK:
+        book = _BOOKS.get(executor)
+        if book is None or book.store.store.engine is not executor.ledger.engine:
+            enabled = book.enabled if book is not None else True
+            book = _Book(ClaimStore(executor.ledger), enabled)
+            _BOOKS[executor] = book
+        return book
+
+
+def store_for(executor: Executor) -> ClaimStore:
+    """The claim store of ``executor``'s ledger."""
+    return _book(executor).store
+
+
+def set_claims(executor: Executor, enabled: bool) -> None:
+    """Turn impact claims (and the fence) on or off for one executor (benchmarks only)."""
+    _book(executor).enabled = enabled
+
+
+def claims_enabled(executor: Executor) -> bool:
+    return _book(executor).enabled
+
+
+def held(executor: Executor, intent_id: str) -> HeldClaim | None:
+    book = _book(executor)
+    with book.lock:
+        return book.held.get(intent_id)
+
+
+def claim_ttl(ctx: CallContext) -> float:
+    """How long a claim lives without renewal.
+
+    The budget wait, the lease deadline (the row's timeout), and a margin that
+    covers the server's own enforcement of that deadline (the idle-in-transaction
+    timeout, as long as the timeout again) plus :data:`CLAIM_MARGIN_SECONDS`.
+    """
+    seconds = float(ctx.row.timeout.seconds)
+    return ctx.connector.config.budget_wait_seconds + seconds + fence_margin(ctx)
+
+
+def fence_margin(ctx: CallContext) -> float:
+    return float(ctx.row.timeout.seconds) + CLAIM_MARGIN_SECONDS
+
+
+def _wants_claim(executor: Executor, ctx: CallContext) -> bool:
+    return (not ctx.rehearse and ctx.row.effect_class is not EffectClass.READ
+            and _book(executor).enabled)
+
+
+def _take(executor: Executor, ctx: CallContext, *, release_on_observed: bool) -> HeldClaim:
+    book = _book(executor)
+    keys = impact_keys(ctx.row, ctx.inputs, ctx.connector.environment)
+    claim = book.store.acquire(keys, case_id=ctx.case_id, intent_id=ctx.intent_id,
+                               operation_id=ctx.row.operation_id, ttl=claim_ttl(ctx))
+    if release_on_observed:
+        claim = HeldClaim(claim.case_id, claim.intent_id, claim.tokens, claim.expires_at,
+                          release_on_observed=True)
+    with book.lock:
+        book.held[ctx.intent_id] = claim
+    return claim
+
+
+# --- the executor's hooks (executor/call.py) ---------------------------------------
+
+
+def claim_for_call(executor: Executor, ctx: CallContext) -> HeldClaim | None:
+    """``Executor.call``: claim the write's impact keys before ``prepared``."""
+    if not _wants_claim(executor, ctx):
+        return None
+    return _take(executor, ctx, release_on_observed=False)
+
+
+def ensure_claimed(executor: Executor, ctx: CallContext) -> None:
+    """``run_transaction``: a write reached without ``call`` (resume, compensation) claims now."""
+    if not _wants_claim(executor, ctx) or held(executor, ctx.intent_id) is not None:
+        return
+    from executor.budget import prepare_target
+
+    prepare_target(executor, ctx.connector, ctx)
+    _take(executor, ctx, release_on_observed=True)
+
+
+def release_after_observed(executor: Executor, ctx: CallContext) -> None:
+    """``_observed``: release what ``ensure_claimed`` took (``call`` releases its own)."""
+    claim = held(executor, ctx.intent_id)
+    if claim is not None and claim.release_on_observed:
+        _release(executor, ctx.intent_id)
+
+
+def release_after_call(executor: Executor, ctx: CallContext,
+                       error: BaseException | None) -> None:
+    """The end of ``Executor.call``: release, unless the outcome is unknown.
+
+    After ``OutcomeUnknown`` (connection lost around COMMIT) the claim is kept
+    until it expires: the target may still be settling, and resume takes the
+    key over for the same case.
+    """
+    if isinstance(error, OutcomeUnknown):
+        book = _book(executor)
+        with book.lock:
+            book.held.pop(ctx.intent_id, None)
+        return
+    _release(executor, ctx.intent_id)
+
+
+def _release(executor: Executor, intent_id: str) -> None:
+    book = _book(executor)
+    with book.lock:
+        claim = book.held.pop(intent_id, None)
+    if claim is not None:
+        with contextlib.suppress(LedgerError):  # it expires on its own
+            book.store.release(claim)
+
+
+def fence(executor: Executor, ctx: CallContext, conn: Connection) -> None:
+    """Just before COMMIT: refuse (roll back) a write whose claim was taken over."""
+    claim = held(executor, ctx.intent_id)
+    if claim is None:
+        return
+    from executor.call import Rollback
+
+    stale = target_fence(ctx, conn, claim)
+    if stale is not None:
+        raise Rollback({"kind": "stale_fence", "code": StaleFence.code, "where": "target",
+                        **stale,
+                        "message": "a newer claim of this target already wrote; this "
+                                   "holder's claim had expired and was taken over"})
+    lost = _book(executor).store.renew(claim, margin=fence_margin(ctx))
+    if lost:
+        now = _book(executor).store.current(lost[0]) or {}
+        raise Rollback({"kind": "stale_fence", "code": StaleFence.code, "where": "ledger",
+                        "impact_key": lost[0],
+                        "token": claim.tokens[lost[0]], "current_token": now.get("token"),
+                        "holder_case": now.get("case_id"),
+                        "holder_intent": now.get("intent_id"),
+                        "message": "the impact claim expired and was taken over before "
+                                   "COMMIT; nothing was committed"})
+
+
+# --- the target's fence row -------------------------------------------------------------
+
+_FENCE_DDL = (
+    f"CREATE TABLE IF NOT EXISTS {FENCE_TABLE} (key_hash VARCHAR(64) NOT NULL PRIMARY KEY,"
+    " impact_key VARCHAR(400) NOT NULL, token BIGINT NOT NULL, intent_id VARCHAR(64) NOT NULL)"
+)
+_FENCE_DDL_ORACLE = (
+    f"CREATE TABLE {FENCE_TABLE} (key_hash VARCHAR2(64) NOT NULL PRIMARY KEY,"
+    " impact_key VARCHAR2(400) NOT NULL, token NUMBER(19) NOT NULL,"
+    " intent_id VARCHAR2(64) NOT NULL)"
+)
+_FENCE_VALUES = "(key_hash, impact_key, token, intent_id) VALUES (:h, :k, :t, :i)"
+# One statement per key moves the fence row to our token, or leaves a newer one alone.
+# Upserts, not UPDATE-then-INSERT: on InnoDB an UPDATE of a missing row takes a gap
+# lock, and two first-time writers of different keys would deadlock on their INSERTs.
+_FENCE_UPSERT = {
+    "postgresql": f"INSERT INTO {FENCE_TABLE} {_FENCE_VALUES} ON CONFLICT (key_hash) DO UPDATE"
+                  f" SET token = excluded.token, intent_id = excluded.intent_id"
+                  f" WHERE {FENCE_TABLE}.token <= excluded.token RETURNING token",
+    # MariaDB evaluates the assignments left to right: intent_id first, on the old token
+    "mariadb": f"INSERT INTO {FENCE_TABLE} {_FENCE_VALUES} ON DUPLICATE KEY UPDATE"
+               " intent_id = IF(token <= VALUES(token), VALUES(intent_id), intent_id),"
+               " token = GREATEST(token, VALUES(token))",
+    "oracle": f"MERGE INTO {FENCE_TABLE} f USING (SELECT :h AS key_hash, :k AS impact_key,"
+              " :t AS token, :i AS intent_id FROM dual) s ON (f.key_hash = s.key_hash)"
+              " WHEN MATCHED THEN UPDATE SET f.token = s.token, f.intent_id = s.intent_id"
+              " WHERE f.token <= s.token"
+              " WHEN NOT MATCHED THEN INSERT (key_hash, impact_key, token, intent_id)"
+              " VALUES (s.key_hash, s.impact_key, s.token, s.intent_id)",
+}
+_FENCE_UPSERT["sqlite"] = _FENCE_UPSERT["postgresql"]
+_FENCE_READ = f"SELECT token, intent_id FROM {FENCE_TABLE} WHERE key_hash = :h"
+
+_FENCE_READY: weakref.WeakSet[Engine] = weakref.WeakSet()
+_FENCE_LOCK = threading.Lock()
+
+
+def key_hash(key: str) -> str:
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+def ensure_fence_table(connector: Connector) -> None:
+    """Create ``capgate_fence`` once per process and connector, outside any write.
+
+    Called by :func:`executor.budget.prepare_target`, under a budget slot.
+    """
+    engine = connector.engine
+    if engine in _FENCE_READY:
+        return
+    with _FENCE_LOCK:
+        if engine in _FENCE_READY:
+            return
+        with connector.engine.connect() as conn:
+            try:
+                conn.execute(sa.text(_FENCE_DDL_ORACLE if connector.dialect.name == "oracle"
+                                     else _FENCE_DDL))
+                conn.commit()
+            except sa.exc.DatabaseError:
+                # another process created it at the same moment (PostgreSQL's IF NOT
+                # EXISTS is not race-free; Oracle has no IF NOT EXISTS): fine if it exists
+                conn.rollback()
+                if not sa.inspect(conn).has_table(FENCE_TABLE):
+                    raise
+        _FENCE_READY.add(engine)
+
+
+def target_fence(ctx: CallContext, conn: Connection, claim: HeldClaim) -> dict[str, Any] | None:
+    """Move each key's fence row to our token in the write's transaction; None if all moved."""
+    dialect = ctx.connector.dialect
+    upsert = sa.text(dialect.sql(_FENCE_UPSERT.get(dialect.name, _FENCE_UPSERT["postgresql"]),
+                                 ctx.tag))
+    read = sa.text(dialect.sql(_FENCE_READ, ctx.tag))
+    for key, token in sorted(claim.tokens.items()):
+        binds = {"h": key_hash(key), "k": key[:400], "t": token, "i": ctx.intent_id}
+        result = conn.execute(upsert, binds)
+        if dialect.name in ("postgresql", "sqlite"):
+            moved = result.first() is not None
+            found = None if moved else conn.execute(read, {"h": binds["h"]}).first()
+        elif dialect.name == "oracle":
+            moved = result.rowcount == 1
+            found = None if moved else conn.execute(read, {"h": binds["h"]}).first()
+        else:  # the row is ours now (locked by the upsert): is the token ours too?
+            found = conn.execute(read, {"h": binds["h"]}).first()
+            moved = found is not None and int(found[0]) == token \
+                and str(found[1]) == ctx.intent_id
+        if moved:
+            continue
+        return {"impact_key": key, "token": token,
+                "current_token": int(found[0]) if found is not None else None,
+                "holder_intent": str(found[1]) if found is not None else None}
+    return None
+

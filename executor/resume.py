@@ -1,0 +1,767 @@
+"""Resume: after a fault, say from evidence what landed, then continue or escalate.
+
+A case whose last boundary is disputed has no authority to continue:
+``Executor.call`` refuses it (``ReconciliationRequired``) until ``resume`` has
+settled every in-flight intent.  Resume, per case:
+
+1. loads the case *verified* (hash chain, head, snapshot) -- it never acts on
+   a record someone edited -- and refuses a task id reused for another task;
+2. classifies each in-flight intent as ``applied``, ``not_applied``,
+   ``partly_applied`` or ``unknown`` from the target's evidence, strongest
+   first (:mod:`executor.reconcile_evidence`, batched per connector);
+3. records the facts: ``applied`` becomes ``reconciled`` with a synthesised
+   outcome record (so an idempotent replay returns it, and nothing runs
+   twice); ``not_applied`` under ``never_retry`` becomes ``reconciled`` as not
+   applied; ``partly_applied`` and ``unknown`` become ``escalated`` with their
+   evidence -- the case stays open, nothing is retried;
+4. re-runs the verify checks of the completed steps later work depends on
+   (:mod:`executor.reconcile_poison`); a target that changed under the case is
+   recorded as ``changed_outside_case`` and resume stops there;
+5. retries ``not_applied`` intents whose row is ``retryable`` or
+   ``reconcile_first`` as the same intent, same idempotency key, attempt
+   n+1, through the executor's normal path.  The landing marker's primary key
+   (the intent id) and unique idempotency key make a duplicate impossible
+   even if two resumes raced.
+
+Every decision is a ledger event carrying its evidence, so an operator can
+read why a case did or did not continue.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import sqlalchemy as sa
+
+from executor import outcome as oc
+from executor.call import TERMINAL, CallContext, Executor, Rollback
+from executor.ledger import VerifiedCase
+from executor.outcome import Outcome
+from executor.plan import binds_for, fingerprint, render
+from executor.reconcile_evidence import Classification, Facts, Pending, classify, gather
+from executor.reconcile_load import load_verified_many, read_snapshots
+from executor.reconcile_poison import Dependency, Recheck, dependencies, recheck
+from registry.errors import (
+    CapgateError,
+    CaseConflict,
+    IdempotencyConflict,
+    LedgerError,
+    UnknownIntent,
+    UsageError,
+)
+from registry.model import Recovery, Row, Shape
+
+__all__ = [
+    "Classification",
+    "IntentReport",
+    "ResumeReport",
+    "resolve_escalation",
+    "resume",
+    "resume_many",
+]
+
+RESUME_EVENTS = ("reconciled", "retrying", "escalated", "changed_outside_case",
+                 "escalation_resolved")
+"""The ledger event kinds resume writes (``reconciled`` and ``escalation_resolved`` close)."""
+
+
+@dataclass(frozen=True)
+class IntentReport:
+    """What resume found for one intent and what it did about it."""
+
+    case_id: str
+    intent_id: str
+    operation_id: str | None
+    version: int | None
+    status: str
+    """The intent's status when resume found it."""
+    attempt: int
+    classification: str
+    evidence: Mapping[str, Any]
+    action: str
+    """``recorded_applied``, ``retried``, ``closed_not_applied``, ``escalated``,
+    ``still_escalated``, ``held``, ``retry_failed``, ``awaiting_person``,
+    ``skipped_concurrent`` or ``none`` (dry run)."""
+    outcome: str | None = None
+    """The intent's recorded outcome after resume, when it has one."""
+    detail: str = ""
+    resolved: bool = False
+    """Whether the intent is closed (terminal) after resume."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"intent_id": self.intent_id, "classification": self.classification,
+                "evidence": dict(self.evidence), "action": self.action,
+                "case": self.case_id, "operation_id": self.operation_id,
+                "version": self.version, "status_found": self.status, "attempt": self.attempt,
+                "outcome": self.outcome, "detail": self.detail, "resolved": self.resolved}
+
+
+@dataclass(frozen=True)
+class ResumeReport:
+    """The result of one ``resume``: every in-flight intent, and what changed outside."""
+
+    case_ids: tuple[str, ...]
+    intents: tuple[IntentReport, ...]
+    changed_outside_case: tuple[dict[str, Any], ...] = ()
+    elapsed_seconds: float = 0.0
+    acted: bool = True
+
+    @property
+    def resolved(self) -> bool:
+        """True when every intent is closed and no completed step's target changed."""
+        return all(i.resolved for i in self.intents) and not self.changed_outside_case
+
+    @property
+    def exit_code(self) -> int:
+        from registry.errors import EXIT_OK, EXIT_UNKNOWN
+
+        return EXIT_OK if self.resolved else EXIT_UNKNOWN
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for i in self.intents:
+            out[i.classification] = out.get(i.classification, 0) + 1
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        case: str | list[str] = self.case_ids[0] if len(self.case_ids) == 1 else list(
+            self.case_ids)
+        return {"case": case, "intents": [i.to_dict() for i in self.intents],
+                "changed_outside_case": list(self.changed_outside_case),
+                "resolved": self.resolved, "exit_code": self.exit_code,
+                "dry_run": not self.acted, "elapsed_seconds": round(self.elapsed_seconds, 4)}
+
+    def lines(self) -> list[str]:
+        """The report for a person, one intent per paragraph."""
+        where = self.case_ids[0] if len(self.case_ids) == 1 else f"{len(self.case_ids)} cases"
+        out = [f"resume {where}: {len(self.intents)} in-flight intent(s)"
+               + ("" if self.acted else " (dry run: nothing recorded or retried)")]
+        for i in self.intents:
+            op = f"{i.operation_id}@{i.version}" if i.operation_id else "?"
+            case = f" case {i.case_id}," if len(self.case_ids) > 1 else ""
+            out.append(f"  intent {i.intent_id}{case} {op}, attempt {i.attempt}, "
+                       f"found {i.status}")
+            out.append(f"    {i.classification}: {i.evidence.get('rule', '')}")
+            brief = summarize(i.evidence)
+            if brief:
+                out.append(f"    evidence: {brief}")
+            out.append(f"    action: {i.action}" + (f" -> {i.outcome}" if i.outcome else "")
+                       + (f" ({i.detail})" if i.detail else ""))
+        for c in self.changed_outside_case:
+            failed = [ch["name"] for ch in c.get("checks", []) if not ch.get("ok")]
+            out.append(f"  CHANGED OUTSIDE THE CASE: intent {c['intent_id']} "
+                       f"{c['operation_id']}@{c['version']} ({c['impact_key']}): "
+                       + (f"check(s) {', '.join(failed)} no longer hold" if failed
+                          else f"cannot re-check: {c.get('error')}"))
+        if self.resolved:
+            out.append(f"ok: every intent resolved; {where} may continue")
+        else:
+            open_ = [i for i in self.intents if not i.resolved]
+            out.append(f"NOT RESOLVED: {len(open_)} intent(s) open"
+                       + (f", {len(self.changed_outside_case)} target(s) changed outside the case"
+                          if self.changed_outside_case else "")
+                       + "; the case may not continue (see `capgate ledger show`)")
+        return out
+
+
+def summarize(evidence: Mapping[str, Any]) -> str:
+    """One line of the evidence that decided, strongest first."""
+    parts: list[str] = []
+    marker = evidence.get("marker")
+    if marker == "present":
+        row = evidence.get("marker_row") or {}
+        parts.append(f"marker present (attempt {row.get('attempt')}, "
+                     f"landed {row.get('landed_at')})")
+    elif marker in ("mismatch", "other_intent", "absent", "not_written"):
+        parts.append(f"marker {marker}")
+    co = evidence.get("commit_outcome")
+    probe_detail = evidence.get("commit_outcome_detail")
+    if isinstance(probe_detail, Mapping) and probe_detail.get("probe"):
+        xid = f"({probe_detail.get('xid')})" if probe_detail.get("xid") else ""
+        parts.append(f"{probe_detail['probe']}{xid} = {co or 'no answer'}")
+    identity = evidence.get("server_identity")
+    server = evidence.get("server_now")
+    if identity in ("same", "changed") and isinstance(server, Mapping):
+        what = (f"system {server.get('system_identifier')}, timeline {server.get('timeline')}"
+                if "system_identifier" in server else
+                f"server_id {server.get('server_id')}, started {server.get('server_started')}")
+        parts.append(("same server" if identity == "same" else "server CHANGED")
+                     + f" ({what})")
+    elif identity == "changed":
+        parts.append("server CHANGED")
+    if evidence.get("terminated_session"):
+        parts.append(f"terminated the recorded session {evidence['terminated_session']}")
+    session = evidence.get("session")
+    if isinstance(session, Mapping):
+        parts.append(f"connection {session.get('connection_id')} "
+                     f"{'alive' if session.get('alive') else 'gone'}")
+    if evidence.get("write_lock"):
+        parts.append(f"write lock {evidence['write_lock']}")
+    if evidence.get("probe"):
+        parts.append(f"landed probe: {evidence['probe']}")
+    if evidence.get("unreachable"):
+        parts.append(f"unreachable: {evidence['unreachable']}")
+    return "; ".join(parts)
+
+
+# --- the entry points -------------------------------------------------------------
+
+
+def resume(executor: Executor, case_id: str, *, task: str | None = None,
+           terminate: bool = True, wait_seconds: float = 5.0, act: bool = True) -> ResumeReport:
+    """Classify and settle every in-flight intent of one case.
+
+    ``terminate``: when the recorded session may still commit, terminate
+    exactly that session (PostgreSQL pid + backend start, MariaDB connection
+    id on the same server incarnation) and ask again; otherwise only wait.
+    ``wait_seconds``: how long to wait for such a session to end before the
+    intent is left ``unknown`` (never ``not_applied``).  ``act=False`` is a
+    dry run: classify and re-check, record and retry nothing.
+
+    Raises LedgerTampered when the case does not verify, UnknownCase for an
+    unknown case, CaseConflict when ``task`` is not the task the case was
+    opened for.
+    """
+    return resume_many(executor, [case_id], task=task, terminate=terminate,
+                       wait_seconds=wait_seconds, act=act)
+
+
+def resume_many(executor: Executor, case_ids: Sequence[str] | None = None, *,
+                task: str | None = None, terminate: bool = True, wait_seconds: float = 5.0,
+                act: bool = True) -> ResumeReport:
+    """Resume several cases (default: every open case), evidence batched across them."""
+    started = time.monotonic()
+    ledger = executor.ledger
+    if case_ids is None:
+        case_ids = [c.case_id for c in ledger.cases(open_only=True)]
+    verified = load_verified_many(ledger, case_ids)
+    cases = {case_id: _load(verified[case_id], task) for case_id in case_ids}
+    rows = _Rows(executor)
+    pending = [p for c in cases.values() for p in c.pending]
+    facts = gather(executor, pending, terminate=terminate, wait_seconds=wait_seconds,
+                   row_of=rows.of_pending) if pending else {}
+    if act and pending:
+        _free_dead_sessions(executor, [p.intent_id for p in pending])
+    fresh = read_snapshots(ledger, [c.case_id for c in cases.values() if c.pending]) \
+        if act else {}
+    settling = [_record(executor, case, facts, rows, fresh.get(case.case_id), act=act)
+                for case in cases.values()]
+    # The poisoned resume: before continuing, re-run the checks of the completed steps
+    # later work depends on -- for every case at once, one read-only transaction per
+    # connector.
+    results = recheck(executor, [d for s in settling for d in s.deps])
+    by_case: dict[str, list[Recheck]] = {}
+    for result in results:
+        by_case.setdefault(result.dependency.case_id, []).append(result)
+    reports: list[IntentReport] = []
+    changed: list[dict[str, Any]] = []
+    for s in settling:
+        done, found = _continue(executor, s, by_case.get(s.case.case_id, []), rows, act=act)
+        reports.extend(done)
+        changed.extend(found)
+    if act:
+        closed = [r.intent_id for r in reports if r.action in ("recorded_applied",
+                                                               "closed_not_applied")]
+        closed += [i for c in cases.values() for i, s in c.intents.items()
+                   if str(s.get("status")) in TERMINAL]
+        _release_claims(executor, closed)
+    return ResumeReport(tuple(case_ids), tuple(reports), tuple(changed),
+                        time.monotonic() - started, act)
+
+
+def _free_dead_sessions(executor: Executor, intent_ids: Sequence[str]) -> None:
+    """Give back the session-budget slots of in-flight intents whose process is gone.
+
+    A killed call never returned its connection to the pool, so its slot would
+    count against the connector's budget until it expires -- and resume's own
+    retry could find the budget exhausted by the dead.  Only a holder on this
+    host whose process no longer exists is freed (a stopped process is alive:
+    its session is still open); slots held elsewhere expire on their own.
+    """
+    from executor import budget
+    from executor.ledger_schema import budget_slots as table
+
+    here = socket.gethostname()
+    store = budget.slot_store(executor).store
+    with contextlib.suppress(LedgerError), \
+            store.write("free the budget slots of dead sessions", many=True) as conn:
+        for i in range(0, len(intent_ids), 500):
+            rows = conn.execute(sa.select(table.c.ticket, table.c.holder).where(
+                table.c.intent_id.in_(intent_ids[i:i + 500]), table.c.ticket.is_not(None)))
+            dead = {ticket for ticket, holder in rows if _dead_local(str(holder or ""), here)}
+            for ticket in dead:
+                conn.execute(sa.update(table).where(table.c.ticket == ticket).values(
+                    ticket=None, case_id=None, intent_id=None, holder=None, expires_at=0))
+
+
+def _dead_local(holder: str, here: str) -> bool:
+    host, _, pid = holder.rpartition(":")
+    if host != here or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
+def _release_claims(executor: Executor, intent_ids: Sequence[str]) -> None:
+    """Free the impact keys that closed intents of the resumed cases still hold.
+
+    A call killed before the end of ``Executor.call`` (even after ``observed``)
+    never released its claims, so they would block other cases until they
+    expire.  Only closed intents are named -- an open one may still be
+    settling -- and one statement frees them per 500 intents; a key taken over
+    since names another intent and is not touched.
+    """
+    from executor import claims
+    from executor.ledger_schema import claims as table
+
+    if not intent_ids or not claims.claims_enabled(executor):
+        return
+    store = claims.store_for(executor).store
+    with contextlib.suppress(LedgerError), \
+            store.write("release the claims of settled intents", many=True) as conn:
+        for i in range(0, len(intent_ids), 500):
+            conn.execute(sa.update(table).where(table.c.intent_id.in_(intent_ids[i:i + 500]))
+                         .values(case_id=None, intent_id=None, operation_id=None, holder=None,
+                                 expires_at=0))
+
+
+# --- loading ---------------------------------------------------------------------
+
+
+@dataclass
+class _Case:
+    case_id: str
+    intents: dict[str, dict[str, Any]]
+    order: dict[str, int]
+    pending: list[Pending] = field(default_factory=list)
+    parked: list[IntentReport] = field(default_factory=list)
+    """Open intents resume does not settle itself (a person's or the DDL loop's)."""
+
+
+def _load(verified: VerifiedCase, task: str | None) -> _Case:
+    case_id = verified.case_id
+    snapshot = verified.snapshot
+    recorded = (snapshot.get("case") or {}).get("task")
+    if task is not None and recorded is not None and recorded != task:
+        raise CaseConflict(
+            f"case {case_id!r} was opened for task {recorded!r}, not {task!r}; a task id "
+            "reused for another request is refused -- use a new case for new work",
+            case=case_id, recorded=recorded, task=task)
+    order: dict[str, int] = {}
+    for event in verified.events:
+        if event.intent_id is not None and event.intent_id not in order:
+            order[event.intent_id] = event.seq
+    intents = {str(k): dict(v) for k, v in (snapshot.get("intents") or {}).items()}
+    case = _Case(case_id, intents, order)
+    for intent_id, state in intents.items():
+        status = str(state.get("status"))
+        if status in TERMINAL or status == "changed_outside_case":
+            continue
+        p = Pending(case_id, intent_id, state, order.get(intent_id, 0))
+        escalation = state.get("escalation")
+        if status == "escalated" and not (
+                isinstance(escalation, Mapping) and escalation.get("by") == "resume"):
+            case.parked.append(_report(p, str((escalation or {}).get("classification")
+                                              or Classification.UNKNOWN),
+                                       {"rule": "escalated by the executor; a person decides",
+                                        "escalation": escalation},
+                                       "awaiting_person"))
+        elif state.get("effect_class") == "ddl" or status.startswith("ddl."):
+            case.parked.append(_report(p, Classification.UNKNOWN,
+                                       {"rule": "a DDL intent: reconciled by the DDL loop"},
+                                       "awaiting_person"))
+        else:
+            case.pending.append(p)
+    case.pending.sort(key=lambda p: p.order)
+    return case
+
+
+class _Rows:
+    """Registry rows by (operation, version), resolved once; None when unresolvable."""
+
+    def __init__(self, executor: Executor):
+        self.executor = executor
+        self.cache: dict[tuple[str, int], Row | None] = {}
+
+    def of(self, operation_id: str, version: int) -> Row | None:
+        key = (operation_id, version)
+        if key not in self.cache:
+            try:
+                self.cache[key] = self.executor.registry.resolve(operation_id, version)
+            except CapgateError:
+                self.cache[key] = None
+        return self.cache[key]
+
+    def of_pending(self, p: Pending) -> Row | None:
+        op, version = p.state.get("operation_id"), p.state.get("version")
+        if not op or version is None:
+            return None
+        return self.of(str(op), int(version))
+
+
+# --- settling one case -----------------------------------------------------------
+
+
+def _evidence(p: Pending, f: Facts, rule: str) -> dict[str, Any]:
+    details = dict(f.details)
+    out: dict[str, Any] = {
+        "rule": rule,
+        "attempt": p.attempt,
+        "marker": f.marker,
+        "marker_row": f.marker_row,
+        "commit_outcome": f.outcome,
+        "commit_outcome_detail": details.pop("commit_outcome", None),
+        "finished": f.finished,
+        "server_identity": f.identity,
+        "probe": f.probe,
+        "unreachable": f.unreachable,
+        "tx": p.tx or None,
+        **details,
+    }
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def _report(p: Pending, classification: str, evidence: Mapping[str, Any], action: str, *,
+            outcome: str | None = None, detail: str = "", resolved: bool = False
+            ) -> IntentReport:
+    version = p.state.get("version")
+    return IntentReport(p.case_id, p.intent_id, p.state.get("operation_id"),
+                        int(version) if version is not None else None, p.status, p.attempt,
+                        str(classification), evidence, action, outcome, detail, resolved)
+
+
+@dataclass
+class _Settling:
+    """One case between recording its facts and continuing (or not)."""
+
+    case: _Case
+    reports: list[IntentReport]
+    retry: list[tuple[Pending, dict[str, Any]]]
+    states: dict[str, dict[str, Any]]
+    deps: list[Dependency]
+
+
+def _record(executor: Executor, case: _Case, facts: Mapping[str, Facts], rows: _Rows,
+            fresh: Mapping[str, Any] | None, *, act: bool) -> _Settling:
+    """Classify the case's in-flight intents; record applied, never_retry and escalations.
+
+    ``fresh`` is the case's snapshot re-read after the evidence was gathered:
+    another resume (or a late attempt) may have moved an intent on meanwhile.
+    """
+    reports: list[IntentReport] = list(case.parked)
+    decided: list[tuple[Pending, Classification, dict[str, Any]]] = []
+    for p in case.pending:
+        classification, rule = classify(p, facts[p.intent_id])
+        decided.append((p, classification, _evidence(p, facts[p.intent_id], rule)))
+    if not act:
+        reports.extend(_report(p, c, ev, "none") for p, c, ev in decided)
+        states = {k: dict(v) for k, v in case.intents.items()}
+        return _Settling(case, reports, [], states,
+                         dependencies(case.case_id, _states(states, case.order), rows.of))
+
+    now_states = {str(k): dict(v) for k, v in
+                  ((fresh or {"intents": case.intents}).get("intents") or {}).items()}
+    retry: list[tuple[Pending, dict[str, Any]]] = []
+    for p, classification, ev in decided:
+        current = now_states.get(p.intent_id, {})
+        if current.get("last_seq") != p.state.get("last_seq"):
+            reports.append(_report(p, classification, ev, "skipped_concurrent",
+                                   detail="the intent moved on while resume looked; "
+                                          "run resume again",
+                                   resolved=str(current.get("status")) in TERMINAL))
+            continue
+        recovery = str(p.state.get("recovery") or "")
+        if classification is Classification.APPLIED:
+            reports.append(_record_applied(executor, p, ev, rows))
+        elif classification is Classification.NOT_APPLIED:
+            if recovery == str(Recovery.NEVER_RETRY):
+                reports.append(_record_not_applied(executor, p, ev))
+            elif recovery in (str(Recovery.RETRYABLE), str(Recovery.RECONCILE_FIRST)):
+                retry.append((p, ev))
+            else:
+                reports.append(_escalate(executor, p, Classification.NOT_APPLIED, ev,
+                                         f"unknown recovery {recovery!r}: not retried"))
+        else:
+            reports.append(_escalate(executor, p, classification, ev))
+    # The intents as just settled, without reading the case again.
+    for r in reports:
+        if r.action == "recorded_applied" and r.intent_id in now_states:
+            now_states[r.intent_id].update(status="reconciled",
+                                           outcome_record={"status": r.outcome})
+    return _Settling(case, reports, retry, now_states,
+                     dependencies(case.case_id, _states(now_states, case.order), rows.of))
+
+
+def _continue(executor: Executor, s: _Settling, results: list[Recheck], rows: _Rows, *,
+              act: bool) -> tuple[list[IntentReport], list[dict[str, Any]]]:
+    """The poisoned resume's verdict for one case, then its retries (if it may continue)."""
+    changed = [r for r in results if not r.ok and r.error is None]
+    unverifiable = [r for r in results if r.error is not None]
+    reported = [r.to_dict() for r in changed + unverifiable]
+    if not act:
+        return s.reports, reported
+    _record_rechecks(executor, s.case.case_id, s.states, results)
+    hold = ""
+    if changed:
+        hold = (f"held: {len(changed)} completed step(s) of the case no longer verify "
+                "(target changed outside the case)")
+    elif unverifiable:
+        hold = f"held: cannot re-check completed steps ({unverifiable[0].error})"
+    reports = list(s.reports)
+    for p, ev in s.retry:
+        if hold:
+            reports.append(_report(p, Classification.NOT_APPLIED, ev, "held", detail=hold))
+            continue
+        reports.append(_retry(executor, p, ev, rows))
+    return reports, reported
+
+
+def _states(intents: Mapping[str, Mapping[str, Any]], order: Mapping[str, int]
+            ) -> Iterable[tuple[str, Mapping[str, Any], int]]:
+    for intent_id, state in intents.items():
+        yield intent_id, state, order.get(intent_id, 0)
+
+
+def _now(executor: Executor) -> str:
+    return executor.clock().isoformat()
+
+
+def _outcome(p: Pending, status: str, attempt: int, evidence: Mapping[str, Any],
+             reason: Mapping[str, Any] | None = None) -> Outcome:
+    s = p.state
+    return Outcome(status=status, intent_id=p.intent_id, case_id=p.case_id,
+                   operation_id=str(s.get("operation_id")), version=int(s.get("version") or 0),
+                   row_hash=str(s.get("row_hash") or ""),
+                   idempotency_key=p.idem_key, fingerprint=p.fingerprint or "",
+                   attempt=attempt, evidence={"reconciled": _decisive(evidence)}, reason=reason)
+
+
+_DECISIVE = ("rule", "marker", "marker_row", "commit_outcome", "probe", "resolved_by", "note")
+
+
+def _decisive(evidence: Mapping[str, Any]) -> dict[str, Any]:
+    """What an outcome record keeps of the evidence (the event carries all of it)."""
+    return {k: evidence[k] for k in _DECISIVE if evidence.get(k) is not None}
+
+
+def _record_applied(executor: Executor, p: Pending, ev: dict[str, Any],
+                    rows: _Rows) -> IntentReport:
+    marker_attempt = (ev.get("marker_row") or {}).get("attempt")
+    result = _outcome(p, oc.APPLIED, int(marker_attempt or p.attempt), ev)
+    state: dict[str, Any] = {"classification": "applied", "rule": ev["rule"],
+                             "outcome": result.status, "outcome_record": result.to_dict(),
+                             "reconciled_at": _now(executor)}
+    if p.state.get("escalation"):
+        state["escalation"] = None
+    executor.ledger.append(p.case_id, "reconciled", {"evidence": ev, "state": state},
+                           intent_id=p.intent_id)
+    detail = ""
+    row = rows.of_pending(p)
+    if row is not None and row.post_commit and not p.state.get("compensates"):
+        try:
+            ctx = _context(executor, p, result.attempt, row)
+            final = executor._post_commit(ctx, result)
+            detail = f"post-commit checks: {final.status}"
+        except (CapgateError, sa.exc.SQLAlchemyError) as exc:
+            detail = f"post-commit checks could not run: {exc}"
+    return _report(p, Classification.APPLIED, ev, "recorded_applied", outcome=result.status,
+                   detail=detail, resolved=True)
+
+
+def _record_not_applied(executor: Executor, p: Pending, ev: dict[str, Any]) -> IntentReport:
+    reason = {"kind": "not_applied", "rule": ev["rule"], "recovery": "never_retry"}
+    result = _outcome(p, oc.ROLLED_BACK, p.attempt, ev, reason)
+    state: dict[str, Any] = {"classification": "not_applied", "rule": ev["rule"],
+                             "outcome": result.status, "outcome_record": result.to_dict(),
+                             "reconciled_at": _now(executor)}
+    if p.state.get("escalation"):
+        state["escalation"] = None
+    executor.ledger.append(p.case_id, "reconciled", {"evidence": ev, "state": state},
+                           intent_id=p.intent_id)
+    return _report(p, Classification.NOT_APPLIED, ev, "closed_not_applied",
+                   outcome=result.status, detail="recovery never_retry: not retried",
+                   resolved=True)
+
+
+def _escalate(executor: Executor, p: Pending, classification: Classification,
+              ev: dict[str, Any], detail: str = "") -> IntentReport:
+    previous = p.state.get("escalation")
+    if (p.status == "escalated" and isinstance(previous, Mapping)
+            and previous.get("classification") == str(classification)
+            and previous.get("rule") == ev.get("rule")):
+        return _report(p, classification, ev, "still_escalated", detail=detail)
+    executor.ledger.append(p.case_id, "escalated", {"evidence": ev, "state": {"escalation": {
+        "by": "resume", "classification": str(classification), "rule": ev.get("rule"),
+        "detail": detail or None, "at": _now(executor)}}}, intent_id=p.intent_id)
+    return _report(p, classification, ev, "escalated",
+                   detail=detail or "parked for a person; nothing retried")
+
+
+def _record_rechecks(executor: Executor, case_id: str, states: Mapping[str, Mapping[str, Any]],
+                     results: list[Recheck]) -> None:
+    for r in results:
+        intent_id = r.dependency.intent_id
+        status = str(states.get(intent_id, {}).get("status"))
+        if r.error is not None:
+            continue
+        if not r.ok and status != "changed_outside_case":
+            failed = [c for c in r.checks if not c["ok"]]
+            executor.ledger.append(case_id, "changed_outside_case", {
+                "checks": list(r.checks),
+                "state": {"changed_outside_case": {"checks": failed, "at": _now(executor),
+                                                   "impact_key": r.dependency.impact_key}},
+            }, intent_id=intent_id)
+        elif r.ok and status == "changed_outside_case":
+            executor.ledger.append(case_id, "reconciled", {
+                "checks": list(r.checks),
+                "state": {"changed_outside_case": None,
+                          "recheck": {"ok": True, "at": _now(executor)}},
+            }, intent_id=intent_id)
+
+
+# --- retrying an intent as attempt n+1 ----------------------------------------------
+
+
+def _context(executor: Executor, p: Pending, attempt: int, row: Row | None = None
+             ) -> CallContext:
+    """The recorded intent as a call context, after checking it is still the same request."""
+    s = p.state
+    resolved_row, connector = executor.resolve(str(s["operation_id"]), int(s["version"]))
+    row = row or resolved_row
+    if row.row_hash != s.get("row_hash"):
+        raise CaseConflict(
+            f"intent {p.intent_id} was prepared against {row.ref} with hash {s.get('row_hash')}, "
+            f"but the registry now has {row.row_hash}; not retried", case=p.case_id,
+            intent_id=p.intent_id)
+    if connector.name != s.get("connector") or connector.environment != s.get("environment"):
+        raise CaseConflict(
+            f"intent {p.intent_id} ran on {s.get('connector')} ({s.get('environment')}), the "
+            f"row now resolves to {connector.name} ({connector.environment}); not retried",
+            case=p.case_id, intent_id=p.intent_id)
+    inputs = dict(s.get("inputs") or {})
+    fp = fingerprint(row, inputs, connector.name, connector.environment)
+    if fp != s.get("fingerprint"):
+        raise CaseConflict(
+            f"intent {p.intent_id}: the recorded request no longer has its recorded "
+            "fingerprint; not retried", case=p.case_id, intent_id=p.intent_id)
+    who = str(s.get("who") or "")
+    executor.grants.check_call(who, row, connector.name, connector.environment)
+    plan = render(row, inputs, connector.name, connector.environment)
+    return CallContext(row, inputs, p.case_id, who, connector, p.intent_id, p.idem_key, fp, plan,
+                       attempt=attempt, resumed=True)
+
+
+def _retry(executor: Executor, p: Pending, ev: dict[str, Any], rows: _Rows) -> IntentReport:
+    attempt = p.attempt + 1
+    try:
+        ctx = _context(executor, p, attempt)
+        if p.idem_key is not None and not p.state.get("compensates"):
+            claim = executor.ledger.get_idempotency(p.idem_key)
+            if claim is not None and (claim.intent_id != p.intent_id
+                                      or claim.fingerprint != ctx.fingerprint):
+                raise IdempotencyConflict(
+                    f"idempotency key {p.idem_key!r} belongs to intent {claim.intent_id} "
+                    f"(case {claim.case_id!r}); intent {p.intent_id} is not retried",
+                    key=p.idem_key, intent_id=claim.intent_id)
+    except CapgateError as exc:
+        return _escalate(executor, p, Classification.NOT_APPLIED, ev,
+                         f"not retried: {exc}")
+    executor.ledger.append(p.case_id, "retrying", {"evidence": ev, "state": {
+        "classification": "not_applied", "rule": ev["rule"], "retry_attempt": attempt,
+        "escalation": None}}, intent_id=p.intent_id)
+    try:
+        if p.state.get("compensates"):
+            result = _retry_compensation(executor, ctx)
+        elif ctx.row.shape is Shape.LEASED:
+            from executor.lease import run_leased
+
+            result = run_leased(executor, ctx)
+        else:
+            result = executor._collapsed(ctx)
+    except (CapgateError, sa.exc.SQLAlchemyError) as exc:
+        return _report(p, Classification.NOT_APPLIED, ev, "retry_failed",
+                       detail=f"attempt {attempt}: {exc}; run resume again")
+    return _report(p, Classification.NOT_APPLIED, ev, "retried", outcome=result.status,
+                   detail=f"attempt {attempt}, same idempotency key", resolved=True)
+
+
+def _retry_compensation(executor: Executor, ctx: CallContext) -> Outcome:
+    """A compensation intent again: its row's compensation statements, expected counts."""
+
+    def body(conn: sa.Connection, ev: dict[str, Any]) -> None:
+        dialect = ctx.connector.dialect
+        counts: list[int] = []
+        ev["counts"] = counts
+        for i, st in enumerate(ctx.row.compensation):
+            n = conn.execute(sa.text(dialect.sql(st.sql, ctx.tag)),
+                             binds_for(st.sql, ctx.inputs)).rowcount
+            counts.append(n)
+            if st.expect_rows is not None and not st.expect_rows.matches(n):
+                raise Rollback({"kind": "count", "statement": i, "sql": st.sql,
+                                "expected": st.expect_rows.to_value(), "actual": n})
+
+    ctx.connector.ensure_marker()
+    result = executor.run_transaction(ctx, body)
+    executor._observed(ctx, result)
+    if result.status != oc.APPLIED:
+        executor.ledger.append(ctx.case_id, "escalated", {"state": {"escalation": {
+            "kind": "compensation_failed", "by": "executor",
+            "compensation": dict(result.reason or {})}}}, intent_id=ctx.intent_id)
+    return result
+
+
+# --- a person's decision ---------------------------------------------------------------
+
+
+DECISIONS = ("applied", "not_applied", "accepted")
+
+
+def resolve_escalation(executor: Executor, case_id: str, intent_id: str, *, by: str,
+                       decision: str, note: str = "") -> dict[str, Any]:
+    """Record a person's decision on an escalated intent (or a changed target); closes it.
+
+    ``applied`` / ``not_applied``: the person established the outcome of an
+    ``escalated`` intent (a synthesised outcome record is stored, so an
+    idempotent replay returns it).  ``accepted``: a completed step whose
+    target ``changed_outside_case`` is accepted as it now is.
+    """
+    if decision not in DECISIONS:
+        raise UsageError(f"decision must be one of {', '.join(DECISIONS)}, not {decision!r}")
+    if not by:
+        raise UsageError("say who decides: by=...")
+    state = executor.ledger.intent(case_id, intent_id)
+    status = str(state.get("status"))
+    if status == "changed_outside_case":
+        if decision != "accepted":
+            raise UsageError(f"intent {intent_id} changed outside the case: the decision is "
+                             "`accepted` (or leave it open)")
+    elif status in TERMINAL:
+        raise UnknownIntent(f"intent {intent_id} of case {case_id!r} is not open ({status})",
+                            case=case_id, intent_id=intent_id)
+    elif decision == "accepted":
+        raise UsageError(f"intent {intent_id} is {status}: decide `applied` or `not_applied`")
+    resolution = {"by": by, "decision": decision, "note": note, "at": _now(executor)}
+    new_state: dict[str, Any] = {"resolution": resolution}
+    if decision in ("applied", "not_applied"):
+        p = Pending(case_id, intent_id, state, 0)
+        result = _outcome(p, oc.APPLIED if decision == "applied" else oc.ROLLED_BACK,
+                          p.attempt, {"resolved_by": by, "note": note},
+                          None if decision == "applied" else {"kind": "not_applied",
+                                                              "resolved_by": by})
+        new_state.update(outcome=result.status, outcome_record=result.to_dict())
+    else:
+        new_state["changed_outside_case"] = None
+    executor.ledger.append(case_id, "escalation_resolved", {"state": new_state},
+                           intent_id=intent_id)
+    return {"case": case_id, "intent_id": intent_id, **resolution}
