@@ -26,7 +26,7 @@ from registry.errors import ApprovalRequired, CapgateError
 from registry.loader import DEFAULT_PATH, validate_paths
 from registry.registry import Registry
 
-DEMO_GRANTS = {"principals": {
+DEMO_GRANTS: dict[str, dict[str, dict[str, Any]]] = {"principals": {
     "claims-agent": {"grants": [{"connector": "*", "environments": ["dev"], "access": "write"}]},
     "alice": {"roles": ["dba", "underwriting_lead"]},
     "bob": {"roles": ["dba"]},
@@ -135,14 +135,37 @@ def _run(ex: Executor, folder: Path) -> None:
 
 
 def _crash_demo(ex: Executor, folder: Path, agent: str) -> None:
-    _say("5. a crash: the executor is killed (SIGKILL) after attempt_started")
-    import importlib
+    _say("5. a crash: a `capgate call` process is killed (SIGKILL) after attempt_started")
+    from capgate.commands_resume import crash_and_resume_demo
 
-    try:
-        demo = importlib.import_module("executor.resume").crash_and_resume_demo
-    except (ImportError, AttributeError):
-        print("   (resume is not available in this build)")
-        return
-    lines: Any = demo(ex, folder, who=agent)
-    for line in lines:
+    config = _demo_config(folder)
+    for line in crash_and_resume_demo(config, who=agent):
         print(f"   {line}")
+
+
+def _demo_config(folder: Path) -> Path:
+    """The demo's executor as configuration, for the child process the crash kills."""
+    grants = folder / "grants.toml"
+    lines = []
+    for name, spec in DEMO_GRANTS["principals"].items():
+        lines.append(f'[principals."{name}"]')
+        if "roles" in spec:
+            lines.append(f"roles = {json.dumps(spec['roles'])}")
+        if "grants" in spec:
+            items = ", ".join(
+                f'{{ connector = "{g["connector"]}", '
+                f'environments = {json.dumps(g["environments"])}, access = "{g["access"]}" }}'
+                for g in spec["grants"])
+            lines.append(f"grants = [{items}]")
+    grants.write_text("\n".join(lines) + "\n", "utf-8")
+    config = folder / "capgate.toml"
+    caps = Path(DEFAULT_PATH).resolve()
+    target = f"sqlite:///{folder / 'insurance.db'}"
+    config.write_text(
+        "[capgate]\n"
+        f"capabilities = [{json.dumps(str(caps))}]\n"
+        'grants = "grants.toml"\n'
+        f'ledger = "sqlite:///{folder / "ledger.db"}"\n'
+        f'[connectors.insurance]\nurl = "{target}"\nenvironment = "dev"\n'
+        f'[connectors.insurance_code]\nurl = "{target}"\nenvironment = "dev"\n', "utf-8")
+    return config
