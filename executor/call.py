@@ -124,6 +124,8 @@ class CallContext:
     attempt: int = 1
     rehearse: bool = False
     resumed: bool = False  # resume hook (executor/resume.py): already prepared, no 2nd `prepared`
+    task: str | None = None
+    """The task the case was opened for; recorded on the case by its first ``prepared``."""
 
     @property
     def tag(self) -> SessionTag:
@@ -239,7 +241,7 @@ class Executor:
                         key=idem, case=claimed.case_id, intent_id=claimed.intent_id)
                 intent_id = claimed.intent_id  # claimed earlier, never prepared: adopt it
         ctx = CallContext(row, inputs, case, who, connector, intent_id, idem, fp, plan,
-                          rehearse=rehearse)
+                          rehearse=rehearse, task=task)
         # --- impact claims and session budgets (executor/claims.py, executor/budget.py):
         # both taken before `prepared`, so a conflict or an exhausted budget records nothing
         from executor import budget, claims
@@ -358,6 +360,7 @@ class Executor:
                       "environment": ctx.connector.environment, "who": ctx.who,
                       "effect_class": str(row.effect_class), "recovery": str(row.recovery),
                       "plan_hash": ctx.plan.plan_hash, "attempt": 0, "inputs": dict(ctx.inputs)},
+            **({"case_state": {"task": ctx.task}} if ctx.task is not None else {}),
         }, intent_id=ctx.intent_id)
         crash_point("after_prepared")
 

@@ -195,7 +195,8 @@ def test_idempotency_conflict(executor: Executor) -> None:
 
 def test_case_reused_for_a_different_task(executor: Executor) -> None:
     executor.call("policy.add_note", NOTE, case="C-task", who="agent", task="TICKET-1")
-    executor.ledger.append("C-task", "case_opened", {"case_state": {"task": "TICKET-1"}})
+    assert executor.ledger.snapshot("C-task")["case"]["task"] == "TICKET-1"  # type: ignore[index]
+    executor.call("policy.get", {"policy_id": 1}, case="C-task", who="agent", task="TICKET-1")
     with pytest.raises(errors.CaseConflict):
         executor.call("policy.get", {"policy_id": 1}, case="C-task", who="agent",
                       task="TICKET-2")
