@@ -21,7 +21,7 @@ import datetime as dt
 import os
 import signal
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -268,7 +268,8 @@ class Executor:
             claims.release_after_call(self, ctx, error)  # --- end
 
     def lease(self, operation_id: str, inputs: Mapping[str, Any], *, case: str, who: str,
-              steps: Any = None, version: int | None = None, key: str | None = None,
+              steps: Sequence[str | Callable[..., Any]] | None = None,
+              version: int | None = None, key: str | None = None,
               task: str | None = None, plan_hash: str | None = None) -> Outcome:
         """Run a leased row under its deadline (see :func:`executor.lease.lease`)."""
         from executor.lease import lease  # --- leased API (executor/lease.py)
