@@ -348,7 +348,8 @@ def holding(executor: Executor, connector: Connector, count: int) -> Iterator[li
     try:
         for _ in range(count):
             conns.append(connect(executor, connector))
-            conns[-1].execute(sa.text("SELECT 1"))
+            probe = "SELECT 1 FROM dual" if connector.dialect.name == "oracle" else "SELECT 1"
+            conns[-1].execute(sa.text(probe))
             conns[-1].rollback()
         yield conns
     finally:

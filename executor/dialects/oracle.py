@@ -1,19 +1,50 @@
 """Oracle (python-oracledb thin mode): end-to-end tracing attributes, LTXID.
 
 Written against Oracle's documented interfaces and python-oracledb's API;
-tested only where an Oracle is reachable (``CAPGATE_TEST_ORACLE_DSN``).
+tested only where an Oracle is reachable (``CAPGATE_TEST_ORACLE_DSN``, or a
+``gvenzl/oracle-free`` container): ``tests/test_oracle_executor.py``.
 
-* Tagging: ``module`` / ``action`` / ``clientinfo`` / ``client_identifier`` are
-  sent with the next round trip and show in ``V$SESSION``.
-* Timeouts: ``call_timeout`` bounds every round trip on the client.  Oracle has
-  no per-transaction idle timeout a session can set for itself (profiles'
+* Sessions: every connection of a connector's engine runs
+  ``ALTER SESSION SET NLS_DATE_FORMAT = 'YYYY-MM-DD'`` once, when it is made
+  (a SQLAlchemy ``connect`` event installed by :meth:`prepare_engine`).  The
+  capability rows bind dates as ISO strings (``'2024-08-15'``) and compare or
+  store them against ``DATE`` columns; Oracle converts such a string with the
+  session's ``NLS_DATE_FORMAT``, whose default (``DD-MON-RR``) would reject it
+  (ORA-01861); client NLS environment variables (``NLS_LANG``,
+  ``NLS_DATE_FORMAT``) are a Thick-mode feature, so only the session can say it.
+  The seed data itself uses ANSI ``DATE '...'`` literals and needs no setting.
+  ``DATE`` values still come back as ``datetime`` (midnight), so evidence shows
+  ``2024-07-01T00:00:00`` where PostgreSQL shows ``2024-07-01``.
+* Tagging: ``module`` (``capgate``), ``action`` (operation id),
+  ``clientinfo`` (intent id) and ``client_identifier`` (case id) are sent with
+  the next round trip -- the transaction's first statement -- and show in
+  ``V$SESSION`` (and ``SYS_CONTEXT('USERENV', ...)``).  The reset after a call
+  is likewise sent with the connection's next round trip, so an idle pooled
+  session keeps showing its last call's labels until it is used again.
+* Timeouts: ``call_timeout`` bounds every round trip on the client (thin mode
+  sends a break; ``DPY-4024`` when the session recovered, ``DPY-4011`` when it
+  did not and the connection was closed).  Oracle has no lock timeout for DML
+  and no per-transaction idle timeout a session can set for itself (profiles'
   ``IDLE_TIME`` counts minutes; Resource Manager's ``MAX_IDLE_BLOCKER_TIME``
-  is DBA configuration), so the lease is not enforced server-side here.
+  is DBA configuration), so row-lock waits are bounded by the call timeout
+  and the lease is not enforced server-side here.  A timeout *around COMMIT*
+  (or ROLLBACK) says nothing about whether the commit landed, so
+  :meth:`prepare_engine` marks it a disconnect: the connection is discarded
+  and the executor reports the outcome as unknown (for ``resume``), never as
+  rolled back.
 * Commit outcome: Transaction Guard.  The logical transaction id (``ltxid``)
   is recorded before COMMIT; ``DBMS_APP_CONT.GET_LTXID_OUTCOME`` later says
-  whether it committed and whether the user call completed.  It needs a
-  service with ``COMMIT_OUTCOME=TRUE`` and ``EXECUTE`` on ``DBMS_APP_CONT``;
-  ORA-14950/14951 (evidence expired or from another database) mean unknown.
+  whether it committed and whether the user call completed (and, when it did
+  not commit, blocks that LTXID from committing later).  It needs a service
+  with ``COMMIT_OUTCOME=TRUE`` (otherwise the driver reports no LTXID and
+  ``ltxid`` is recorded as None) and ``EXECUTE`` on ``DBMS_APP_CONT``
+  (without it the answer is None, unknowable).  An LTXID names a session's
+  next commit and is reused after a rollback, so it speaks for our
+  transaction only when that session ended (crash, lost connection) before it
+  committed anything else -- the case it is asked about; ORA-14950 (the
+  session committed later transactions), ORA-14951 (evidence from another
+  database incarnation), ORA-14906 (asked on the owning session) and
+  ORA-14952 (undeterminable) all mean unknown.
 """
 
 from __future__ import annotations
@@ -24,7 +55,9 @@ import sqlalchemy as sa
 
 from executor.dialects.base import MARKER_TABLE, Dialect, SessionTag, TxIdentity, sqlstate
 
-_OUTCOME_BLOCK = """
+NLS_SETUP = "ALTER SESSION SET NLS_DATE_FORMAT = 'YYYY-MM-DD'"
+
+_OUTCOME = sa.text("""
 DECLARE
   c BOOLEAN;
   u BOOLEAN;
@@ -32,16 +65,49 @@ BEGIN
   DBMS_APP_CONT.GET_LTXID_OUTCOME(HEXTORAW(:ltxid), c, u);
   :committed := CASE WHEN c THEN 1 ELSE 0 END;
   :completed := CASE WHEN u THEN 1 ELSE 0 END;
-END;"""
+END;""").bindparams(
+    sa.bindparam("ltxid", type_=sa.String()),
+    sa.outparam("committed", sa.Integer()),
+    sa.outparam("completed", sa.Integer()),
+)
+
+# Transaction Guard answers that mean "no evidence": server ahead, client ahead,
+# same session, undeterminable
+_OUTCOME_UNKNOWN = ("ORA-14950", "ORA-14951", "ORA-14906", "ORA-14952")
 
 
 def _driver(conn: sa.Connection) -> Any:
     return conn.connection.driver_connection
 
 
+def _message(exc: BaseException) -> str:
+    return str(getattr(exc, "orig", None) or exc)
+
+
 class OracleDialect(Dialect):
     name: ClassVar[str] = "oracle"
     commit_outcome_probe: ClassVar[bool] = True
+
+    def prepare_engine(self, engine: sa.Engine) -> None:
+        """ISO date binds on every new connection; a timeout around COMMIT is a disconnect."""
+
+        def set_nls(dbapi_connection: Any, connection_record: Any) -> None:
+            cursor = dbapi_connection.cursor()
+            try:
+                cursor.execute(NLS_SETUP)
+            finally:
+                cursor.close()
+
+        def timeout_outside_statement(ctx: sa.engine.ExceptionContext) -> None:
+            # statement None: COMMIT or ROLLBACK (Oracle sends no BEGIN).  The break the
+            # call timeout sent may have arrived before or after the commit completed.
+            if ctx.statement is None and not ctx.is_pre_ping \
+                    and self.is_timeout(ctx.original_exception):
+                ctx.is_disconnect = True
+                ctx.invalidate_pool_on_disconnect = False  # only this connection
+
+        sa.event.listen(engine, "connect", set_nls)
+        sa.event.listen(engine, "handle_error", timeout_outside_statement)
 
     def marker_ddl(self) -> list[str]:
         return [
@@ -73,6 +139,7 @@ class OracleDialect(Dialect):
 
     def open_write(self, conn: sa.Connection, tag: SessionTag, timeout_s: float,
                    lock_timeout_s: float | None) -> TxIdentity:
+        # lock_timeout_s: Oracle has no DML lock timeout; the call timeout bounds lock waits
         self._tag(conn, tag, timeout_s)
         raw = _driver(conn)
         ltxid = bytes(raw.ltxid or b"").hex()
@@ -91,36 +158,43 @@ class OracleDialect(Dialect):
         raw.call_timeout = 0
         raw.action = ""
         raw.clientinfo = ""
+        raw.client_identifier = ""
 
     def end_read(self, conn: sa.Connection) -> None:
         self.reset_session(conn)
 
     def is_timeout(self, exc: BaseException) -> bool:
-        text = str(getattr(exc, "orig", exc))
-        # DPY-4024 call timeout; ORA-01013 user requested cancel; ORA-30006 resource busy
+        text = _message(exc)
+        # DPY-4024 call timeout (session recovered); DPY-4011 "socket timed out while
+        # recovering": the call timeout closed the connection; ORA-01013 user requested
+        # cancel; ORA-30006 resource busy (WAIT n); ORA-00054 resource busy (NOWAIT)
+        if "DPY-4011" in text and "timed out" in text:
+            return True
         return any(code in text for code in ("DPY-4024", "ORA-01013", "ORA-30006", "ORA-00054"))
 
     def is_read_only_violation(self, exc: BaseException) -> bool:
-        return "ORA-01456" in str(getattr(exc, "orig", exc)) or sqlstate(exc) == "1456"
+        return "ORA-01456" in _message(exc) or sqlstate(exc) == "1456"
 
     def commit_outcome(self, conn: sa.Connection, identity: dict[str, Any]) -> str | None:
         ltxid = identity.get("ltxid")
         if not ltxid:
             return None
-        cursor = _driver(conn).cursor()
         try:
-            committed = cursor.var(int)
-            completed = cursor.var(int)
-            cursor.execute(_OUTCOME_BLOCK, ltxid=ltxid, committed=committed,
-                           completed=completed)
-        except Exception as exc:
-            if any(code in str(exc) for code in ("ORA-14950", "ORA-14951", "ORA-14906")):
+            result = conn.execute(_OUTCOME, {"ltxid": str(ltxid)})
+        except sa.exc.DBAPIError as exc:
+            text = _message(exc)
+            if any(code in text for code in _OUTCOME_UNKNOWN):
                 return None
+            if "ORA-01031" in text or ("PLS-00201" in text and "DBMS_APP_CONT" in text):
+                return None  # no EXECUTE on DBMS_APP_CONT: the outcome is unknowable here
             raise
-        finally:
-            cursor.close()
-        if committed.getvalue() == 1:
-            return "committed" if completed.getvalue() == 1 else "committed_incomplete"
+        out: dict[str, Any] = getattr(result, "out_parameters", None) or {}
+        committed, completed = out.get("committed"), out.get("completed")
+        if committed is None:
+            return None
+        if int(committed) == 1:
+            return "committed" if completed is not None and int(completed) == 1 \
+                else "committed_incomplete"
         return "aborted"
 
     def session_alive(self, conn: sa.Connection, identity: dict[str, Any]) -> bool | None:
@@ -139,5 +213,11 @@ class OracleDialect(Dialect):
         if not self.session_alive(conn, identity):
             return False
         sid, serial = int(identity["sid"]), int(identity["serial"])
-        conn.execute(sa.text(f"ALTER SYSTEM KILL SESSION '{sid},{serial}' IMMEDIATE"))
+        try:
+            conn.execute(sa.text(f"ALTER SYSTEM KILL SESSION '{sid},{serial}' IMMEDIATE"))
+        except sa.exc.DatabaseError as exc:
+            # ORA-01031 no ALTER SYSTEM privilege; ORA-00030 the session ended meanwhile
+            if any(code in _message(exc) for code in ("ORA-01031", "ORA-00030")):
+                return False
+            raise
         return True
