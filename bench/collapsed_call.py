@@ -114,7 +114,8 @@ def capgate_worker(dsn: str, ledger_url: str, calls: int, worker: int, out: Any)
         {"connector": "bench", "environments": ["dev"], "access": "write"}]}}})
     url = sa.engine.make_url(dsn).set(drivername="postgresql+psycopg")
     connectors = Connectors({"bench": ConnectorConfig(
-        name="bench", url=url.render_as_string(hide_password=False), environment="dev")})
+        name="bench", url=url.render_as_string(hide_password=False), environment="dev",
+        session_budget=16)})
     ex = Executor(Registry(result.rows), connectors, open_ledger(ledger_url), grants)
     run = uuid.uuid4().hex[:8]
     latencies = []

@@ -73,6 +73,7 @@ import hashlib
 import os
 import socket
 import threading
+import uuid
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -195,6 +196,7 @@ class ClaimStore:
 
     def __init__(self, ledger: Ledger) -> None:
         self.store = StoreAccess(ledger)
+        self._ledger_id: str | None = None
         s = self.store
         self._acquire = sa.text(
             "INSERT INTO cg_claims (impact_key, token, case_id, intent_id, operation_id, holder,"
@@ -221,6 +223,18 @@ class ClaimStore:
             "SELECT impact_key, token, case_id, intent_id, operation_id, holder, acquired_at,"
             f" expires_at, {s.now_sql} AS now FROM cg_claims WHERE impact_key = :k"
         )
+
+    def ledger_id(self) -> str:
+        """This ledger store's identity (created once, then read), cached per process."""
+        if self._ledger_id is None:
+            with self.store.write("record the ledger's identity") as conn:
+                conn.execute(sa.text(
+                    "INSERT INTO cg_meta (key, value) VALUES ('ledger_id', :v)"
+                    " ON CONFLICT (key) DO NOTHING"), {"v": uuid.uuid4().hex})
+            with self.store.write("read the ledger's identity") as conn:
+                self._ledger_id = str(conn.execute(sa.text(
+                    "SELECT value FROM cg_meta WHERE key = 'ledger_id'")).scalar_one())
+        return self._ledger_id
 
     def acquire(self, keys: Sequence[str], *, case_id: str, intent_id: str,
                 operation_id: str, ttl: float) -> HeldClaim:
@@ -435,7 +449,7 @@ def fence(executor: Executor, ctx: CallContext, conn: Connection) -> None:
         return
     from executor.call import Rollback
 
-    stale = target_fence(ctx, conn, claim)
+    stale = target_fence(ctx, conn, claim, namespace=_book(executor).store.ledger_id())
     if stale is not None:
         raise Rollback({"kind": "stale_fence", "code": StaleFence.code, "where": "target",
                         **stale,
@@ -519,14 +533,20 @@ def ensure_fence_table(connector: Connector) -> None:
         _FENCE_READY.add(engine)
 
 
-def target_fence(ctx: CallContext, conn: Connection, claim: HeldClaim) -> dict[str, Any] | None:
-    """Move each key's fence row to our token in the write's transaction; None if all moved."""
+def target_fence(ctx: CallContext, conn: Connection, claim: HeldClaim,
+                 namespace: str = "") -> dict[str, Any] | None:
+    """Move each key's fence row to our token in the write's transaction; None if all moved.
+
+    Rows are keyed by ``namespace`` (the ledger's identity) and the impact key:
+    tokens are only comparable within the ledger that issued them.
+    """
     dialect = ctx.connector.dialect
     upsert = sa.text(dialect.sql(_FENCE_UPSERT.get(dialect.name, _FENCE_UPSERT["postgresql"]),
                                  ctx.tag))
     read = sa.text(dialect.sql(_FENCE_READ, ctx.tag))
     for key, token in sorted(claim.tokens.items()):
-        binds = {"h": key_hash(key), "k": key[:400], "t": token, "i": ctx.intent_id}
+        binds = {"h": key_hash(f"{namespace}\n{key}" if namespace else key), "k": key[:400],
+                 "t": token, "i": ctx.intent_id}
         result = conn.execute(upsert, binds)
         if dialect.name in ("postgresql", "sqlite"):
             moved = result.first() is not None

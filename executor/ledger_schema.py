@@ -81,6 +81,16 @@ approvals = sa.Table(
 # (epoch seconds as FLOAT): an expiry written by one machine and tested by
 # another must use one clock, and the store is the only one they share.
 
+# The store's own identity: a random id created once.  Fencing rows in a target
+# are namespaced by it, so that two ledgers (say a developer's SQLite file and
+# the shared PostgreSQL store) never read each other's tokens as newer.
+meta = sa.Table(
+    "cg_meta",
+    metadata,
+    sa.Column("key", sa.String(64), primary_key=True),
+    sa.Column("value", sa.Text, nullable=False),
+)
+
 claims = sa.Table(
     "cg_claims",
     metadata,

@@ -218,3 +218,16 @@ def test_a_crashed_cases_claim_holds_until_resume_takes_it_over(
     assert out.status == "applied_verified", out.reason
     assert count(pg_url, "SELECT count(*) FROM policy_note WHERE body = 'Called the holder.'") \
         == 2
+
+
+def test_two_ledgers_on_one_target_do_not_fence_each_other(
+        gate: Callable[..., Executor], sqlite_url: URL, tmp_path: Path) -> None:
+    """Fencing tokens compare only within the ledger that issued them."""
+    first = gate(sqlite_url, f"sqlite:///{tmp_path / 'a.db'}")
+    for i in range(3):  # ledger A's tokens for the key run ahead of ledger B's
+        assert first.call("policy.add_note", {"policy_id": 1, "author": "a", "body": f"a{i}"},
+                          case=f"A-{i}", who="agent").status == "applied_verified"
+    second = gate(sqlite_url, f"sqlite:///{tmp_path / 'b.db'}", schema=False)
+    out = second.call("policy.add_note", {"policy_id": 1, "author": "b", "body": "b"},
+                      case="B-1", who="agent")
+    assert out.status == "applied_verified", out.reason

@@ -121,7 +121,8 @@ def test_eight_executors_never_write_one_target_at_once(server_target: URL,
     assert all(case is None for _, _, case in claims)
     # the target's fence rows carry each key's last token
     fence = {h: t for h, t in rows(server_target, "SELECT key_hash, token FROM capgate_fence")}
-    assert {key_hash(k): t for k, t, _ in claims} == fence
+    ((ledger_id,),) = rows(pg_ledger, "SELECT value FROM cg_meta WHERE key = 'ledger_id'")
+    assert {key_hash(f"{ledger_id}\n{k}"): t for k, t, _ in claims} == fence
     # one token per successful acquisition: a refused claim takes none
     assert sum(int(t) for _, t, _ in claims) == CALLS
     print(f"{len(conflicts)} conflicts over {CALLS} calls")
