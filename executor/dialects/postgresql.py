@@ -126,32 +126,23 @@ class PostgresqlDialect(Dialect):
         return {"committed": "committed", "aborted": "aborted",
                 "in progress": "in_progress"}.get(str(status))
 
-    def session_alive(self, conn: sa.Connection, identity: dict[str, Any]) -> bool | None:
+    @staticmethod
+    def _on_backend(conn: sa.Connection, identity: dict[str, Any], what: str) -> bool | None:
+        """``what`` over exactly the recorded backend (pid *and* start time: pids recycle)."""
         pid = identity.get("pid")
         if pid is None:
             return None
-        found = conn.execute(sa.text(
-            "SELECT count(*) FROM pg_stat_activity WHERE pid = :pid"
+        value = conn.execute(sa.text(
+            f"SELECT {what} FROM pg_stat_activity WHERE pid = :pid"
             " AND backend_start::text = :start"
-        ), {"pid": int(pid), "start": str(identity.get("backend_start"))}).scalar_one()
-        return bool(found)
+        ), {"pid": int(pid), "start": str(identity.get("backend_start"))}).scalar()
+        return bool(value)
+
+    def session_alive(self, conn: sa.Connection, identity: dict[str, Any]) -> bool | None:
+        return self._on_backend(conn, identity, "count(*) > 0")
 
     def terminate_session(self, conn: sa.Connection, identity: dict[str, Any]) -> bool:
-        pid = identity.get("pid")
-        if pid is None:
-            return False
-        done = conn.execute(sa.text(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid = :pid"
-            " AND backend_start::text = :start"
-        ), {"pid": int(pid), "start": str(identity.get("backend_start"))}).scalar()
-        return bool(done)
+        return bool(self._on_backend(conn, identity, "pg_terminate_backend(pid)"))
 
     def cancel_statement(self, conn: sa.Connection, identity: dict[str, Any]) -> bool:
-        pid = identity.get("pid")
-        if pid is None:
-            return False
-        done = conn.execute(sa.text(
-            "SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE pid = :pid"
-            " AND backend_start::text = :start"
-        ), {"pid": int(pid), "start": str(identity.get("backend_start"))}).scalar()
-        return bool(done)
+        return bool(self._on_backend(conn, identity, "pg_cancel_backend(pid)"))
