@@ -177,7 +177,7 @@ def require_server(engine: str) -> Server:
         reason = _SKIP_REASON.get(engine, f"{engine} unavailable")
         if engine in required_engines():
             pytest.fail(f"required database unavailable (CAPGATE_REQUIRE_DBS): {reason}")
-        pytest.skip(reason)
+        pytest.skip(reason)  # only engines not listed in CAPGATE_REQUIRE_DBS skip
     return server
 
 
