@@ -603,21 +603,10 @@ class DdlLoop:
         on_apply_started: OnApplyStarted | None,
     ) -> DdlOutcome:
         ph = str(plan["plan_hash"])
-        snapshot_ids = [it.base_snapshot_id for it in items]
         with self.engine.connect() as conn:
             self.adapter.begin(conn)
-            pre = self._preflight(conn, items, snaps, plan)
-            if not pre.ok:
-                conn.rollback()
-                raise self._refuse_merge(plan, pre)
-            self._emit(ev.PREFLIGHT, {"plan_hash": ph, "live": dict(pre.live), "ok": True})
-            dep_refs = self._dependent_refs(conn, plan, items)
-            before = self._statuses(conn, [it.ref for it in items] + dep_refs)
-            if on_apply_started is not None:
-                on_apply_started(snapshot_ids)
-            self._emit(ev.APPLY_STARTED, {"plan_hash": ph, "snapshot_ids": snapshot_ids,
-                                          "objects": [it.key for it in items],
-                                          "transactional": True})
+            dep_refs, before = self._start_apply(conn, plan, items, snaps, on_apply_started,
+                                                 transactional=True)
             applied, failure = self._apply_items(conn, items, ph)
             report: VerifyReport | None = None
             after: dict[str, ObjectStatus] = {}
@@ -656,26 +645,41 @@ class DdlLoop:
         return self._finish(self._outcome(APPLIED_VERIFIED, plan, applied, items, dep_refs,
                                           before, after, report, None, None, None))
 
+    def _start_apply(
+        self, conn: Connection, plan: Mapping[str, Any], items: list[_Item],
+        snaps: Mapping[str, Snapshot], on_apply_started: OnApplyStarted | None,
+        *, transactional: bool,
+    ) -> tuple[list[ObjectRef], dict[str, ObjectStatus]]:
+        """Preflight, dependents and their statuses before, then "apply started".
+
+        "Apply started" (with the snapshot ids) is recorded BEFORE the DDL: where DDL
+        commits on its own, a crash from here on is resolved by classify().
+        """
+        ph = str(plan["plan_hash"])
+        pre = self._preflight(conn, items, snaps, plan)
+        if not pre.ok:
+            if transactional:
+                conn.rollback()
+            raise self._refuse_merge(plan, pre)
+        self._emit(ev.PREFLIGHT, {"plan_hash": ph, "live": dict(pre.live), "ok": True})
+        dep_refs = self._dependent_refs(conn, plan, items)
+        before = self._statuses(conn, [it.ref for it in items] + dep_refs)
+        snapshot_ids = [it.base_snapshot_id for it in items]
+        if on_apply_started is not None:
+            on_apply_started(snapshot_ids)
+        self._emit(ev.APPLY_STARTED, {"plan_hash": ph, "snapshot_ids": snapshot_ids,
+                                      "objects": [it.key for it in items],
+                                      "transactional": transactional})
+        return dep_refs, before
+
     def _execute_committing(
         self, plan: Mapping[str, Any], items: list[_Item], snaps: Mapping[str, Snapshot],
         on_apply_started: OnApplyStarted | None,
     ) -> DdlOutcome:
         ph = str(plan["plan_hash"])
-        snapshot_ids = [it.base_snapshot_id for it in items]
         with self.engine.connect() as conn:
-            pre = self._preflight(conn, items, snaps, plan)
-            if not pre.ok:
-                raise self._refuse_merge(plan, pre)
-            self._emit(ev.PREFLIGHT, {"plan_hash": ph, "live": dict(pre.live), "ok": True})
-            dep_refs = self._dependent_refs(conn, plan, items)
-            before = self._statuses(conn, [it.ref for it in items] + dep_refs)
-            # The ledger records "apply started" with the snapshot ids BEFORE the DDL: the DDL
-            # commits on its own, and a crash from here on is resolved by classify().
-            if on_apply_started is not None:
-                on_apply_started(snapshot_ids)
-            self._emit(ev.APPLY_STARTED, {"plan_hash": ph, "snapshot_ids": snapshot_ids,
-                                          "objects": [it.key for it in items],
-                                          "transactional": False})
+            dep_refs, before = self._start_apply(conn, plan, items, snaps, on_apply_started,
+                                                 transactional=False)
             applied, failure = self._apply_items(conn, items, ph)
             report: VerifyReport | None = None
             after: dict[str, ObjectStatus] = {}
