@@ -607,18 +607,8 @@ class DdlLoop:
             self.adapter.begin(conn)
             dep_refs, before = self._start_apply(conn, plan, items, snaps, on_apply_started,
                                                  transactional=True)
-            applied, failure = self._apply_items(conn, items, ph)
-            report: VerifyReport | None = None
-            after: dict[str, ObjectStatus] = {}
-            error: DdlErrorLike | None = failure
-            if failure is None:
-                report, after = self._verify(conn, plan, items, dep_refs, before, smoke=True,
-                                             far_side=False)
-                if not report.passed:
-                    error = VerifyFailed(
-                        f"verify failed: {_failure_text(report)}; rolled back",
-                        plan_hash=ph, checks=[c.to_dict() for c in report.failures],
-                    )
+            applied, failure, report, after, error = self._apply_and_verify(
+                conn, plan, items, dep_refs, before, far_side=False, then="rolled back")
             if error is not None:
                 conn.rollback()
                 if failure is None and report is not None:
@@ -672,6 +662,32 @@ class DdlLoop:
                                       "transactional": transactional})
         return dep_refs, before
 
+    def _apply_and_verify(
+        self, conn: Connection, plan: Mapping[str, Any], items: list[_Item],
+        dep_refs: list[ObjectRef], before: dict[str, ObjectStatus], *, far_side: bool,
+        then: str,
+    ) -> tuple[list[ObjectApply], ApplyFailed | None, VerifyReport | None,
+               dict[str, ObjectStatus],
+               DdlErrorLike | None]:
+        """Apply every object, then verify; ``then`` says what a failed verify leads to.
+
+        Returns (applied, apply failure, verify report, statuses after, the error to act on).
+        """
+        ph = str(plan["plan_hash"])
+        applied, failure = self._apply_items(conn, items, ph)
+        report: VerifyReport | None = None
+        after: dict[str, ObjectStatus] = {}
+        error: DdlErrorLike | None = failure
+        if failure is None:
+            report, after = self._verify(conn, plan, items, dep_refs, before, smoke=True,
+                                         far_side=far_side)
+            if not report.passed:
+                error = VerifyFailed(
+                    f"verify failed: {_failure_text(report)}; {then}",
+                    plan_hash=ph, checks=[c.to_dict() for c in report.failures],
+                )
+        return applied, failure, report, after, error
+
     def _execute_committing(
         self, plan: Mapping[str, Any], items: list[_Item], snaps: Mapping[str, Snapshot],
         on_apply_started: OnApplyStarted | None,
@@ -680,21 +696,11 @@ class DdlLoop:
         with self.engine.connect() as conn:
             dep_refs, before = self._start_apply(conn, plan, items, snaps, on_apply_started,
                                                  transactional=False)
-            applied, failure = self._apply_items(conn, items, ph)
-            report: VerifyReport | None = None
-            after: dict[str, ObjectStatus] = {}
-            error: DdlErrorLike | None = failure
-            if failure is None:
-                report, after = self._verify(conn, plan, items, dep_refs, before, smoke=True,
-                                             far_side=True)
-                if not report.passed:
-                    error = VerifyFailed(
-                        f"verify failed: {_failure_text(report)}; compensating",
-                        plan_hash=ph, checks=[c.to_dict() for c in report.failures],
-                    )
-                    self._emit(ev.VERIFY_FAILED, {"plan_hash": ph,
-                                                  "checks": [c.to_dict() for c in
-                                                             report.failures]})
+            applied, failure, report, after, error = self._apply_and_verify(
+                conn, plan, items, dep_refs, before, far_side=True, then="compensating")
+            if failure is None and error is not None and report is not None:
+                self._emit(ev.VERIFY_FAILED, {"plan_hash": ph, "checks": [
+                    c.to_dict() for c in report.failures]})
         if error is not None:
             return self._compensate_outcome(plan, items, snaps, dep_refs, before, after,
                                             applied, report, error)
