@@ -555,17 +555,23 @@ def _decisive(evidence: Mapping[str, Any]) -> dict[str, Any]:
     return {k: evidence[k] for k in _DECISIVE if evidence.get(k) is not None}
 
 
-def _record_applied(executor: Executor, p: Pending, ev: dict[str, Any],
-                    rows: _Rows) -> IntentReport:
-    marker_attempt = (ev.get("marker_row") or {}).get("attempt")
-    result = _outcome(p, oc.APPLIED, int(marker_attempt or p.attempt), ev)
-    state: dict[str, Any] = {"classification": "applied", "rule": ev["rule"],
+def _reconciled(executor: Executor, p: Pending, ev: dict[str, Any], classification: str,
+                result: Outcome) -> None:
+    """Close the intent with a ``reconciled`` event carrying its synthesised outcome."""
+    state: dict[str, Any] = {"classification": classification, "rule": ev["rule"],
                              "outcome": result.status, "outcome_record": result.to_dict(),
                              "reconciled_at": _now(executor)}
     if p.state.get("escalation"):
         state["escalation"] = None
     executor.ledger.append(p.case_id, "reconciled", {"evidence": ev, "state": state},
                            intent_id=p.intent_id)
+
+
+def _record_applied(executor: Executor, p: Pending, ev: dict[str, Any],
+                    rows: _Rows) -> IntentReport:
+    marker_attempt = (ev.get("marker_row") or {}).get("attempt")
+    result = _outcome(p, oc.APPLIED, int(marker_attempt or p.attempt), ev)
+    _reconciled(executor, p, ev, "applied", result)
     detail = ""
     row = rows.of_pending(p)
     if row is not None and row.post_commit and not p.state.get("compensates"):
@@ -582,13 +588,7 @@ def _record_applied(executor: Executor, p: Pending, ev: dict[str, Any],
 def _record_not_applied(executor: Executor, p: Pending, ev: dict[str, Any]) -> IntentReport:
     reason = {"kind": "not_applied", "rule": ev["rule"], "recovery": "never_retry"}
     result = _outcome(p, oc.ROLLED_BACK, p.attempt, ev, reason)
-    state: dict[str, Any] = {"classification": "not_applied", "rule": ev["rule"],
-                             "outcome": result.status, "outcome_record": result.to_dict(),
-                             "reconciled_at": _now(executor)}
-    if p.state.get("escalation"):
-        state["escalation"] = None
-    executor.ledger.append(p.case_id, "reconciled", {"evidence": ev, "state": state},
-                           intent_id=p.intent_id)
+    _reconciled(executor, p, ev, "not_applied", result)
     return _report(p, Classification.NOT_APPLIED, ev, "closed_not_applied",
                    outcome=result.status, detail="recovery never_retry: not retried",
                    resolved=True)
