@@ -16,7 +16,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from registry.errors import EXIT_USAGE, CapgateError, RegistryError
+from registry.errors import EXIT_USAGE, CapgateError, RegistryError, UsageError
 
 Handler = Callable[[argparse.Namespace], int]
 _COMMANDS: dict[str, tuple[Handler, str]] = {}
@@ -28,6 +28,24 @@ def emit(args: argparse.Namespace, payload: Any, text: str | None = None) -> Non
         print(json.dumps(payload, indent=2, ensure_ascii=False, default=str))
     elif text is not None:
         print(text)
+
+
+def parse_operation(spec: str) -> tuple[str, int | None]:
+    """``OPERATION[@VERSION]`` -> (operation, version or None)."""
+    op, _, ver = spec.partition("@")
+    if ver and not ver.isdigit():
+        raise UsageError(f"version must be an integer, got {ver!r}")
+    return op, int(ver) if ver else None
+
+
+def caller(args: argparse.Namespace, doing: str = "is calling") -> str:
+    """The acting identity: ``--as``, else ``CAPGATE_AGENT`` or the config's ``agent``."""
+    from capgate.config import load_settings
+
+    who = args.who or load_settings(args.config).agent
+    if not who:
+        raise UsageError(f"say who {doing}: --as WHO (or CAPGATE_AGENT)")
+    return str(who)
 
 
 def _common() -> argparse.ArgumentParser:

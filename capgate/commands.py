@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from capgate.cli import emit
+from capgate.cli import emit, parse_operation
 from registry import errors
 from registry.loader import DEFAULT_PATH, load_registry, update_lock, validate_paths
 from registry.model import Row
@@ -118,12 +118,10 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def cmd_show(args: argparse.Namespace) -> int:
     registry = load_registry(_capability_paths(args))
-    op, _, ver = args.operation.partition("@")
-    if ver and not ver.isdigit():
-        raise errors.UsageError(f"version must be an integer, got {ver!r}")
-    if ver:
-        found = [r for r in registry.rows() if r.key == (op, int(ver))]
-        row = found[0] if found else registry.resolve(op, int(ver))
+    op, version = parse_operation(args.operation)
+    if version is not None:
+        found = [r for r in registry.rows() if r.key == (op, version)]
+        row = found[0] if found else registry.resolve(op, version)
     else:
         row = registry.resolve(op)
     emit(args, {**row_summary(row), "row": row.to_dict()}, card(row))

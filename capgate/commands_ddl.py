@@ -18,8 +18,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from capgate.api import open as open_executor
-from capgate.cli import emit
-from capgate.config import load_settings
+from capgate.cli import caller, emit, parse_operation
 from ddl.errors import MergeRequired, StaleExtract
 from ddl.prohibitions import PROHIBITIONS
 from ddl.results import SmokeCall, VerifyReport
@@ -158,18 +157,6 @@ def _service(args: argparse.Namespace) -> Iterator[DdlService]:
             bar.close()
 
 
-def _who(args: argparse.Namespace) -> str:
-    who = args.who or load_settings(args.config).agent
-    if not who:
-        raise UsageError("say who is acting: --as WHO (or CAPGATE_AGENT)")
-    return str(who)
-
-
-def _op(spec: str) -> tuple[str, int | None]:
-    op, _, ver = spec.partition("@")
-    if ver and not ver.isdigit():
-        raise UsageError(f"version must be an integer, got {ver!r}")
-    return op, int(ver) if ver else None
 
 
 def _short(value: str | None, n: int = 12) -> str:
@@ -225,13 +212,13 @@ def _read_sources(files: list[str]) -> list[str]:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    op, version = _op(args.operation)
+    op, version = parse_operation(args.operation)
     sources = _read_sources(args.files)
     smoke = _smoke(args.smoke)
     with _service(args) as svc:
         try:
-            plan = svc.plan(op, sources, case=args.case, who=_who(args), version=version,
-                            bases=args.base, fresh=args.fresh, smoke=smoke,
+            plan = svc.plan(op, sources, case=args.case, who=caller(args, "is acting"),
+                            version=version, bases=args.base, fresh=args.fresh, smoke=smoke,
                             recompile=args.recompile)
         except StaleExtract as exc:
             _print_merge(args, exc.details.get("merge") or [])
@@ -325,7 +312,7 @@ def _outcome_text(payload: dict[str, Any]) -> str:
 def cmd_apply(args: argparse.Namespace) -> int:
     with _service(args) as svc:
         try:
-            outcome, _ = svc.apply(args.plan_hash, case=args.case, who=_who(args))
+            outcome, _ = svc.apply(args.plan_hash, case=args.case, who=caller(args, "is acting"))
         except MergeRequired as exc:
             _print_merge(args, exc.details.get("merge") or [])
             raise
@@ -360,7 +347,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def cmd_compensate(args: argparse.Namespace) -> int:
     with _service(args) as svc:
-        result = svc.compensate(args.case, args.intent, who=_who(args))
+        result = svc.compensate(args.case, args.intent, who=caller(args, "is acting"))
     record = dict(result.record)
     text = _outcome_text(record)
     text += f"\n  before: {result.before.classification}"
@@ -380,7 +367,8 @@ def cmd_recover(args: argparse.Namespace) -> int:
                                       "classification": classification, "evidence": evidence,
                                       "action": "none", "resolved": False}
         else:
-            result = settle_ddl_intent(svc.executor, args.case, args.intent, who=_who(args))
+            result = settle_ddl_intent(svc.executor, args.case, args.intent,
+                                       who=caller(args, "is acting"))
     ev = result.get("evidence") or {}
     lines = [f"{result['classification'] or 'closed'}: intent {args.intent} -> "
              f"{result['action']}"]

@@ -9,7 +9,7 @@ from typing import Any
 
 from capgate import demo
 from capgate.api import build_executor
-from capgate.cli import emit
+from capgate.cli import caller, emit, parse_operation
 from capgate.config import load_settings
 from executor.call import Executor
 from executor.ledger import open_ledger
@@ -86,24 +86,12 @@ def _inputs(raw: str) -> dict[str, Any]:
     return value
 
 
-def _op(spec: str) -> tuple[str, int | None]:
-    op, _, ver = spec.partition("@")
-    if ver and not ver.isdigit():
-        raise UsageError(f"version must be an integer, got {ver!r}")
-    return op, int(ver) if ver else None
-
-
-def _who(args: argparse.Namespace) -> str:
-    who = args.who or load_settings(args.config).agent
-    if not who:
-        raise UsageError("say who is calling: --as WHO (or CAPGATE_AGENT)")
-    return str(who)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    op, version = _op(args.operation)
+    op, version = parse_operation(args.operation)
     executor = _executor(args)
-    plan = executor.plan(op, _inputs(args.input), case=args.case, who=_who(args),
+    plan = executor.plan(op, _inputs(args.input), case=args.case, who=caller(args),
                          version=version)
     body = plan.to_dict()
     lines = [f"plan {plan.plan_hash}",
@@ -149,9 +137,9 @@ def cmd_approve(args: argparse.Namespace) -> int:
 
 
 def cmd_call(args: argparse.Namespace) -> int:
-    op, version = _op(args.operation)
+    op, version = parse_operation(args.operation)
     executor = _executor(args)
-    outcome = executor.call(op, _inputs(args.input), case=args.case, who=_who(args),
+    outcome = executor.call(op, _inputs(args.input), case=args.case, who=caller(args),
                             version=version, key=args.key, task=args.task,
                             plan_hash=args.plan_hash)
     payload = outcome.to_dict()
