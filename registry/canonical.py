@@ -30,6 +30,17 @@ _encode = json.JSONEncoder(ensure_ascii=False, sort_keys=True, separators=(",", 
 _SAFE_INT = 2**53 - 1
 
 
+def float_is_plain(value: float) -> bool:
+    """True when Python's ``repr`` of ``value`` is exactly ECMAScript's ``Number#toString``.
+
+    Between 1e-4 and 1e16 both print the shortest round-trip digits in plain
+    notation; they differ on exponents and on integral values ("2.0" against
+    "2"), which go the slow way.
+    """
+    text = repr(value)
+    return not ("e" in text or "n" in text or text.endswith(".0"))
+
+
 def _plain(value: Any) -> bool:
     """True when the C encoder's output is exactly RFC 8785 for ``value``."""
     stack = [value]
@@ -43,11 +54,7 @@ def _plain(value: Any) -> bool:
                 continue
             return False  # outside IEEE-754's exact range: rfc8785 decides
         if kind is float:
-            # Between 1e-4 and 1e16 Python's repr and ECMAScript's Number#toString both
-            # print the shortest round-trip digits in plain notation; they differ on
-            # exponents and on integral values ("2.0" against "2"), which go the slow way.
-            text = repr(item)
-            if "e" in text or "n" in text or text.endswith(".0"):
+            if not float_is_plain(item):
                 return False
             continue
         if kind is dict:
@@ -64,9 +71,13 @@ def _plain(value: Any) -> bool:
     return True
 
 
-def canonical_bytes(value: Any) -> bytes:
-    """RFC 8785 serialisation of plain JSON data (dicts, lists, str, int, float, bool, None)."""
-    if _plain(value):
+def canonical_bytes(value: Any, *, known_plain: bool = False) -> bytes:
+    """RFC 8785 serialisation of plain JSON data (dicts, lists, str, int, float, bool, None).
+
+    ``known_plain``: the caller has established what ``_plain`` checks (the
+    YAML loader tracks it while it builds a file's data), so the walk is skipped.
+    """
+    if known_plain or _plain(value):
         text: str = _encode(value)
         try:
             return text.encode("utf-8")
@@ -76,6 +87,6 @@ def canonical_bytes(value: Any) -> bytes:
     return out
 
 
-def canonical_hash(value: Any) -> str:
+def canonical_hash(value: Any, *, known_plain: bool = False) -> str:
     """``sha256:<hex>`` of the canonical form of ``value``."""
-    return "sha256:" + hashlib.sha256(canonical_bytes(value)).hexdigest()
+    return "sha256:" + hashlib.sha256(canonical_bytes(value, known_plain=known_plain)).hexdigest()

@@ -346,6 +346,16 @@ class CapabilityPathError(RegistryError, code="CG150"):
     """A capability path does not exist or holds no capability files."""
 
 
+class LoadWorkerFailed(RegistryError, code="CG151"):
+    """A process checking capability files in parallel died before it finished.
+
+    Large registries are checked in several forked processes; one was killed
+    (out of memory, a signal) and the load stopped rather than wait for it.
+    Nothing was registered.  Run again, or set ``CAPGATE_LOAD_WORKERS=1`` to
+    check every file in the calling process.
+    """
+
+
 # --- authorization and gates (CG2xx) ------------------------------------------
 
 

@@ -14,21 +14,20 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from registry.checks import RowContext, check_row
 from registry.errors import CapabilityPathError, Problem, RegistryError
+from registry.filecheck import CheckedFile
 from registry.lock import (
     LOCK_NAME,
     LockedRow,
     RowSite,
     lock_problems,
     read_lock,
-    row_hash,
     write_lock,
 )
 from registry.model import Row
+from registry.parallel import check_files
 from registry.registry import Registry
-from registry.schema import schema_problems
-from registry.yamlpos import Located, load_located
+from registry.yamlpos import load_located
 
 SUFFIXES = (".yaml", ".yml")
 DEFAULT_PATH = "capabilities"
@@ -42,8 +41,8 @@ class Validation:
     rows: list[Row] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
     lock_path: Path | None = None
-    #: where each loaded row's ``version`` is written, for the lock rules' findings
-    version_at: dict[tuple[str, int], tuple[int, int]] = field(default_factory=dict)
+    #: each loaded row's index in its file, to locate its ``version`` for a lock finding
+    row_index: dict[tuple[str, int], int] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -90,8 +89,14 @@ def _cyclic_gc_paused() -> Iterator[None]:
 
     Loading allocates millions of small, acyclic objects (refcounting frees
     what is dropped); the collector's full passes over the growing heap took a
-    fifth of the time of loading 10,000 rows.  Cycles made meanwhile are
-    collected once it resumes.
+    fifth of the time of loading 10,000 rows.
+
+    On resuming, the first young-generation pass would still walk every object
+    the load made (0.1 s for 10,000 rows), only to find them alive.  So the
+    survivors are moved to the oldest generation directly (``gc.freeze`` then
+    ``gc.unfreeze``: two list splices); cycles made meanwhile are collected by
+    the next full collection.  Skipped when something else has frozen objects,
+    whose freeze ``unfreeze`` would undo.
     """
     was_enabled = gc.isenabled()
     gc.disable()
@@ -99,102 +104,116 @@ def _cyclic_gc_paused() -> Iterator[None]:
         yield
     finally:
         if was_enabled:
+            if gc.get_freeze_count() == 0:
+                gc.freeze()
+                gc.unfreeze()
             gc.enable()
 
 
-def validate_texts(items: Iterable[tuple[str, str]]) -> Validation:
-    """Validate ``(source_name, yaml_text)`` pairs without touching the disk."""
+def validate_texts(items: Iterable[tuple[str, str]], *, workers: int | None = None) -> Validation:
+    """Validate ``(source_name, yaml_text)`` pairs without touching the disk.
+
+    ``workers`` is the number of processes to check files in; ``None`` decides
+    from the machine and the amount of text (see ``registry.parallel``).
+    """
     with _cyclic_gc_paused():
-        return _validate_texts(items)
+        return _validate_texts(list(items), workers)
 
 
-def _validate_texts(items: Iterable[tuple[str, str]]) -> Validation:
-    result = Validation()
-    sites: dict[tuple[str, int], Problem | None] = {}
-    for source, text in items:
-        result.files.append(source)
-        located, problems = load_located(text, source)
-        result.problems.extend(problems)
-        if located is None or problems:
-            continue
-        file_problems = schema_problems(located, source)
-        result.problems.extend(file_problems)
-        doc = located.data if isinstance(located.data, dict) else {}
-        raw_rows = doc.get("rows")
-        connectors = doc.get("connectors")
-        declared = set(connectors) if isinstance(connectors, dict) else set()
-        bad_rows = _row_indexes_with(file_problems, located)
-        if not isinstance(raw_rows, list):
-            continue
-        for index, raw in enumerate(raw_rows):
-            if index in bad_rows or not isinstance(raw, dict):
-                continue
-            ctx = RowContext(raw, index, located, source)
-            row_findings = check_row(ctx, declared)
-            result.problems.extend(row_findings)
-            line, col = located.where(("rows", index))
-            key = (raw["operation_id"], raw["version"])
-            if key in sites:
+def _validate_texts(items: list[tuple[str, str]], workers: int | None) -> Validation:
+    result = Validation(files=[source for source, _ in items])
+    # Files finish in any order (see check_files); each file's rows are built as soon
+    # as it is checked, and the cross-file rules then run in file order.
+    checked: list[CheckedFile | None] = [None] * len(items)
+    built: list[list[Row | None]] = [[] for _ in items]
+    for index, found in check_files(items, workers):
+        checked[index] = found
+        source = items[index][0]
+        built[index] = [
+            None if raw is None else Row.from_dict(raw, row_hash=digest, source_path=source,
+                                                   source_line=line, adopt=True)
+            for _, (line, _), _, raw, digest in found.rows
+        ]
+    seen: set[tuple[str, int]] = set()
+    for (source, _), file, rows in zip(items, checked, built, strict=True):
+        assert file is not None  # check_files yields every index once
+        result.problems.extend(file.problems)
+        for (key, (line, col), index, _, _), row in zip(file.rows, rows, strict=True):
+            if key in seen:  # duplicates span files, so they are found here
                 result.problems.append(Problem(
                     source, line, col, "CG118", "operation_id",
                     f"duplicate row {key[0]}@{key[1]}",
                 ))
                 continue
-            sites[key] = None
-            if row_findings:
-                continue
-            result.rows.append(Row.from_dict(raw, row_hash=row_hash(raw), source_path=source,
-                                             source_line=line))
-            result.version_at[key] = located.where(("rows", index, "version"))
+            seen.add(key)
+            if row is not None:  # None: the row has findings of its own
+                result.rows.append(row)
+                result.row_index[key] = index
     result.problems.sort(key=lambda p: (p.path, p.line, p.col, p.code))
     return result
 
 
-def _row_indexes_with(problems: list[Problem], located: Located) -> set[int]:
-    """Indexes of rows that have schema problems (their semantics are not checked)."""
-    out: set[int] = set()
-    if not problems:
-        return out
-    starts = sorted(
-        (pos, path[1])
-        for path, pos in located.values.items()
-        if len(path) == 2 and path[0] == "rows" and isinstance(path[1], int)
-    )
-    for problem in problems:
-        owner = None
-        for pos, index in starts:
-            if (problem.line, problem.col) >= pos:
-                owner = index
-        if owner is not None:
-            out.add(int(owner))
-    return out
-
-
-def validate_paths(paths: Sequence[str | Path], *, check_lock: bool = True) -> Validation:
+def validate_paths(paths: Sequence[str | Path], *, check_lock: bool = True,
+                   workers: int | None = None) -> Validation:
     """Validate files on disk, including the lock rules when a lock file exists."""
     files, lock_path = discover(paths)
-    result = validate_texts((str(f), f.read_text("utf-8")) for f in files)
-    result.lock_path = lock_path
-    if check_lock and lock_path is not None and not result.problems:
-        locked = read_lock(lock_path)
-        result.problems.extend(lock_problems(_sites(result), locked, lock_path))
+    with _cyclic_gc_paused():  # the lock's 10,000 pins too: a full pass here costs 0.4 s
+        texts = [(str(f), f.read_text("utf-8")) for f in files]
+        result = validate_texts(texts, workers=workers)
+        result.lock_path = lock_path
+        if check_lock and lock_path is not None and not result.problems:
+            locked = read_lock(lock_path)
+            found = lock_problems(_sites(result), locked, lock_path)
+            if found:  # name the line of each `version:` rather than of the row
+                at = _version_positions(result, dict(texts), {p.path for p in found})
+                found = lock_problems(_sites(result, at), locked, lock_path)
+            result.problems.extend(found)
     return result
 
 
-def _sites(result: Validation) -> list[RowSite]:
+def _sites(result: Validation,
+           version_at: dict[tuple[str, int], tuple[int, int]] | None = None) -> list[RowSite]:
+    """Each loaded row for the lock rules, located at its ``version`` where known."""
+    where = version_at or {}
     out = []
     for r in result.rows:
-        line, col = result.version_at.get(r.key, (r.source_line, 1))
+        line, col = where.get(r.key, (r.source_line, 1))
         out.append(RowSite(r.operation_id, r.version, r.row_hash, r.source_path, line, col))
     return out
 
 
+def _version_positions(result: Validation, texts: dict[str, str],
+                       sources: set[str]) -> dict[tuple[str, int], tuple[int, int]]:
+    """Where ``version`` is written in each row of ``sources`` (loaded again, located).
+
+    A clean load keeps only where rows start; the lock's findings are rare
+    enough to pay for a second, fully located parse of the files they name.
+    """
+    located = {}
+    for source in sources & texts.keys():
+        found, _ = load_located(texts[source], source)
+        if found is not None:
+            located[source] = found
+    out: dict[tuple[str, int], tuple[int, int]] = {}
+    for row in result.rows:
+        file = located.get(row.source_path)
+        index = result.row_index.get(row.key)
+        if file is not None and index is not None:
+            out[row.key] = file.where(("rows", index, "version"))
+    return out
+
+
 def load_registry(paths: Sequence[str | Path] = (DEFAULT_PATH,), *,
-                  check_lock: bool = True) -> Registry:
-    """Validate and load; raise ``RegistryError`` listing every problem."""
-    result = validate_paths(paths, check_lock=check_lock)
-    result.raise_for_problems()
-    return Registry(result.rows)
+                  check_lock: bool = True, workers: int | None = None) -> Registry:
+    """Validate and load; raise ``RegistryError`` listing every problem.
+
+    ``workers``: processes to check the files in (``None``: decided by
+    ``registry.parallel.worker_count``; 1: all in the calling thread).
+    """
+    with _cyclic_gc_paused():
+        result = validate_paths(paths, check_lock=check_lock, workers=workers)
+        result.raise_for_problems()
+        return Registry(result.rows)
 
 
 def update_lock(paths: Sequence[str | Path]) -> tuple[Path, list[LockedRow], list[LockedRow]]:

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from registry.canonical import canonical_hash
 from registry.errors import LockFileInvalid, Problem
@@ -22,13 +21,18 @@ LOCK_NAME = "capabilities.lock"
 LOCK_FORMAT = 1
 
 
-def row_hash(row: Mapping[str, Any]) -> str:
-    """Canonical hash of a row's reviewed content (everything but ``retired``)."""
-    return canonical_hash({k: v for k, v in row.items() if k != "retired"})
+def row_hash(row: Mapping[str, Any], *, known_plain: bool = False) -> str:
+    """Canonical hash of a row's reviewed content (everything but ``retired``).
+
+    ``known_plain``: see ``canonical.canonical_bytes``.
+    """
+    return canonical_hash({k: v for k, v in row.items() if k != "retired"},
+                          known_plain=known_plain)
 
 
-@dataclass(frozen=True)
-class LockedRow:
+class LockedRow(NamedTuple):
+    """One pin.  A named tuple: a lock holds one per published row, read on every load."""
+
     operation_id: str
     version: int
     hash: str
@@ -61,9 +65,8 @@ def write_lock(path: Path, rows: Iterable[LockedRow]) -> None:
     path.write_text(json.dumps(doc, indent=2) + "\n", "utf-8")
 
 
-@dataclass(frozen=True)
-class RowSite:
-    """Where a row came from, for error positions."""
+class RowSite(NamedTuple):
+    """Where a row came from, for error positions (a named tuple, one per loaded row)."""
 
     operation_id: str
     version: int

@@ -15,6 +15,13 @@ canonical JSON.
 
 A block mapping or sequence is located at its key (``input:``), not at its
 first child, so that the line of a finding is the line of the field it names.
+
+Positions cost as much as the data (a tuple path and two table entries per
+node), and a clean file needs only one per row (where the row starts).  So
+``load_located(..., positions="rows")`` locates the file down to the start of
+each row and builds everything inside rows as bare data; on anything it would
+have to report there, it starts over with every position.  A caller that
+finds a problem later (schema, semantics, the lock) does the same.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from typing import Any
 
 import yaml
 
+from registry.canonical import float_is_plain
 from registry.errors import Problem
 
 Path = tuple[str | int, ...]
@@ -38,6 +46,9 @@ class Located:
     data: Any
     values: dict[Path, tuple[int, int]] = field(default_factory=dict)
     keys: dict[Path, tuple[int, int]] = field(default_factory=dict)
+    #: the data meets ``canonical._plain`` (no float ECMAScript prints differently,
+    #: no key outside the BMP), so its rows can be hashed without that walk
+    json_plain: bool = True
 
     def where(self, path: Path, *, key: bool = False) -> tuple[int, int]:
         """Position of ``path``; falls back to the nearest ancestor that has one."""
@@ -72,6 +83,11 @@ _IMPLICIT: dict[str | None, list[tuple[str, Any]]] = {
 }
 _NO_WILDCARD = not _WILDCARD  # then a plain scalar whose first character has no resolver is a str
 _KEYS: dict[str, str] = {}  # plain mapping keys known to resolve to themselves
+# Plain scalars that resolve to a clean value (``1``, ``true``, ``-x``), so that the
+# resolver's regexes and PyYAML's constructors run once per distinct text.
+_PLAIN: dict[str, Any] = {}
+_PLAIN_LIMIT = 65536
+_MISS = object()
 
 
 def _resolve(value: str, implicit: tuple[bool, bool]) -> str:
@@ -87,6 +103,15 @@ class _TooDeep(Exception):
     pass
 
 
+class _NeedsPositions(Exception):
+    """The position-free part met something to report: load again with every position."""
+
+
+#: ``positions="rows"`` locates the file's top level and where each row starts
+#: (``("rows", i)``), nothing deeper.
+ROW_DEPTH = 2
+
+
 _Scalar, _Alias = yaml.ScalarEvent, yaml.AliasEvent
 _MapStart, _MapEnd = yaml.MappingStartEvent, yaml.MappingEndEvent
 _SeqStart, _SeqEnd = yaml.SequenceStartEvent, yaml.SequenceEndEvent
@@ -99,12 +124,14 @@ class _Builder:
     inlined common case (an untagged scalar that resolves to a string).
     """
 
-    def __init__(self, loader: Any, located: Located, problems: list[Problem], source: str):
+    def __init__(self, loader: Any, located: Located, problems: list[Problem], source: str,
+                 located_depth: int = MAX_DEPTH + 2):
         self.next = loader.get_event
         self.located = located
         self.problems = problems
         self.source = source
         self.constructor = _Constructor()
+        self.located_depth = located_depth
 
     def problem(self, at: tuple[int, int], code: str, path: Path, message: str) -> None:
         self.problems.append(Problem(self.source, at[0], at[1], code, _field(path), message))
@@ -123,6 +150,8 @@ class _Builder:
             return None
         if depth > MAX_DEPTH:
             raise _TooDeep(at)
+        if depth >= self.located_depth:
+            return self.bare(event, depth)
         is_map = cls is _MapStart
         if event.tag not in (None, "!", _MAP if is_map else _SEQ):
             self.problem(at, "CG101", path, f"tags are not allowed here ({event.tag})")
@@ -184,6 +213,74 @@ class _Builder:
             key_event = get()
         return out
 
+    def bare(self, event: Any, depth: int) -> Any:
+        """The value that starts with ``event``, without positions (``value``'s fast twin).
+
+        It builds exactly what ``value`` builds for a clean value and raises
+        ``_NeedsPositions`` wherever ``value`` would record a problem.
+        """
+        cls = event.__class__
+        if cls is _Scalar:
+            return self.bare_scalar(event)
+        if cls is _Alias or depth > MAX_DEPTH:
+            raise _NeedsPositions
+        is_map = cls is _MapStart
+        if event.tag not in (None, "!", _MAP if is_map else _SEQ):
+            raise _NeedsPositions
+        get = self.next
+        bare = self.bare
+        depth += 1
+        if not is_map:
+            out_list: list[Any] = []
+            item = get()
+            while item.__class__ is not _SeqEnd:
+                if item.__class__ is _Scalar and item.tag is None and _NO_WILDCARD:
+                    text = item.value
+                    if not item.implicit[0] or text[:1] not in _IMPLICIT:
+                        out_list.append(text)  # a string
+                    else:
+                        known = _PLAIN.get(text, _MISS)
+                        out_list.append(known if known is not _MISS else self.bare_scalar(item))
+                else:
+                    out_list.append(bare(item, depth))
+                item = get()
+            return out_list
+        out: dict[str, Any] = {}
+        key_event = get()
+        while key_event.__class__ is not _MapEnd:
+            if key_event.__class__ is not _Scalar:
+                raise _NeedsPositions
+            key = _KEYS.get(key_event.value) if key_event.tag is None else None
+            if key is None:
+                key = self.bare_scalar(key_event)
+                if key.__class__ is not str:
+                    key = str(key)
+                elif key_event.tag is None and key_event.implicit[0] and len(_KEYS) < 4096:
+                    _KEYS[key] = key
+            if key in out:
+                raise _NeedsPositions
+            value_event = get()
+            if value_event.__class__ is _Scalar and value_event.tag is None and _NO_WILDCARD:
+                text = value_event.value
+                if not value_event.implicit[0] or text[:1] not in _IMPLICIT:
+                    out[key] = text  # a string
+                else:
+                    known = _PLAIN.get(text, _MISS)
+                    out[key] = known if known is not _MISS else self.bare_scalar(value_event)
+            else:
+                out[key] = bare(value_event, depth)
+            key_event = get()
+        return out
+
+    def bare_scalar(self, event: Any) -> Any:
+        """``scalar`` without positions: a problem there raises ``_NeedsPositions``."""
+        problems = len(self.problems)
+        result = self.scalar(event, (), (0, 0))
+        if len(self.problems) != problems:
+            del self.problems[problems:]
+            raise _NeedsPositions
+        return result
+
     def skip(self, event: Any) -> None:
         """Consume the rest of the value that starts with ``event``."""
         depth = 1 if isinstance(event, yaml.CollectionStartEvent) else 0
@@ -198,28 +295,40 @@ class _Builder:
         """A scalar with a JSON form; anything else is a problem (and ``None``)."""
         value: str = event.value
         tag = event.tag
+        plain = tag is None and event.implicit[0]
+        if plain:
+            known = _PLAIN.get(value, _MISS)
+            if known is not _MISS:
+                return known
         if tag is None or tag == "!":
             tag = _resolve(value, event.implicit)
         if tag == _STR:
-            return value
-        if tag == _TAG + "timestamp":
+            result: Any = value
+        elif tag == _TAG + "timestamp":
             self.problem(at, "CG104", path,
                          f"{value!r} reads as a date; quote it to make it a string")
             return None
-        if tag not in _JSON_SCALAR_TAGS:
+        elif tag not in _JSON_SCALAR_TAGS:
             self.problem(at, "CG101", path, f"tags are not allowed here ({tag})")
             return None
-        node = yaml.ScalarNode(tag, value)
-        result = self.constructor.yaml_constructors[tag](self.constructor, node)
-        if isinstance(result, float) and not math.isfinite(result):
-            self.problem(at, "CG104", path, f"{value!r} is not a finite number")
-            return None
-        if isinstance(result, int) and not isinstance(result, bool) \
-                and abs(result) > MAX_SAFE_INTEGER:
-            self.problem(at, "CG104", path,
-                         f"{value} is outside the range of a JSON integer "
-                         f"(at most {MAX_SAFE_INTEGER} in magnitude)")
-            return None
+        else:
+            node = yaml.ScalarNode(tag, value)
+            result = self.constructor.yaml_constructors[tag](self.constructor, node)
+            if isinstance(result, float):
+                if not math.isfinite(result):
+                    self.problem(at, "CG104", path, f"{value!r} is not a finite number")
+                    return None
+                if not float_is_plain(result):
+                    self.located.json_plain = False
+                    return result  # not remembered in _PLAIN: each must reach this line
+            if isinstance(result, int) and not isinstance(result, bool) \
+                    and abs(result) > MAX_SAFE_INTEGER:
+                self.problem(at, "CG104", path,
+                             f"{value} is outside the range of a JSON integer "
+                             f"(at most {MAX_SAFE_INTEGER} in magnitude)")
+                return None
+        if plain and len(_PLAIN) < _PLAIN_LIMIT:
+            _PLAIN[value] = result  # immutable: str, int, float, bool or None
         return result
 
 
@@ -227,14 +336,30 @@ def _at(mark: Any) -> tuple[int, int]:
     return (mark.line + 1, mark.column + 1)
 
 
-def load_located(text: str, source: str) -> tuple[Located | None, list[Problem]]:
-    """Parse ``text``; return the located data, or the syntax problems found."""
+def load_located(text: str, source: str, *,
+                 positions: str = "all") -> tuple[Located | None, list[Problem]]:
+    """Parse ``text``; return the located data, or the syntax problems found.
+
+    ``positions="rows"`` locates only down to the start of each row (see the
+    module's docstring); the data and the problems are the same either way.
+    """
+    if positions == "rows":
+        try:
+            return _load(text, source, ROW_DEPTH)
+        except _NeedsPositions:
+            pass
+    return _load(text, source, MAX_DEPTH + 2)
+
+
+def _load(text: str, source: str, located_depth: int) -> tuple[Located | None, list[Problem]]:
     located = Located(data={})
     located.values[()] = (1, 1)
+    # Keys outside the BMP sort differently in RFC 8785 (UTF-16 code units).
+    located.json_plain = text.isascii() or not text or max(text) <= "\uffff"
     problems: list[Problem] = []
     loader = _LOADER(text)
     try:
-        builder = _Builder(loader, located, problems, source)
+        builder = _Builder(loader, located, problems, source, located_depth)
         event = builder.next()  # StreamStart
         event = builder.next()
         if isinstance(event, yaml.DocumentStartEvent):

@@ -1,0 +1,96 @@
+"""One capability file checked on its own: the unit of work of a parallel load.
+
+Everything here is a pure function of the file's text -- YAML with positions,
+JSON Schema, the semantic checks of each row, each clean row's hash -- so the
+files of a large registry can be checked in several processes at once.  What
+spans files (duplicate rows, the lock) is left to ``registry.loader``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from registry.checks import RowContext, check_row
+from registry.errors import Problem
+from registry.lock import row_hash
+from registry.schema import schema_problems
+from registry.yamlpos import Located, load_located
+
+#: ``((operation_id, version), row position, index in the file, row or None, hash)``;
+#: the row is None when it has findings of its own (it is only counted for duplicates).
+CheckedRow = tuple[tuple[str, int], tuple[int, int], int, dict[str, Any] | None, str]
+
+
+@dataclass
+class CheckedFile:
+    """The findings of one file, and its rows that passed every check."""
+
+    problems: list[Problem]
+    rows: list[CheckedRow] = field(default_factory=list)
+
+
+def check_file(source: str, text: str) -> CheckedFile:
+    """Every finding of one file on its own, and its clean rows with their hashes.
+
+    A clean file is loaded with the positions of its rows only; a file with
+    any finding is checked again with every position, so that each finding
+    names the exact line and column of its field.
+    """
+    checked = _check_file(source, text, "rows")
+    if checked.problems:
+        checked = _check_file(source, text, "all")
+    return checked
+
+
+def _check_file(source: str, text: str, positions: str) -> CheckedFile:
+    """Rows with schema problems are not checked further (their semantics would
+    only repeat the schema's findings).
+    """
+    located, problems = load_located(text, source, positions=positions)
+    checked = CheckedFile(problems)
+    if located is None or problems:
+        return checked
+    file_problems = schema_problems(located, source)
+    problems.extend(file_problems)
+    doc = located.data if isinstance(located.data, dict) else {}
+    raw_rows = doc.get("rows")
+    connectors = doc.get("connectors")
+    declared = set(connectors) if isinstance(connectors, dict) else set()
+    bad_rows = _row_indexes_with(file_problems, located)
+    if not isinstance(raw_rows, list):
+        return checked
+    where = located.where
+    for index, raw in enumerate(raw_rows):
+        if index in bad_rows or not isinstance(raw, dict):
+            continue
+        findings = check_row(RowContext(raw, index, located, source), declared)
+        problems.extend(findings)
+        key = (raw["operation_id"], raw["version"])
+        at = where(("rows", index))
+        if findings:
+            checked.rows.append((key, at, index, None, ""))
+        else:
+            checked.rows.append((key, at, index, raw,
+                                 row_hash(raw, known_plain=located.json_plain)))
+    return checked
+
+
+def _row_indexes_with(problems: list[Problem], located: Located) -> set[int]:
+    """Indexes of rows that have schema problems (their semantics are not checked)."""
+    out: set[int] = set()
+    if not problems:
+        return out
+    starts = sorted(
+        (pos, path[1])
+        for path, pos in located.values.items()
+        if len(path) == 2 and path[0] == "rows" and isinstance(path[1], int)
+    )
+    for problem in problems:
+        owner = None
+        for pos, index in starts:
+            if (problem.line, problem.col) >= pos:
+                owner = index
+        if owner is not None:
+            out.add(int(owner))
+    return out
