@@ -21,6 +21,7 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 
 unit: $(STAMP)
+	scripts/install-test-extensions
 	$(VENV)/bin/pytest
 
 test: lint unit

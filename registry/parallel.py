@@ -74,16 +74,26 @@ class _Claims:
             self.lock.release()
 
 
-def _work_from_back(conn: Connection, claims: _Claims, parent: int) -> None:
+def _work_from_back(conn: Connection, claims: _Claims, parent: int,
+                    inherited: list[Connection]) -> None:
     """A worker's life: check files from the back until none is left, then say so.
 
     A file whose check raises is sent back as ``(index, None)``: the caller
     checks it again itself, so the exception is raised where it would have
-    been without workers.
+    been without workers.  The read ends of the pipes, inherited at the fork,
+    are closed first: a worker must not keep its own pipe open, or its sends
+    would not fail once the parent is gone.  It also stops at the next file
+    when its parent has died.
     """
+    for other in inherited:
+        other.close()
+
+    def parent_alive() -> bool:
+        return os.getppid() == parent
+
     try:
-        while (index := claims.take(from_back=True,
-                                    others_alive=lambda: os.getppid() == parent)) is not None:
+        while parent_alive() and (index := claims.take(
+                from_back=True, others_alive=parent_alive)) is not None:
             source, text = _TEXTS[index]
             try:
                 checked: CheckedFile | None = check_file(source, text)
@@ -186,8 +196,8 @@ def check_files(items: Sequence[tuple[str, str]],
         for _ in range(count - 1):
             receiving, sending = ctx.Pipe(duplex=False)
             _widen(receiving)
-            proc = ctx.Process(target=_work_from_back, args=(sending, claims, os.getpid()),
-                               daemon=True)
+            proc = ctx.Process(target=_work_from_back, daemon=True,
+                               args=(sending, claims, os.getpid(), [*receivers, receiving]))
             proc.start()
             sending.close()
             procs.append(proc)

@@ -181,6 +181,33 @@ def require_server(engine: str) -> Server:
     return server
 
 
+def ensure_plpgsql_check(url: URL) -> None:
+    """Create ``plpgsql_check`` in the database of ``url``, or skip (fail under CI).
+
+    The PostgreSQL DDL suites verify stored code with it.  The server needs the
+    extension's package (``postgresql-NN-plpgsql-check``, which
+    ``scripts/install-test-extensions`` installs where it can); a server
+    without it skips those tests, unless PostgreSQL is required.
+    """
+    eng = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    try:
+        with eng.begin() as conn:
+            available = conn.execute(sa.text(
+                "SELECT 1 FROM pg_available_extensions WHERE name = 'plpgsql_check'")).first()
+            if available is not None:
+                conn.execute(sa.text(
+                    "SELECT pg_advisory_xact_lock(hashtext('capgate:plpgsql_check'))"))
+                conn.execute(sa.text("CREATE EXTENSION IF NOT EXISTS plpgsql_check SCHEMA public"))
+    finally:
+        eng.dispose()
+    if available is None:
+        reason = ("the PostgreSQL server has no plpgsql_check extension; install "
+                  "postgresql-NN-plpgsql-check (scripts/install-test-extensions does it)")
+        if "postgresql" in required_engines():
+            pytest.fail(f"required (CAPGATE_REQUIRE_DBS): {reason}")
+        pytest.skip(reason)
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Warm up: probe every required engine now, so an outage stops the run at once."""
     for engine in sorted(required_engines()):

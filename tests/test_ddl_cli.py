@@ -29,6 +29,7 @@ from sqlalchemy.engine import URL
 from capgate.cli import main
 from capgate.sqlfiles import apply_schema
 from ddl.sqltext import strip_terminator
+from tests.fix_db import ensure_plpgsql_check
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -150,13 +151,6 @@ COMPENSATE_EVENTS = ["ddl_compensation_requested", "ddl.compensation_started",
 
 Cli = Callable[..., Any]
 
-
-def ensure_plpgsql_check(url: URL) -> None:
-    eng = sa.create_engine(url, poolclass=sa.pool.NullPool)
-    with eng.begin() as conn:
-        conn.execute(sa.text("SELECT pg_advisory_xact_lock(hashtext('capgate:plpgsql_check'))"))
-        conn.execute(sa.text("CREATE EXTENSION IF NOT EXISTS plpgsql_check SCHEMA public"))
-    eng.dispose()
 
 
 def run_sql(url: URL, statements: Sequence[str], mode: str | None = None) -> None:

@@ -38,6 +38,7 @@ from ddl.loop import DdlLoop
 from ddl.results import Change, FarSideStep, SmokeCall
 from ddl.signature import sign
 from ddl.snapshots import SqlSnapshotStore
+from tests.fix_db import ensure_plpgsql_check
 
 pytestmark = pytest.mark.postgresql
 
@@ -69,13 +70,6 @@ BEGIN NEW.base := premium(NEW.base); RETURN NEW; END $$;
 CREATE TRIGGER pol_stamp BEFORE INSERT ON pol FOR EACH ROW EXECUTE FUNCTION stamp();
 """
 
-
-def ensure_plpgsql_check(url: URL) -> None:
-    eng = sa.create_engine(url, poolclass=sa.pool.NullPool)
-    with eng.begin() as conn:
-        conn.execute(sa.text("SELECT pg_advisory_xact_lock(hashtext('capgate:plpgsql_check'))"))
-        conn.execute(sa.text("CREATE EXTENSION IF NOT EXISTS plpgsql_check SCHEMA public"))
-    eng.dispose()
 
 
 @pytest.fixture
