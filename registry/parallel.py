@@ -26,6 +26,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import queue
+import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -83,10 +84,13 @@ def _work_from_back(conn: Connection, claims: _Claims, parent: int,
     been without workers.  The read ends of the pipes, inherited at the fork,
     are closed first: a worker must not keep its own pipe open, or its sends
     would not fail once the parent is gone.  It also stops at the next file
-    when its parent has died.
+    when its parent has died, and leaves Ctrl-C to its parent.
     """
     for other in inherited:
         other.close()
+    # Ctrl-C reaches the whole process group: the caller stops the load and kills
+    # its workers, so a worker need not print a traceback of its own.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     def parent_alive() -> bool:
         return os.getppid() == parent

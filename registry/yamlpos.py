@@ -87,6 +87,7 @@ _KEYS: dict[str, str] = {}  # plain mapping keys known to resolve to themselves
 # resolver's regexes and PyYAML's constructors run once per distinct text.
 _PLAIN: dict[str, Any] = {}
 _PLAIN_LIMIT = 65536
+_PLAIN_TEXT_LIMIT = 64  # numbers and words repeat; a long text is not worth keeping
 _MISS = object()
 
 
@@ -327,7 +328,7 @@ class _Builder:
                              f"{value} is outside the range of a JSON integer "
                              f"(at most {MAX_SAFE_INTEGER} in magnitude)")
                 return None
-        if plain and len(_PLAIN) < _PLAIN_LIMIT:
+        if plain and len(_PLAIN) < _PLAIN_LIMIT and len(value) <= _PLAIN_TEXT_LIMIT:
             _PLAIN[value] = result  # immutable: str, int, float, bool or None
         return result
 
