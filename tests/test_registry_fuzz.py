@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from registry import errors
 from registry.errors import CapgateError
 from registry.fastschema import compile_validator, plain_contract
+from registry.filecheck import _check_file, check_file
 from registry.loader import Validation, validate_texts
 from registry.registry import Registry
 from registry.review import card, diff
@@ -145,6 +146,17 @@ def test_the_base_files_are_valid() -> None:
 @given(mutated_docs())
 def test_mutated_rows_never_crash_the_loader(docs: dict[str, Any]) -> None:
     check_outcome(as_files(docs))
+
+
+@settings(FUZZ, max_examples=100)
+@given(mutated_docs())
+def test_row_positions_only_change_nothing_on_mutated_rows(docs: dict[str, Any]) -> None:
+    """The fast load (row positions only, again with every position on any finding)
+    gives the same findings, rows and hashes as the fully located one."""
+    for source, text in as_files(docs):
+        fast, located = check_file(source, text), _check_file(source, text, "all")
+        assert [p.render() for p in fast.problems] == [p.render() for p in located.problems]
+        assert fast.rows == located.rows
 
 
 # --- the fast paths of schema validation agree with jsonschema -------------------------------
