@@ -44,8 +44,10 @@ def check_file(source: str, text: str) -> CheckedFile:
 
 
 def _check_file(source: str, text: str, positions: str) -> CheckedFile:
-    """Rows with schema problems are not checked further (their semantics would
-    only repeat the schema's findings).
+    """``check_file`` with the given positions (``load_located``'s ``"rows"`` or ``"all"``).
+
+    Rows with schema problems are not checked further: their semantics would
+    only repeat the schema's findings.
     """
     located, problems = load_located(text, source, positions=positions)
     checked = CheckedFile(problems)
