@@ -35,7 +35,6 @@ sys.path.insert(0, str(ROOT))
 
 from sqlalchemy.engine import make_url  # noqa: E402
 
-from executor.claims import ensure_fence_table  # noqa: E402
 from tests.fix_capgate import make_executor  # noqa: E402
 from tests.fix_db import Server, fresh_pg, normalise_url  # noqa: E402
 from tests.test_lease_support import lab_schema, run_workers  # noqa: E402
@@ -46,9 +45,7 @@ def one_run(server: Server, calls: int, workers: int, targets: int, claims: bool
     """Calls per second (first start to last finish) and the conflicts seen."""
     with fresh_pg(server) as target, fresh_pg(server) as ledger:
         ex = make_executor(target, ledger)
-        connector = ex.connectors.get("insurance")
-        connector.ensure_marker()  # once, before 8 processes race to create them
-        ensure_fence_table(connector)
+        ex.connectors.get("insurance").check_target()  # installed by make_executor
         ex.connectors.dispose()
         ex.ledger.close()
         lab_schema(target, targets)

@@ -46,6 +46,7 @@ from executor.connectors import ConnectorConfig, Connectors  # noqa: E402
 from executor.grants import Grants  # noqa: E402
 from executor.ledger import open_ledger  # noqa: E402
 from executor.resume import resume_many  # noqa: E402
+from executor.target import install_at  # noqa: E402
 from registry.loader import load_registry  # noqa: E402
 
 GRANTS = Grants.from_dict({"principals": {"agent": {"grants": [
@@ -94,7 +95,7 @@ def run(target: str, ledger: str, n: int, mix: str) -> dict[str, Any]:
     setup = make_in_flight(target, ledger, n, mix)
     fresh = executor_for(target, ledger)  # as after a restart
     try:
-        fresh.connectors.get("insurance").ensure_marker()
+        fresh.connectors.get("insurance").check_target()
         t0 = time.perf_counter()
         dry = resume_many(fresh, act=False)
         classify = time.perf_counter() - t0
@@ -160,6 +161,7 @@ def main() -> int:
             engine = sa.create_engine(target, poolclass=sa.pool.NullPool)
             apply_schema(engine)
             engine.dispose()
+            install_at(target)
             ledger = (f"sqlite:///{tmp / f'ledger-{mix}.db'}" if args.ledger == "sqlite" else
                       dsn.set(query={"options": f"-csearch_path={base}_ledger_{mix}"})
                       .render_as_string(hide_password=False))

@@ -67,6 +67,9 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     from capgate import commands_ddl
 
     commands_ddl.register(sub, common)
+    from capgate import commands_target
+
+    commands_target.register(sub, common)
 
 
 def _executor(args: argparse.Namespace) -> Executor:

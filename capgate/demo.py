@@ -22,6 +22,7 @@ from executor.connectors import ConnectorConfig, Connectors
 from executor.grants import Grants
 from executor.ledger import open_ledger
 from executor.outcome import Outcome
+from executor.target import install_at
 from registry.errors import ApprovalRequired, CapgateError
 from registry.loader import DEFAULT_PATH, validate_paths
 from registry.registry import Registry
@@ -63,6 +64,7 @@ def build_demo_executor(folder: Path, capabilities: str = DEFAULT_PATH) -> Execu
     engine = sa.create_engine(target, poolclass=sa.pool.NullPool)
     apply_schema(engine, schema_file("sqlite"))
     engine.dispose()
+    install_at(target)
     connectors = Connectors({n: ConnectorConfig(name=n, url=target, environment="dev")
                              for n in ("insurance", "insurance_code")})
     return Executor(Registry(result.rows), connectors,

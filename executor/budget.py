@@ -34,7 +34,7 @@ A connector with a ``db_user_budget`` does not keep idle pooled sessions
 (``Connector.open`` uses no pool there): an idle pooled session is still a
 session to the server, and would count against the user's cap unseen.
 
-The marker and fence tables are created once per process and connector
+The marker and fence tables are checked once per process and connector
 under a slot of their own (:func:`prepare_target`).  Not counted: ``resume``'s
 evidence sessions and the lease watchdog's side connection (at a deadline:
 MariaDB ``KILL QUERY``, PostgreSQL ``pg_terminate_backend``).  Leave the
@@ -255,27 +255,20 @@ def acquire_for(executor: Executor, connector: Connector,
         intent_id=ctx.intent_id if ctx else None)
 
 
-_PREPARED: weakref.WeakSet[sa.Engine] = weakref.WeakSet()
-
-
 def prepare_target(executor: Executor, connector: Connector,
                    ctx: CallContext | None = None) -> None:
-    """Once per process and connector: the marker and fence tables, under a budget slot.
+    """Once per process and connector: check capgate's tables, under a budget slot.
 
-    Their set-up opens a session of its own (outside any write, since DDL
-    commits on MariaDB and Oracle); it is counted like any other.
+    The check opens a session of its own; it is counted like any other.  It
+    never creates anything (``capgate target install`` does, once).
     """
-    if connector.engine in _PREPARED:
+    if connector.target_checked:
         return
-    from executor.claims import ensure_fence_table
-
     ticket = acquire_for(executor, connector, ctx)
     try:
-        connector.ensure_marker()
-        ensure_fence_table(connector)
+        connector.check_target()
     finally:
         ticket.release()
-    _PREPARED.add(connector.engine)
 
 
 def reserve(executor: Executor, ctx: CallContext) -> None:

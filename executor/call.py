@@ -20,6 +20,8 @@ import contextlib
 import datetime as dt
 import os
 import signal
+import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -33,8 +35,9 @@ from executor import outcome as oc
 from executor.checks import CheckResult, evaluate
 from executor.connectors import Connector, Connectors
 from executor.dialects import SessionTag, TxIdentity
+from executor.dialects.base import MARKER_TABLE, TARGET_TABLES
 from executor.grants import Grants
-from executor.ledger import Ledger
+from executor.ledger import IdempotencyRecord, KeyAlreadyClaimed, KeyClaim, Ledger
 from executor.outcome import Outcome, jsonable
 from executor.plan import Plan, binds_for, fingerprint, idempotency_key, render
 from registry.canonical import canonical_hash
@@ -51,6 +54,7 @@ from registry.errors import (
     InputInvalid,
     OutcomeUnknown,
     ReconciliationRequired,
+    RequestInFlight,
     SelfApproval,
     UnknownPlan,
     UsageError,
@@ -58,10 +62,14 @@ from registry.errors import (
 from registry.model import AuthKind, EffectClass, Row, Shape
 from registry.registry import Registry
 
+_MARKER_BY_KEY = (f"SELECT intent_id, case_id, fingerprint, attempt, operation_id, landed_at"
+                  f" FROM {MARKER_TABLE} WHERE idem_key = :k")
 CRASH_ENV = "CAPGATE_CRASH_AT"
 CRASH_POINTS = ("after_prepared", "after_attempt_started", "before_commit", "after_commit",
                 "after_observed")
 TERMINAL = frozenset({"observed", "reconciled", "escalation_resolved"})
+AWAIT_OWNER_MARGIN_SECONDS = 10.0
+"""An identical call waits for the owning execution this long past the row's timeout."""
 
 
 def crash_point(name: str) -> None:
@@ -158,6 +166,8 @@ class Executor:
         self.ledger = ledger
         self.grants = grants
         self.clock = clock
+        self._lock = threading.Lock()
+        self._in_flight: dict[str, int] = {}
 
     # --- resolution ----------------------------------------------------------
 
@@ -225,34 +235,28 @@ class Executor:
                 operation_id=row.operation_id, version=row.version)
         fp = fingerprint(row, inputs, connector.name, connector.environment)
         idem = key or idempotency_key(row, inputs, case)
-        intent_id = uuid.uuid4().hex
         if idem is not None and not rehearse:
-            # one round trip: claim the key, or learn who holds it
-            claimed = self.ledger.claim_idempotency(
-                idem, case_id=case, intent_id=intent_id, fingerprint=fp,
-                operation_id=row.operation_id, version=row.version)
-            if claimed is not None and claimed.intent_id != intent_id:
-                replay = self._replay_recorded(claimed, fp, idem)
-                if replay is not None:
-                    return replay
-                if claimed.case_id != case:
-                    raise IdempotencyConflict(
-                        f"idempotency key {idem!r} is held by case {claimed.case_id!r}",
-                        key=idem, case=claimed.case_id, intent_id=claimed.intent_id)
-                intent_id = claimed.intent_id  # claimed earlier, never prepared: adopt it
-        ctx = CallContext(row, inputs, case, who, connector, intent_id, idem, fp, plan,
+            # one read: a recorded (or running) execution of this key answers for us
+            owner = self.ledger.get_idempotency(idem)
+            if owner is not None:
+                return self._follow_owner(owner, row, fp, idem, case)
+        ctx = CallContext(row, inputs, case, who, connector, uuid.uuid4().hex, idem, fp, plan,
                           rehearse=rehearse, task=task)
         # --- impact claims and session budgets (executor/claims.py, executor/budget.py):
-        # both taken before `prepared`, so a conflict or an exhausted budget records nothing
+        # the budget slot is reserved before `prepared`; the impact keys (and the
+        # approval, and the idempotency key) are claimed in the `prepared` transaction
+        # itself: a conflict or an exhausted budget records nothing
         from executor import budget, claims
 
-        claims.claim_for_call(self, ctx)
         error: BaseException | None = None
+        lost: IdempotencyRecord | None = None
+        flight = contextlib.ExitStack()
         try:
+            flight.enter_context(self._flying(None if rehearse else idem))
             budget.reserve(self, ctx)
             # --- end impact claims and session budgets
             if row.authorization.kind is AuthKind.GATE and not rehearse:
-                self._consume_approval(ctx)
+                self._check_approval(ctx)
             if row.effect_class is EffectClass.READ:
                 return self._read(ctx)
             if row.shape is Shape.LEASED:
@@ -260,12 +264,23 @@ class Executor:
 
                 return run_leased(self, ctx)
             return self._collapsed(ctx)
+        except KeyAlreadyClaimed as race:
+            lost = race.record  # an identical call prepared first: nothing of ours was sent
+        except BudgetExhausted as exc:
+            # identical calls arriving together (an MCP server's threads): the one that got
+            # a session runs the request, and this one waits for it instead of being refused
+            lost = self._owner_soon(idem, row) if idem is not None and not rehearse else None
+            if lost is None:
+                error = exc
+                raise
         except BaseException as exc:  # --- impact claims and session budgets: release
             error = exc
             raise
         finally:
             budget.release_unused(self, ctx)
             claims.release_after_call(self, ctx, error)  # --- end
+            flight.close()
+        return self._follow_owner(lost, row, fp, idem or lost.idem_key, case)
 
     def lease(self, operation_id: str, inputs: Mapping[str, Any], *, case: str, who: str,
               steps: Sequence[str | Callable[..., Any]] | None = None,
@@ -296,24 +311,85 @@ class Executor:
                 f"case {case!r} was opened for task {recorded!r}, not {task!r}; "
                 "use a new case for new work", case=case, recorded=recorded, task=task)
 
-    def _replay_recorded(self, existing: Any, fp: str, idem: str) -> Outcome | None:
-        if existing.fingerprint != fp:
+    def _owner_soon(self, idem: str, row: Row) -> IdempotencyRecord | None:
+        """The owner of ``idem``, waiting while an identical call of this process may prepare.
+
+        Without such a call (or once it ended without preparing) the answer is
+        None at once: the caller's own refusal stands.
+        """
+        deadline = time.monotonic() + float(row.timeout.seconds)
+        while True:
+            with self._lock:  # before the read: an identical call that ends after this
+                others = self._in_flight.get(idem, 0) > 1  # has prepared before the read
+            owner = self.ledger.get_idempotency(idem)
+            if owner is not None:
+                return owner
+            if not others or time.monotonic() >= deadline:
+                return None
+            time.sleep(0.02)
+
+    @contextlib.contextmanager
+    def _flying(self, idem: str | None) -> Iterator[None]:
+        """Count this process's calls of ``idem`` while they run (see :meth:`_owner_soon`)."""
+        if idem is None:
+            yield
+            return
+        with self._lock:
+            self._in_flight[idem] = self._in_flight.get(idem, 0) + 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                left = self._in_flight.pop(idem) - 1
+                if left:
+                    self._in_flight[idem] = left
+
+    def _follow_owner(self, owner: IdempotencyRecord, row: Row, fp: str, idem: str,
+                      case: str) -> Outcome:
+        """The outcome of the one execution that owns ``idem``: recorded, or waited for.
+
+        Exactly one intent executes per idempotency key (it claims the key with
+        its ``prepared`` event).  An identical call that finds the key owned
+        returns that intent's outcome (from any case: a key without ``{case}``
+        names one effect for good), waiting while it runs in this case; it
+        records and sends nothing of its own.  A different request under the
+        key, or the same request still running in another case, is refused.
+        """
+        if owner.fingerprint != fp:
             raise IdempotencyConflict(
                 f"idempotency key {idem!r} was used for a different request "
-                f"(intent {existing.intent_id} in case {existing.case_id!r})",
-                key=idem, intent_id=existing.intent_id, case=existing.case_id)
-        snapshot = self.ledger.snapshot(existing.case_id) or {}
-        state = snapshot.get("intents", {}).get(existing.intent_id)
-        if state is None:
-            return None
-        if state.get("status") in TERMINAL and state.get("outcome_record"):
-            return Outcome.from_dict(state["outcome_record"], replayed=True)
-        raise ReconciliationRequired(
-            f"the request with key {idem!r} is in flight or its outcome is unknown "
-            f"(intent {existing.intent_id}); run `capgate resume {existing.case_id}`",
-            case=existing.case_id, intent_id=existing.intent_id)
+                f"(intent {owner.intent_id} in case {owner.case_id!r})",
+                key=idem, intent_id=owner.intent_id, case=owner.case_id)
+        wait = float(row.timeout.seconds) + AWAIT_OWNER_MARGIN_SECONDS
+        deadline = time.monotonic() + wait
+        pause = 0.005
+        while True:
+            state = ((self.ledger.snapshot(owner.case_id) or {}).get("intents") or {}).get(
+                owner.intent_id) or {}
+            record = state.get("outcome_record")
+            if state.get("status") in TERMINAL and isinstance(record, dict):
+                return Outcome.from_dict(record, replayed=True)
+            if owner.case_id != case:  # another case's request, still running: not ours
+                raise IdempotencyConflict(
+                    f"idempotency key {idem!r} is held by case {owner.case_id!r}",
+                    key=idem, case=owner.case_id, intent_id=owner.intent_id)
+            if time.monotonic() >= deadline:
+                raise RequestInFlight(
+                    f"the same request (key {idem!r}) is being executed as intent "
+                    f"{owner.intent_id} of case {owner.case_id!r}, still {state.get('status')} "
+                    f"after {wait:.0f} s; call again for its outcome, or run `capgate resume "
+                    f"{owner.case_id}` if its executor died",
+                    key=idem, case=owner.case_id, intent_id=owner.intent_id,
+                    status=state.get("status"))
+            time.sleep(pause)
+            pause = min(pause * 2, 0.1)
 
-    def _consume_approval(self, ctx: CallContext) -> None:
+    def _check_approval(self, ctx: CallContext) -> None:
+        """A usable approval of this exact plan exists (consumed later, with ``prepared``).
+
+        Refusals name what is missing; the plan is recorded so that an approver
+        can find it by its hash.
+        """
         plan = ctx.plan
         approvals = self.ledger.approvals_for(plan.plan_hash)
         now = self.clock()
@@ -338,18 +414,41 @@ class Executor:
                 f"{ctx.row.ref} is gated: approve plan {plan.plan_hash} with "
                 f"`capgate approve {plan.plan_hash} --by WHO --role "
                 f"{'|'.join(ctx.row.authorization.approver_roles)}`", **details)
-        try:
-            self.ledger.consume_approval(plan.plan_hash, ctx.intent_id, now=now)
-        except UnknownPlan:
-            raise ApprovalRequired(f"{ctx.row.ref} is gated: no approval for {plan.plan_hash}",
-                                   plan_hash=plan.plan_hash, plan=plan.to_dict()) from None
 
     # --- ledger boundaries ---------------------------------------------------
 
     def _prepared(self, ctx: CallContext) -> None:
+        """The intent, durable before anything is sent; it claims the idempotency key too.
+
+        Raises KeyAlreadyClaimed (nothing written) when an identical call
+        prepared first: its execution is the only one.
+        """
         if ctx.resumed:  # resume hook: a retried attempt of an intent prepared before
             return
         row = ctx.row
+        claim = None
+        if ctx.idem_key is not None and not ctx.rehearse:
+            claim = KeyClaim(ctx.idem_key, ctx.intent_id, ctx.fingerprint, row.operation_id,
+                             row.version)
+        held: list[Any] = []
+        from executor import claims  # --- impact claims
+
+        def within(conn: sa.Connection) -> None:
+            """In the `prepared` transaction: the approval and the impact keys."""
+            held.clear()
+            if row.authorization.kind is AuthKind.GATE and not ctx.rehearse:
+                try:
+                    self.ledger.consume_approval_on(
+                        conn, ctx.plan.plan_hash, ctx.intent_id, now=self.clock(),
+                        exclude_approver=ctx.who if row.authorization.four_eyes else None)
+                except UnknownPlan:
+                    raise ApprovalRequired(
+                        f"{row.ref} is gated: no approval for {ctx.plan.plan_hash}",
+                        plan_hash=ctx.plan.plan_hash, plan=ctx.plan.to_dict()) from None
+            taken = claims.claim_within_prepared(self, ctx, conn)
+            if taken is not None:
+                held.append(taken)
+
         self.ledger.append(ctx.case_id, "prepared", {
             "request": {"operation_id": row.operation_id, "version": row.version,
                         "inputs": dict(ctx.inputs), "who": ctx.who,
@@ -362,7 +461,9 @@ class Executor:
                       "effect_class": str(row.effect_class), "recovery": str(row.recovery),
                       "plan_hash": ctx.plan.plan_hash, "attempt": 0, "inputs": dict(ctx.inputs)},
             **({"case_state": {"task": ctx.task}} if ctx.task is not None else {}),
-        }, intent_id=ctx.intent_id)
+        }, intent_id=ctx.intent_id, claim=claim, within=within)
+        for taken in held:
+            claims.remember(self, taken)  # --- end impact claims
         crash_point("after_prepared")
 
     def _attempt_started(self, ctx: CallContext, identity: TxIdentity) -> None:
@@ -478,12 +579,16 @@ class Executor:
                     "on_timeout": str(ctx.row.timeout.on_timeout)}
         if dialect.is_read_only_violation(exc):
             return {"kind": "read_only_violation", "where": where, "message": message}
+        if dialect.is_undefined_table(exc) and any(t in message for t in TARGET_TABLES):
+            ctx.connector.forget_target()
+            return {"kind": "target_not_installed", "where": where, "message": message,
+                    "fix": f"capgate target install {ctx.connector.name}"}
         return {"kind": "database_error", "where": where, "message": message,
                 "connection_lost": bool(exc.connection_invalidated)}
 
     def _collapsed(self, ctx: CallContext) -> Outcome:
         connector = ctx.connector
-        connector.ensure_marker()
+        connector.check_target()
         if not ctx.rehearse:
             self._prepared(ctx)
         result = self.run_transaction(ctx, lambda conn, ev: self._statements(ctx, conn, ev))
@@ -507,6 +612,8 @@ class Executor:
             try:
                 conn, identity = stack.enter_context(self._open_write(ctx))
             except sa.exc.DBAPIError as exc:
+                if ctx.idem_key is not None and dialect.is_unique_violation(exc):
+                    return self._landed_before(ctx, evidence)
                 return ctx.outcome(oc.ROLLED_BACK, evidence,
                                    self._db_error_reason(ctx, exc, "begin"))
             try:
@@ -558,6 +665,36 @@ class Executor:
             except sa.exc.DBAPIError:
                 conn.invalidate()
         return ctx.outcome(oc.APPLIED, evidence)
+
+    def _landed_before(self, ctx: CallContext, evidence: dict[str, Any]) -> Outcome:
+        """The marker's key is taken in the target: evidence that the key already landed.
+
+        The same request landed under another intent (a second ledger on one
+        target, a restored ledger): ``already_applied``, with that marker as
+        evidence -- never ``rolled_back`` for an effect that is there.  A
+        different request under the key: nothing of ours was sent, so
+        ``rolled_back`` with the conflicting marker.
+        """
+        dialect = ctx.connector.dialect
+        with self._connect(ctx.connector, ctx) as conn:
+            try:
+                found = conn.execute(sa.text(dialect.sql(_MARKER_BY_KEY, ctx.tag)),
+                                     {"k": ctx.idem_key}).mappings().first()
+            finally:
+                conn.rollback()
+        marker = {k: jsonable(v) for k, v in found.items()} if found is not None else None
+        evidence = {**evidence, "landing_marker": marker}
+        if marker is not None and marker["fingerprint"] == ctx.fingerprint:
+            return ctx.outcome(oc.ALREADY_APPLIED, evidence, {
+                "kind": "already_landed", "by_intent": marker["intent_id"],
+                "by_case": marker["case_id"],
+                "message": "this request's idempotency key already landed in the target; "
+                           "nothing was executed now"})
+        return ctx.outcome(oc.ROLLED_BACK, evidence, {
+            "kind": "idempotency_conflict", "where": "begin",
+            "by_intent": marker["intent_id"] if marker else None,
+            "message": "the idempotency key landed in the target for a different request; "
+                       "nothing of this call was sent"})
 
     def _statements(self, ctx: CallContext, conn: sa.Connection,
                     evidence: dict[str, Any]) -> None:

@@ -69,6 +69,7 @@ older attempt of that case is fenced out exactly like another case's would be.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import os
 import socket
@@ -82,6 +83,7 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
+from executor.dialects.base import FENCE_TABLE
 from executor.plan import impact_keys
 from registry.errors import (
     CapgateError,
@@ -94,7 +96,6 @@ from registry.model import EffectClass
 
 if TYPE_CHECKING:
     from executor.call import CallContext, Executor
-    from executor.connectors import Connector
     from executor.ledger import Ledger
 
 __all__ = [
@@ -111,7 +112,6 @@ __all__ = [
 CLAIM_MARGIN_SECONDS = 2.0
 """Slack added to a claim beyond the server's own lease enforcement (seconds)."""
 
-FENCE_TABLE = "capgate_fence"
 
 def _holder() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
@@ -198,15 +198,26 @@ class ClaimStore:
         self.store = StoreAccess(ledger)
         self._ledger_id: str | None = None
         s = self.store
+        # ``keep``: the same case holds the key, unexpired, and this is no takeover --
+        # then the token stays and only the expiry grows, so two calls of one case
+        # never fence each other out; the newest claimant becomes the holder that
+        # releases it.  A takeover (another case after expiry, or resume retrying an
+        # attempt) moves the token on.
+        keep = ("(cg_claims.case_id = excluded.case_id"
+                " AND cg_claims.expires_at >= excluded.acquired_at AND :takeover = 0)")
         self._acquire = sa.text(
             "INSERT INTO cg_claims (impact_key, token, case_id, intent_id, operation_id, holder,"
             " acquired_at, expires_at)"
             f" VALUES (:k, 1, :case_id, :intent_id, :operation_id, :holder, {s.now_sql},"
             f" {s.now_sql} + :ttl)"
-            " ON CONFLICT (impact_key) DO UPDATE SET token = cg_claims.token + 1,"
+            f" ON CONFLICT (impact_key) DO UPDATE SET"
+            f" token = CASE WHEN {keep} THEN cg_claims.token ELSE cg_claims.token + 1 END,"
+            f" expires_at = CASE WHEN {keep}"
+            f" THEN {s.greatest}(cg_claims.expires_at, excluded.expires_at)"
+            " ELSE excluded.expires_at END,"
             " case_id = excluded.case_id, intent_id = excluded.intent_id,"
             " operation_id = excluded.operation_id, holder = excluded.holder,"
-            " acquired_at = excluded.acquired_at, expires_at = excluded.expires_at"
+            " acquired_at = excluded.acquired_at"
             " WHERE cg_claims.case_id IS NULL OR cg_claims.case_id = excluded.case_id"
             " OR cg_claims.expires_at < excluded.acquired_at"
             " RETURNING token, expires_at"
@@ -218,6 +229,7 @@ class ClaimStore:
         self._release = sa.text(
             "UPDATE cg_claims SET case_id = NULL, intent_id = NULL, operation_id = NULL,"
             " holder = NULL, expires_at = 0 WHERE impact_key = :k AND token = :t"
+            " AND intent_id = :i"
         )
         self._read = sa.text(
             "SELECT impact_key, token, case_id, intent_id, operation_id, holder, acquired_at,"
@@ -237,29 +249,48 @@ class ClaimStore:
         return self._ledger_id
 
     def acquire(self, keys: Sequence[str], *, case_id: str, intent_id: str,
-                operation_id: str, ttl: float) -> HeldClaim:
-        """Claim every key for ``case_id`` (all or none); ImpactConflict names the holder."""
+                operation_id: str, ttl: float, takeover: bool = False) -> HeldClaim:
+        """Claim every key for ``case_id`` (all or none); ImpactConflict names the holder.
+
+        A key the same case already holds stays with its holding intent and
+        token (the claim is only extended) unless ``takeover``: resume's retry
+        of an attempt takes it over with a new token, fencing the old attempt.
+        """
+        with self.store.write("claim impact keys", many=len(set(keys)) > 1) as conn:
+            return self.acquire_on(conn, keys, case_id=case_id, intent_id=intent_id,
+                                   operation_id=operation_id, ttl=ttl, takeover=takeover)
+
+    def acquire_on(self, conn: Connection, keys: Sequence[str], *, case_id: str,
+                   intent_id: str, operation_id: str, ttl: float,
+                   takeover: bool = False) -> HeldClaim:
+        """:meth:`acquire` inside the caller's transaction on the ledger store.
+
+        ``Executor.call`` claims in the transaction that records ``prepared``:
+        a conflict raised here undoes the whole transaction (nothing recorded,
+        no key kept), and a call that loses its idempotency key to an identical
+        call never joins a claim at all.
+        """
         ordered = sorted(set(keys))
         params = {"case_id": case_id, "intent_id": intent_id, "operation_id": operation_id,
-                  "holder": _holder(), "ttl": float(ttl)}
-        for _ in range(_ACQUIRE_ATTEMPTS):
-            tokens: dict[str, int] = {}
-            expires = 0.0
-            try:
-                # raising inside the transaction rolls back the keys it took: all or none
-                with self.store.write("claim impact keys", many=len(ordered) > 1) as conn:
-                    for key in ordered:
-                        row = conn.execute(self._acquire, {**params, "k": key}).first()
-                        if row is None:
-                            self._refuse(conn, key, case_id)
-                        else:
-                            tokens[key] = int(row[0])
-                            expires = float(row[1])
-            except _Released:
-                continue  # the holder let go between our claim and our look: claim again
-            return HeldClaim(case_id, intent_id, tokens, expires)
-        raise ImpactConflict(f"impact keys {ordered} changed hands too often to be claimed; "
-                             "retry", impact_keys=ordered, requested_by_case=case_id)
+                  "holder": _holder(), "ttl": float(ttl), "takeover": int(takeover)}
+        tokens: dict[str, int] = {}
+        expires = 0.0
+        for key in ordered:
+            for _ in range(_ACQUIRE_ATTEMPTS):
+                row = conn.execute(self._acquire, {**params, "k": key}).first()
+                if row is not None:
+                    tokens[key] = int(row[0])
+                    expires = float(row[1])
+                    break
+                try:
+                    self._refuse(conn, key, case_id)
+                except _Released:
+                    continue  # the holder let go between our claim and our look: again
+            else:
+                raise ImpactConflict(f"impact key {key!r} changed hands too often to be "
+                                     "claimed; retry", impact_keys=ordered,
+                                     requested_by_case=case_id)
+        return HeldClaim(case_id, intent_id, tokens, expires)
 
     def _refuse(self, conn: Connection, key: str, case_id: str) -> None:
         conflict = self._describe(conn, key)
@@ -298,7 +329,9 @@ class ClaimStore:
         """Free the keys still held with these tokens (a taken-over key is left alone)."""
         with self.store.write("release impact claims", many=len(held.tokens) > 1) as conn:
             for key, token in held.tokens.items():
-                conn.execute(self._release, {"k": key, "t": token})
+                # only the intent recorded as holder frees a key: a call of the same case
+                # that merely joined that hold (see ``acquire``) leaves it alone
+                conn.execute(self._release, {"k": key, "t": token, "i": held.intent_id})
 
     def current(self, key: str) -> dict[str, Any] | None:
         """The claim row of ``key`` as stored (``expires_in`` on the store's clock)."""
@@ -381,10 +414,10 @@ def _take(executor: Executor, ctx: CallContext, *, release_on_observed: bool) ->
     book = _book(executor)
     keys = impact_keys(ctx.row, ctx.inputs, ctx.connector.environment)
     claim = book.store.acquire(keys, case_id=ctx.case_id, intent_id=ctx.intent_id,
-                               operation_id=ctx.row.operation_id, ttl=claim_ttl(ctx))
+                               operation_id=ctx.row.operation_id, ttl=claim_ttl(ctx),
+                               takeover=ctx.resumed)
     if release_on_observed:
-        claim = HeldClaim(claim.case_id, claim.intent_id, claim.tokens, claim.expires_at,
-                          release_on_observed=True)
+        claim = dataclasses.replace(claim, release_on_observed=True)
     with book.lock:
         book.held[ctx.intent_id] = claim
     return claim
@@ -393,11 +426,26 @@ def _take(executor: Executor, ctx: CallContext, *, release_on_observed: bool) ->
 # --- the executor's hooks (executor/call.py) ---------------------------------------
 
 
-def claim_for_call(executor: Executor, ctx: CallContext) -> HeldClaim | None:
-    """``Executor.call``: claim the write's impact keys before ``prepared``."""
+def claim_within_prepared(executor: Executor, ctx: CallContext,
+                          conn: Connection) -> HeldClaim | None:
+    """``Executor._prepared``: claim the write's impact keys in the ``prepared`` transaction.
+
+    The claim is remembered by the caller (:func:`remember`) once that
+    transaction committed.
+    """
     if not _wants_claim(executor, ctx):
         return None
-    return _take(executor, ctx, release_on_observed=False)
+    keys = impact_keys(ctx.row, ctx.inputs, ctx.connector.environment)
+    return _book(executor).store.acquire_on(
+        conn, keys, case_id=ctx.case_id, intent_id=ctx.intent_id,
+        operation_id=ctx.row.operation_id, ttl=claim_ttl(ctx))
+
+
+def remember(executor: Executor, claim: HeldClaim) -> None:
+    """Hold ``claim`` for its intent (released at the end of its call)."""
+    book = _book(executor)
+    with book.lock:
+        book.held[claim.intent_id] = claim
 
 
 def ensure_claimed(executor: Executor, ctx: CallContext) -> None:
@@ -469,15 +517,6 @@ def fence(executor: Executor, ctx: CallContext, conn: Connection) -> None:
 
 # --- the target's fence row -------------------------------------------------------------
 
-_FENCE_DDL = (
-    f"CREATE TABLE IF NOT EXISTS {FENCE_TABLE} (key_hash VARCHAR(64) NOT NULL PRIMARY KEY,"
-    " impact_key VARCHAR(400) NOT NULL, token BIGINT NOT NULL, intent_id VARCHAR(64) NOT NULL)"
-)
-_FENCE_DDL_ORACLE = (
-    f"CREATE TABLE {FENCE_TABLE} (key_hash VARCHAR2(64) NOT NULL PRIMARY KEY,"
-    " impact_key VARCHAR2(400) NOT NULL, token NUMBER(19) NOT NULL,"
-    " intent_id VARCHAR2(64) NOT NULL)"
-)
 _FENCE_VALUES = "(key_hash, impact_key, token, intent_id) VALUES (:h, :k, :t, :i)"
 # One statement per key moves the fence row to our token, or leaves a newer one alone.
 # Upserts, not UPDATE-then-INSERT: on InnoDB an UPDATE of a missing row takes a gap
@@ -500,37 +539,8 @@ _FENCE_UPSERT = {
 _FENCE_UPSERT["sqlite"] = _FENCE_UPSERT["postgresql"]
 _FENCE_READ = f"SELECT token, intent_id FROM {FENCE_TABLE} WHERE key_hash = :h"
 
-_FENCE_READY: weakref.WeakSet[Engine] = weakref.WeakSet()
-_FENCE_LOCK = threading.Lock()
-
-
 def key_hash(key: str) -> str:
     return hashlib.sha256(key.encode("utf-8")).hexdigest()
-
-
-def ensure_fence_table(connector: Connector) -> None:
-    """Create ``capgate_fence`` once per process and connector, outside any write.
-
-    Called by :func:`executor.budget.prepare_target`, under a budget slot.
-    """
-    engine = connector.engine
-    if engine in _FENCE_READY:
-        return
-    with _FENCE_LOCK:
-        if engine in _FENCE_READY:
-            return
-        with connector.engine.connect() as conn:
-            try:
-                conn.execute(sa.text(_FENCE_DDL_ORACLE if connector.dialect.name == "oracle"
-                                     else _FENCE_DDL))
-                conn.commit()
-            except sa.exc.DatabaseError:
-                # another process created it at the same moment (PostgreSQL's IF NOT
-                # EXISTS is not race-free; Oracle has no IF NOT EXISTS): fine if it exists
-                conn.rollback()
-                if not sa.inspect(conn).has_table(FENCE_TABLE):
-                    raise
-        _FENCE_READY.add(engine)
 
 
 def target_fence(ctx: CallContext, conn: Connection, claim: HeldClaim,

@@ -1,8 +1,8 @@
 """Connectors: named target databases, each reachable only by its own rows.
 
-A connector owns its SQLAlchemy engine and its dialect.  The marker table is
-created once per process and connector, outside any call's transaction
-(on MariaDB and Oracle DDL would commit the call's work implicitly).
+A connector owns its SQLAlchemy engine and its dialect.  capgate's own tables
+in the target (the landing marker and the fence, :mod:`executor.target`) are
+checked once per process and connector -- never created by a call.
 Passwords never leave this module: everything printable uses ``safe_url``.
 """
 
@@ -16,23 +16,10 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL, make_url
 
 from executor.dialects import Dialect, dialect_for
+from executor.dialects import normalise_url as normalise_url  # the one URL normaliser
 from registry.errors import ConfigError, ConnectorUnavailable, UnknownConnector
 
 ENVIRONMENTS = ("dev", "qa", "staging", "prod")
-DRIVERS = {"postgresql": "postgresql+psycopg", "postgres": "postgresql+psycopg",
-           "mysql": "mysql+pymysql", "mariadb": "mysql+pymysql", "oracle": "oracle+oracledb"}
-
-
-def normalise_url(raw: str | URL) -> URL:
-    """Pin capgate's drivers: psycopg 3, PyMySQL, python-oracledb."""
-    url = make_url(raw)
-    if url.drivername in DRIVERS:
-        url = url.set(drivername=DRIVERS[url.drivername])
-    elif url.drivername == "mariadb+pymysql":
-        url = url.set(drivername="mysql+pymysql")
-    return url
-
-
 def safe_url(url: str | URL) -> str:
     return make_url(url).render_as_string(hide_password=True)
 
@@ -73,7 +60,7 @@ class Connector:
     config: ConnectorConfig
     engine: sa.Engine
     dialect: Dialect
-    _marker_ready: bool = False
+    _target_ready: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -100,23 +87,46 @@ class Connector:
         dialect.prepare_engine(engine)
         return cls(config=config, engine=engine, dialect=dialect)
 
-    def ensure_marker(self) -> None:
-        if self._marker_ready:
+    def check_target(self) -> None:
+        """capgate's tables are in the target and usable (checked once per process).
+
+        Raises TargetNotInstalled / TargetPrivilegeMissing naming the table and
+        the command that fixes it, ConnectorUnavailable when the database does
+        not answer.  Never creates anything.
+        """
+        if self._target_ready:
             return
+        from executor.target import missing_tables, refuse_missing
+
         with self._lock:
-            if self._marker_ready:
+            if self._target_ready:
                 return
             try:
                 with self.engine.connect() as conn:
-                    self.dialect.ensure_marker_table(conn)
-                    conn.commit()
-            except sa.exc.OperationalError as exc:
-                raise ConnectorUnavailable(
-                    f"connector {self.name!r} ({self.config.safe_url}) is unreachable: "
-                    f"{str(exc.orig).splitlines()[0] if exc.orig else exc}",
-                    connector=self.name,
-                ) from None
-            self._marker_ready = True
+                    problems = missing_tables(conn, self.dialect)
+            except sa.exc.DBAPIError as exc:
+                if isinstance(exc, sa.exc.OperationalError) or exc.connection_invalidated:
+                    raise self.unavailable(exc) from None
+                raise
+            refuse_missing(self.name, problems)
+            self._target_ready = True
+
+    @property
+    def target_checked(self) -> bool:
+        """Whether :meth:`check_target` already passed in this process."""
+        return self._target_ready
+
+    def forget_target(self) -> None:
+        """The tables vanished after the check (a write found them missing): check again."""
+        self._target_ready = False
+
+    def unavailable(self, exc: BaseException) -> ConnectorUnavailable:
+        """The coded error for a database that could not be reached."""
+        orig = getattr(exc, "orig", None) or exc
+        lines = str(orig).strip().splitlines()
+        return ConnectorUnavailable(
+            f"connector {self.name!r} ({self.config.safe_url}) is unreachable: "
+            f"{lines[0] if lines else type(orig).__name__}", connector=self.name)
 
     def dispose(self) -> None:
         self.engine.dispose()

@@ -356,7 +356,7 @@ def run_leased(executor: Executor, ctx: CallContext) -> Outcome:
     from executor.call import Rollback
 
     row = ctx.row
-    ctx.connector.ensure_marker()
+    ctx.connector.check_target()
     check_steps(executor, ctx)
     leases: list[Lease] = []
 

@@ -110,6 +110,8 @@ __all__ = [
     "Event",
     "Finding",
     "IdempotencyRecord",
+    "KeyAlreadyClaimed",
+    "KeyClaim",
     "Ledger",
     "PlanRecord",
     "VerifiedCase",
@@ -133,6 +135,35 @@ _HEAD_CACHE_SIZE = 4096
 
 EventSpec = tuple[str, Mapping[str, Any], str | None]
 """``(kind, payload, intent_id)`` for :meth:`Ledger.append_many`."""
+
+
+@dataclass(frozen=True, slots=True)
+class KeyClaim:
+    """An idempotency key to claim atomically with the events of an append.
+
+    The claim row and the events commit together or not at all: an intent
+    owns its key exactly when its ``prepared`` event exists, so no claim is
+    ever left behind by a call that was refused before it prepared, and two
+    identical calls racing each other can never both prepare.
+    """
+
+    key: str
+    intent_id: str
+    fingerprint: str
+    operation_id: str
+    version: int
+
+
+class KeyAlreadyClaimed(Exception):
+    """Internal: the append's idempotency key is owned by another intent; nothing was written.
+
+    ``record`` names the owner.  The executor turns this into a replay of the
+    owner's outcome, a wait for it, or a refusal -- never a second execution.
+    """
+
+    def __init__(self, record: IdempotencyRecord) -> None:
+        super().__init__(f"idempotency key {record.idem_key!r} is owned by {record.intent_id}")
+        self.record = record
 
 
 _P = ParamSpec("_P")
@@ -493,16 +524,27 @@ class Ledger:
         payload: Mapping[str, Any],
         *,
         intent_id: str | None = None,
+        claim: KeyClaim | None = None,
+        within: Callable[[Connection], None] | None = None,
     ) -> Event:
         """Record one event at the end of the case's chain (creating the case on seq 0).
 
         The event row, the new snapshot and the new head commit together or not
         at all; concurrent writers to one case (any process, any machine) are
-        serialised, never forked.  Returns the event as stored.
+        serialised, never forked.  With ``claim`` the idempotency key is claimed
+        in the same transaction (KeyAlreadyClaimed: another intent owns it, and
+        nothing was written).  ``within`` runs in that transaction too, after
+        the claim and before the event (the executor's impact claims and
+        approval consumption): whatever it raises undoes everything.  It may
+        run more than once (a lost race is retried); each run but the
+        committed one was rolled back.  Returns the event as stored.
         """
-        return self.append_many(case_id, [(kind, payload, intent_id)])[0]
+        return self.append_many(case_id, [(kind, payload, intent_id)], claim=claim,
+                                within=within)[0]
 
-    def append_many(self, case_id: str, items: Sequence[EventSpec]) -> list[Event]:
+    def append_many(self, case_id: str, items: Sequence[EventSpec], *,
+                    claim: KeyClaim | None = None,
+                    within: Callable[[Connection], None] | None = None) -> list[Event]:
         """Record several events, consecutively and atomically, in one transaction."""
         _check_id("case_id", case_id)
         specs: list[EventSpec] = []
@@ -518,11 +560,11 @@ class Ledger:
             for reconnect in range(_RECONNECTS):
                 suspect = tried if reconnect else None
                 try:
-                    if self._backend.single_statement_append:
-                        written = self._append_unlocked(case_id, specs, tried, suspect)
+                    if self._backend.single_statement_append and within is None:
+                        written = self._append_unlocked(case_id, specs, tried, suspect, claim)
                         if written is not None:
                             return written
-                    return self._append_locked(case_id, specs, tried, suspect)
+                    return self._append_locked(case_id, specs, tried, suspect, claim, within)
                 except sa.exc.DBAPIError as exc:
                     if not exc.connection_invalidated:
                         raise
@@ -545,6 +587,7 @@ class Ledger:
         specs: list[EventSpec],
         tried: dict[str, list[Event]],
         suspect: dict[str, list[Event]] | None,
+        claim: KeyClaim | None,
     ) -> list[Event] | None:
         """Compare-and-swap appends without a transaction; None when the head moved.
 
@@ -567,9 +610,11 @@ class Ledger:
                 new, written, rows = self._build(case_id, head, specs)
                 tried[new.digest] = written
                 try:
-                    ok = self._backend.write_chain(conn, head, new, rows)
+                    ok = self._backend.write_chain(conn, head, new, rows,
+                                                   self._claim_row(case_id, claim))
                 except sa.exc.IntegrityError:
-                    ok = False  # the locked path will tell a race from a damaged store
+                    # a race, a claimed key or a damaged store: the locked path tells which
+                    ok = False
                 conn.commit()
                 if ok:
                     self._remember(case_id, StoredHead(new.seq, new.digest, new.snapshot))
@@ -583,6 +628,8 @@ class Ledger:
         specs: list[EventSpec],
         tried: dict[str, list[Event]],
         suspect: dict[str, list[Event]] | None,
+        claim: KeyClaim | None,
+        within: Callable[[Connection], None] | None = None,
     ) -> list[Event]:
         """The pessimistic path: lock the case row (SQLite: the database), then write."""
         for _ in range(_MAX_ATTEMPTS):
@@ -591,12 +638,23 @@ class Ledger:
                 landed = _landed(conn, case_id, suspect)
                 if landed is not None:
                     return landed
+                if claim is not None:
+                    owner = _idempotency_record(conn, claim.key, lock=self._backend.lock_rows)
+                    if owner is not None:
+                        raise KeyAlreadyClaimed(owner)
+                if within is not None:
+                    within(conn)
                 new, written, rows = self._build(case_id, head, specs)
                 tried[new.digest] = written
                 try:
-                    ok = self._backend.write_chain(conn, head, new, rows)
+                    ok = self._backend.write_chain(conn, head, new, rows,
+                                                   self._claim_row(case_id, claim))
                 except sa.exc.IntegrityError as exc:
                     tx.rollback()
+                    # the key, claimed meanwhile by another case's append; else a damaged store
+                    owner = _idempotency_record(conn, claim.key) if claim is not None else None
+                    if owner is not None:
+                        raise KeyAlreadyClaimed(owner) from None
                     raise self._damaged(conn, case_id, head) from exc
                 if ok:
                     tx.commit()
@@ -608,6 +666,13 @@ class Ledger:
             "contention; retry the call",
             case_id=case_id,
         )
+
+    def _claim_row(self, case_id: str, claim: KeyClaim | None) -> dict[str, Any] | None:
+        if claim is None:
+            return None
+        return {"idem_key": claim.key, "case_id": case_id, "intent_id": claim.intent_id,
+                "fingerprint": claim.fingerprint, "operation_id": claim.operation_id,
+                "version": int(claim.version), "created_at": format_time(self._now())}
 
     def _damaged(self, conn: Connection, case_id: str, head: StoredHead | None) -> LedgerTampered:
         """The error for an event key that exists although the case head says it cannot."""
@@ -1080,45 +1145,63 @@ class Ledger:
         every unused one has expired) or ApprovalUsed (every approval is used).
         """
         _check_id("intent_id", intent_id)
+        with self._guard("consume an approval"), self._write_one.begin() as conn:
+            return self.consume_approval_on(conn, plan_hash, intent_id, now,
+                                            exclude_approver=exclude_approver)
+
+    def consume_approval_on(
+        self,
+        conn: Connection,
+        plan_hash: str,
+        intent_id: str,
+        now: datetime | None = None,
+        *,
+        exclude_approver: str | None = None,
+    ) -> ApprovalRecord:
+        """:meth:`consume_approval` inside the caller's transaction on this store.
+
+        The executor consumes the approval in the transaction that records the
+        intent's ``prepared`` event, so that an approval is used exactly when an
+        intent that relies on it exists -- a call refused in that transaction
+        (another intent owns its idempotency key, a target is claimed) burns
+        nothing.
+        """
+        _check_id("intent_id", intent_id)
         moment = format_time(self._now(now))
-        with self._guard("consume an approval"):
-            for _ in range(_MAX_ATTEMPTS):
-                with self._write_one.begin() as conn:
-                    rows = conn.execute(
-                        sa.select(approvals)
-                        .where(approvals.c.plan_hash == plan_hash)
-                        .order_by(approvals.c.created_at, approvals.c.approval_id)
-                    ).all()
-                    for row in rows:
-                        if row.used_by_intent == intent_id:
-                            return _approval_record(dict(row._mapping))
-                    valid = [
-                        r for r in rows if r.used_by_intent is None and r.expires_at > moment
-                    ]
-                    usable = [r for r in valid if r.approver != exclude_approver]
-                    if valid and not usable:
-                        raise SelfApproval(
-                            f"the only valid approvals of plan {plan_hash} are by "
-                            f"{exclude_approver!r}, who may not approve their own plan (four "
-                            "eyes); ask another approver",
-                            plan_hash=plan_hash,
-                            approver=exclude_approver,
-                        )
-                    if not usable:
-                        raise self._no_approval(conn, plan_hash, rows)
-                    won = conn.execute(
-                        sa.update(approvals)
-                        .where(
-                            approvals.c.approval_id == usable[0].approval_id,
-                            approvals.c.used_by_intent.is_(None),
-                            approvals.c.expires_at > moment,
-                        )
-                        .values(used_by_intent=intent_id, used_at=moment)
-                    ).rowcount
-                    if won == 1:
-                        values = dict(usable[0]._mapping)
-                        values.update(used_by_intent=intent_id, used_at=moment)
-                        return _approval_record(values)
+        for _ in range(_MAX_ATTEMPTS):
+            rows = conn.execute(
+                sa.select(approvals)
+                .where(approvals.c.plan_hash == plan_hash)
+                .order_by(approvals.c.created_at, approvals.c.approval_id)
+            ).all()
+            for row in rows:
+                if row.used_by_intent == intent_id:
+                    return _approval_record(dict(row._mapping))
+            valid = [r for r in rows if r.used_by_intent is None and r.expires_at > moment]
+            usable = [r for r in valid if r.approver != exclude_approver]
+            if valid and not usable:
+                raise SelfApproval(
+                    f"the only valid approvals of plan {plan_hash} are by "
+                    f"{exclude_approver!r}, who may not approve their own plan (four "
+                    "eyes); ask another approver",
+                    plan_hash=plan_hash,
+                    approver=exclude_approver,
+                )
+            if not usable:
+                raise self._no_approval(conn, plan_hash, rows)
+            won = conn.execute(
+                sa.update(approvals)
+                .where(
+                    approvals.c.approval_id == usable[0].approval_id,
+                    approvals.c.used_by_intent.is_(None),
+                    approvals.c.expires_at > moment,
+                )
+                .values(used_by_intent=intent_id, used_at=moment)
+            ).rowcount
+            if won == 1:
+                values = dict(usable[0]._mapping)
+                values.update(used_by_intent=intent_id, used_at=moment)
+                return _approval_record(values)
         raise LedgerError(
             f"could not consume an approval of plan {plan_hash!r} under contention; retry",
             plan_hash=plan_hash,
@@ -1220,8 +1303,11 @@ def _landed(
     return None if found is None else tried[found.digest]
 
 
-def _idempotency_record(conn: Connection, key: str) -> IdempotencyRecord | None:
-    row = conn.execute(sa.select(idempotency).where(idempotency.c.idem_key == key)).first()
+def _idempotency_record(
+    conn: Connection, key: str, lock: Callable[[sa.Select[Any]], sa.Select[Any]] | None = None
+) -> IdempotencyRecord | None:
+    stmt = sa.select(idempotency).where(idempotency.c.idem_key == key)
+    row = conn.execute(lock(stmt) if lock is not None else stmt).first()
     if row is None:
         return None
     return IdempotencyRecord(

@@ -27,7 +27,7 @@ from sqlalchemy.dialects import postgresql as pg_dialect
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.engine import URL, Connection, Engine
 
-from executor.ledger_schema import cases, events
+from executor.ledger_schema import cases, events, idempotency
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 """How long a SQLite writer waits for another process's write lock before failing."""
@@ -115,13 +115,16 @@ class Backend:
         old: StoredHead | None,
         new: NewHead,
         rows: list[dict[str, Any]],
+        claim: dict[str, Any] | None = None,
     ) -> bool:
         """Insert the event rows and swap the head from ``old`` to ``new``.
 
         Returns False, having written nothing that the caller's rollback would
         not undo, when the head is no longer ``old`` (another writer got there
-        first, or the case row appeared meanwhile).  The portable form runs two
-        statements and relies on the caller's transaction for atomicity.
+        first, or the case row appeared meanwhile).  ``claim`` is an
+        idempotency row inserted with them (IntegrityError when its key is
+        taken).  The portable form runs several statements and relies on the
+        caller's transaction for atomicity.
         """
         if old is None:
             created = conn.execute(
@@ -156,6 +159,8 @@ class Backend:
             )
             if swapped.rowcount != 1:
                 return False
+        if claim is not None:
+            conn.execute(sa.insert(idempotency).values(**claim))
         conn.execute(sa.insert(events), rows)
         return True
 
@@ -252,8 +257,9 @@ class PostgreSQLBackend(Backend):
         old: StoredHead | None,
         new: NewHead,
         rows: list[dict[str, Any]],
+        claim: dict[str, Any] | None = None,
     ) -> bool:
-        """One statement: the head swap gates the event insert.
+        """One statement: the head swap gates the event insert (and the key's claim).
 
         ``WITH head AS (UPDATE cg_cases ... WHERE <old head> RETURNING case_id)
         INSERT INTO cg_events SELECT ... FROM head CROSS JOIN (VALUES ...)``.
@@ -261,6 +267,11 @@ class PostgreSQLBackend(Backend):
         WHERE against the committed row, updates nothing, and so inserts
         nothing.  A single statement is atomic on its own, so in autocommit
         mode this is the whole append: one round trip and one commit.
+
+        With ``claim`` a second data-modifying CTE inserts the idempotency row
+        from ``head`` too: a taken key raises a unique violation, which undoes
+        the whole statement -- head, events and claim -- so a key is owned by
+        exactly the intent whose events landed with it.
         """
         params: dict[str, Any] = {
             "case_id": new.case_id,
@@ -302,8 +313,20 @@ class PostgreSQLBackend(Backend):
                     f"at_{i}": row["recorded_at"],
                 }
             )
+        claim_sql = ""
+        if claim is not None:
+            claim_sql = (
+                ", claim AS (INSERT INTO cg_idempotency (idem_key, case_id, intent_id, "
+                "fingerprint, operation_id, version, created_at) SELECT :c_key, :c_case, "
+                ":c_intent, :c_fp, :c_op, CAST(:c_version AS INTEGER), :c_at FROM head "
+                "RETURNING idem_key)"
+            )
+            params.update(c_key=claim["idem_key"], c_case=claim["case_id"],
+                          c_intent=claim["intent_id"], c_fp=claim["fingerprint"],
+                          c_op=claim["operation_id"], c_version=claim["version"],
+                          c_at=claim["created_at"])
         sql = (
-            f"WITH head AS ({head_sql}) "
+            f"WITH head AS ({head_sql}){claim_sql} "
             "INSERT INTO cg_events (case_id, seq, kind, intent_id, payload, prev_digest, digest, "
             "recorded_at) SELECT head.case_id, v.seq, v.kind, v.intent_id, v.payload, "
             "v.prev_digest, v.digest, v.recorded_at FROM head CROSS JOIN (VALUES "

@@ -1,7 +1,9 @@
 """What a call returns: an outcome with evidence, never a bare exception.
 
 ``applied_verified`` and ``rolled_back`` are the two answers of a write;
-``ok`` answers a read.  ``compensated`` and ``compensation_failed`` follow a
+``ok`` answers a read.  ``already_applied`` says the very same request had
+already landed under another intent (its landing marker is the evidence) and
+nothing was executed now.  ``compensated`` and ``compensation_failed`` follow a
 post-commit check that failed.  A recorded outcome returned again for the same
 idempotency key carries ``replayed=True``.
 """
@@ -23,8 +25,9 @@ ROLLED_BACK = "rolled_back"
 READ_OK = "ok"
 COMPENSATED = "compensated"
 COMPENSATION_FAILED = "compensation_failed"
+ALREADY_APPLIED = "already_applied"
 
-_EXIT = {APPLIED: EXIT_OK, READ_OK: EXIT_OK, ROLLED_BACK: EXIT_REFUSED,
+_EXIT = {APPLIED: EXIT_OK, READ_OK: EXIT_OK, ALREADY_APPLIED: EXIT_OK, ROLLED_BACK: EXIT_REFUSED,
          COMPENSATED: EXIT_REFUSED, COMPENSATION_FAILED: EXIT_UNKNOWN}
 
 
@@ -45,7 +48,7 @@ class Outcome:
 
     @property
     def ok(self) -> bool:
-        return self.status in (APPLIED, READ_OK)
+        return self.status in (APPLIED, READ_OK, ALREADY_APPLIED)
 
     @property
     def exit_code(self) -> int:

@@ -36,7 +36,7 @@ from executor.call import Executor
 from executor.checks import evaluate
 from executor.connectors import Connector
 from executor.dialects import SessionTag
-from executor.dialects.base import MARKER_TABLE
+from executor.dialects.base import MARKER_TABLE, vendor_code
 from executor.outcome import jsonable
 from executor.plan import binds_for
 from registry.errors import CapgateError
@@ -197,7 +197,7 @@ def gather(executor: Executor, pending: Sequence[Pending], *, terminate: bool,
     for name, items in groups.items():
         try:
             connector = executor.connectors.get(name)
-            connector.ensure_marker()
+            connector.check_target()
             _gather_connector(connector, items, facts, terminate=terminate,
                               wait_seconds=wait_seconds, row_of=row_of)
         except (CapgateError, sa.exc.SQLAlchemyError) as exc:
@@ -419,6 +419,8 @@ def _mariadb(connector: Connector, items: list[Pending], facts: dict[str, Facts]
         busy: list[str] = []
         while True:
             alive, open_tx = _mariadb_sessions(conn, watched.values())
+            if open_tx is None:  # no PROCESS privilege: ask the marker's unique key instead
+                open_tx = _held_marker_keys(connector, watched, facts)
             now = time.monotonic()
             busy = []
             for intent_id, p in watched.items():
@@ -447,20 +449,52 @@ def _mariadb(connector: Connector, items: list[Pending], facts: dict[str, Facts]
                 f.note("session_alive", True)
 
 
-def _mariadb_sessions(conn: sa.Connection, items: Iterable[Pending]) -> tuple[set[int], set[int]]:
+def _mariadb_sessions(conn: sa.Connection, items: Iterable[Pending]
+                      ) -> tuple[set[int], set[int] | None]:
+    """Connections alive (``PROCESSLIST``: one's own are visible without privileges) and
+    those with an open InnoDB transaction (``INNODB_TRX``; None without PROCESS)."""
     ids = sorted({int(p.tx["connection_id"]) for p in items})
     alive: set[int] = set()
-    open_tx: set[int] = set()
+    open_tx: set[int] | None = set()
     for chunk in _chunks([str(i) for i in ids]):
         numbers = [int(i) for i in chunk]
         alive.update(int(r[0]) for r in conn.execute(sa.text(
             "SELECT ID FROM information_schema.PROCESSLIST WHERE ID IN :ids"
         ).bindparams(sa.bindparam("ids", expanding=True)), {"ids": numbers}))
-        open_tx.update(int(r[0]) for r in conn.execute(sa.text(
-            "SELECT trx_mysql_thread_id FROM information_schema.INNODB_TRX"
-            " WHERE trx_mysql_thread_id IN :ids"
-        ).bindparams(sa.bindparam("ids", expanding=True)), {"ids": numbers}))
+        if open_tx is None:
+            continue
+        try:
+            open_tx.update(int(r[0]) for r in conn.execute(sa.text(
+                "SELECT trx_mysql_thread_id FROM information_schema.INNODB_TRX"
+                " WHERE trx_mysql_thread_id IN :ids"
+            ).bindparams(sa.bindparam("ids", expanding=True)), {"ids": numbers}))
+        except sa.exc.DBAPIError as exc:
+            if not (vendor_code(exc) == 1227):  # ER_SPECIFIC_ACCESS_DENIED: no PROCESS
+                raise
+            open_tx = None
     return alive, open_tx
+
+
+def _held_marker_keys(connector: Connector, watched: Mapping[str, Pending],
+                      facts: dict[str, Facts]) -> set[int]:
+    """Connections whose transaction still holds their intent's marker key.
+
+    Every recorded attempt inserted its marker when its transaction opened,
+    so an open transaction holds the key's index lock: a probe insert of the
+    same key waits for it (see ``MariadbDialect.marker_key_state``).  An
+    intent without a key cannot be asked this way and counts as open.
+    """
+    held: set[int] = set()
+    dialect: Any = connector.dialect
+    with connector.engine.connect() as probe:
+        for intent_id, p in watched.items():
+            cid = int(p.tx["connection_id"])
+            state = dialect.marker_key_state(probe, p.idem_key) if p.idem_key else "unknown"
+            facts[intent_id].note("marker_key", {"probe": "insert of the same key, rolled back",
+                                                 "answer": state})
+            if state in ("held", "unknown"):
+                held.add(cid)
+    return held
 
 
 def _oracle(connector: Connector, items: list[Pending], facts: dict[str, Facts],

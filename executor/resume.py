@@ -711,7 +711,7 @@ def _retry_compensation(executor: Executor, ctx: CallContext) -> Outcome:
                 raise Rollback({"kind": "count", "statement": i, "sql": st.sql,
                                 "expected": st.expect_rows.to_value(), "actual": n})
 
-    ctx.connector.ensure_marker()
+    ctx.connector.check_target()
     result = executor.run_transaction(ctx, body)
     executor._observed(ctx, result)
     if result.status != oc.APPLIED:

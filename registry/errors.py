@@ -441,6 +441,26 @@ class ConnectorUnavailable(CapgateError, code="CG304", exit_code=EXIT_UNKNOWN):
     """The connector's database could not be reached."""
 
 
+class TargetNotInstalled(CapgateError, code="CG305", exit_code=EXIT_USAGE):
+    """capgate's own tables (``capgate_landed``, ``capgate_fence``) are missing in the target.
+
+    A call never creates tables: a least-privilege account need not be able to.
+    A privileged account installs them once with ``capgate target install
+    CONNECTOR`` (``--sql`` prints the script for a DBA to run instead, with
+    ``--grant-to USER`` the grants the calling account needs).  Nothing was
+    recorded or written.
+    """
+
+
+class TargetPrivilegeMissing(CapgateError, code="CG306", exit_code=EXIT_USAGE):
+    """The connector's account may not read or write one of capgate's tables in the target.
+
+    Grant it what ``capgate target install CONNECTOR --sql --grant-to USER``
+    prints (SELECT, INSERT on ``capgate_landed``; SELECT, INSERT, UPDATE on
+    ``capgate_fence``).  Nothing was recorded or written.
+    """
+
+
 class ExecutionTimeout(CapgateError, code="CG310", exit_code=EXIT_UNKNOWN):
     """The operation exceeded its declared timeout.
 
@@ -501,6 +521,17 @@ class OutcomeUnknown(CapgateError, code="CG401", exit_code=EXIT_UNKNOWN):
     """The outcome could not be established from evidence.
 
     The intent is parked as an escalation; a person must decide.
+    """
+
+
+class RequestInFlight(CapgateError, code="CG402", exit_code=EXIT_UNKNOWN, retryable=True):
+    """The same request (same idempotency key, same request) is being executed right now.
+
+    Exactly one execution runs per idempotency key; every identical call waits
+    for that execution's outcome and returns it.  This refusal means the wait
+    ended before the execution did: nothing was recorded or sent for this
+    call.  Call again to get the outcome; if the executing process died,
+    ``capgate resume CASE`` (the case named in the details) settles it.
     """
 
 

@@ -22,8 +22,10 @@ from sqlalchemy.engine import URL, make_url
 from capgate.sqlfiles import apply_schema
 from executor.call import Executor
 from executor.connectors import ConnectorConfig, Connectors
+from executor.dialects import dialect_for
 from executor.grants import Grants
 from executor.ledger import open_ledger
+from executor.target import install
 from registry.loader import load_registry
 from registry.registry import Registry
 
@@ -54,6 +56,13 @@ def registry() -> Registry:
     return _REGISTRY
 
 
+def install_target(engine: sa.Engine) -> list[str]:
+    """capgate's tables in a target, as ``capgate target install`` creates them."""
+    dialect = dialect_for(engine.dialect.name)
+    dialect.prepare_engine(engine)
+    return install(engine, dialect)
+
+
 def make_executor(target_url: URL | str, ledger_url: URL | str, *, environment: str = "dev",
                   schema: bool = True, **connector_opts: Any) -> Executor:
     target = make_url(target_url)
@@ -61,6 +70,7 @@ def make_executor(target_url: URL | str, ledger_url: URL | str, *, environment: 
         engine = sa.create_engine(target, poolclass=sa.pool.NullPool)
         try:
             apply_schema(engine)
+            install_target(engine)
         finally:
             engine.dispose()
     url = target.render_as_string(hide_password=False)

@@ -120,7 +120,12 @@ def test_several_keys_are_claimed_all_or_none(lab: Callable[..., Executor],
     assert store.current("k/1") is None and store.current("k/3") is None  # rolled back
     same_case = store.acquire(["k/1", "k/2"], case_id="A", intent_id="a2", operation_id="x",
                               ttl=30)
-    assert same_case.tokens == {"k/1": 1, "k/2": 2}  # the same case takes its key over
+    # the same case joins its own hold: two calls of one case never fence each other out
+    assert same_case.tokens == {"k/1": 1, "k/2": 1}
+    assert store.current("k/2")["intent_id"] == "a2"  # the newest claimant releases it
+    takeover = store.acquire(["k/2"], case_id="A", intent_id="a3", operation_id="x", ttl=30,
+                             takeover=True)  # resume retrying an attempt fences the old one
+    assert takeover.tokens == {"k/2": 2}
 
 
 def _start_gated(ex: Executor, case: str, ref: str, gate: str) -> tuple[threading.Thread,

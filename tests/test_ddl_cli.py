@@ -29,6 +29,7 @@ from sqlalchemy.engine import URL
 from capgate.cli import main
 from capgate.sqlfiles import apply_schema
 from ddl.sqltext import strip_terminator
+from tests.fix_capgate import install_target
 from tests.fix_db import ensure_plpgsql_check
 
 REPO = Path(__file__).resolve().parents[1]
@@ -225,6 +226,7 @@ def pg_target(url: URL) -> None:
     engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
     try:
         apply_schema(engine)
+        install_target(engine)
         with engine.begin() as conn:
             conn.exec_driver_sql(PG_DEPENDENTS, execution_options={"no_parameters": True})
     finally:

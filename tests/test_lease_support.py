@@ -296,7 +296,7 @@ def _child_worker(spec: Mapping[str, Any]) -> int:
     conflicts: list[dict[str, Any]] = []
     other: list[dict[str, Any]] = []
     # warm up (connections, marker and fence tables) before the common start
-    ex.connectors.get("insurance").ensure_marker()
+    ex.connectors.get("insurance").check_target()
     ex.ledger.snapshot("warm-up")
     start_at = float(spec.get("start_at", 0))
     while time.time() < start_at:

@@ -69,7 +69,7 @@ def prepare(target: URL, ledger: URL) -> None:
     try:
         lab_schema(target, TARGETS)
         for name in ("insurance", "insurance_code"):
-            ex.connectors.get(name).ensure_marker()
+            ex.connectors.get(name).check_target()
     finally:
         ex.connectors.dispose()
         ex.ledger.close()

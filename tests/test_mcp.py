@@ -35,7 +35,7 @@ from capgate.mcp_server import CASE_META_KEY, OUTPUT_SCHEMA
 from capgate.sqlfiles import apply_schema
 from registry.loader import load_registry
 from registry.model import thaw
-from tests.fix_capgate import table_dump
+from tests.fix_capgate import install_target, table_dump
 
 ROOT = Path(__file__).resolve().parent.parent
 CAPABILITIES = ROOT / "capabilities"
@@ -87,6 +87,7 @@ class Place:
         engine = sa.create_engine(target, poolclass=sa.pool.NullPool)
         try:
             apply_schema(engine)
+            install_target(engine)
         finally:
             engine.dispose()
         (tmp_path / "grants.toml").write_text(GRANTS)

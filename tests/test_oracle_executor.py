@@ -32,6 +32,7 @@ from executor.call import Executor
 from executor.dialects import SessionTag
 from executor.dialects.base import MARKER_TABLE
 from executor.dialects.oracle import OracleDialect
+from executor.target import install_at
 from tests.fix_capgate import table_dump
 from tests.fix_db import require_server
 
@@ -286,7 +287,7 @@ def test_collapsed_write_verifies_replays_and_marks(ora: Executor, oracle_url: U
 
 
 def test_verify_failure_rolls_back_byte_for_byte(ora: Executor, oracle_url: URL) -> None:
-    ora.connectors.get("insurance").ensure_marker()
+    ora.connectors.get("insurance").check_target()
     before = _dump(oracle_url)
     out = ora.call("policy.add_note", {"policy_id": 9, "author": "jdoe", "body": "No."},
                    case="C-void", who="agent")
@@ -366,7 +367,7 @@ def test_commit_outcome_of_a_committed_intent(ora: Executor, oracle_url: URL) ->
 
 
 def test_call_timeout_rolls_back_a_long_statement(ora: Executor, oracle_url: URL) -> None:
-    ora.connectors.get("insurance").ensure_marker()
+    ora.connectors.get("insurance").check_target()
     before = _dump(oracle_url)
     started = time.monotonic()
     out = ora.call("ora.slow", {"policy_id": 1, "seconds": 8}, case="C-slow", who="agent")
@@ -410,19 +411,17 @@ def test_row_lock_wait_is_bounded_by_the_call_timeout(ora: Executor, oracle_url:
 # --- the landing-marker table -----------------------------------------------------------------
 
 
-def test_marker_table_is_created_idempotently(oracle_url: URL,
-                                              gate: Callable[..., Executor]) -> None:
-    dialect = OracleDialect()
+def test_target_tables_install_idempotently(oracle_url: URL,
+                                            gate: Callable[..., Executor]) -> None:
+    for _ in range(2):  # the second install finds both tables and creates nothing
+        created = install_at(oracle_url)
+    assert created == []
     engine = sa.create_engine(oracle_url, poolclass=sa.pool.NullPool)
     try:
-        for _ in range(2):  # the second CREATE TABLE fails with ORA-00955: tolerated
-            with engine.connect() as conn:
-                dialect.ensure_marker_table(conn)
-                conn.commit()
         assert sa.inspect(engine).has_table(MARKER_TABLE)
     finally:
         engine.dispose()
-    # a fresh executor (its own connector, its own once-per-process set-up) still writes
+    # a fresh executor (its own connector, its own once-per-process check) still writes
     ex = gate(oracle_url)
     out = ex.call("policy.add_note", NOTE, case="C-marker", who="agent")
     assert out.status == "applied_verified", out.reason

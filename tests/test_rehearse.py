@@ -21,6 +21,7 @@ from sqlalchemy.engine import URL
 from capgate.cli import main
 from capgate.sqlfiles import apply_schema
 from executor.dialects.base import MARKER_TABLE
+from tests.fix_capgate import install_target
 
 ROOT = Path(__file__).resolve().parent.parent
 CAPABILITIES = ROOT / "capabilities"
@@ -116,6 +117,7 @@ def seed(url: URL) -> None:
     engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
     try:
         apply_schema(engine)
+        install_target(engine)
     finally:
         engine.dispose()
 

@@ -7,9 +7,24 @@ identity before COMMIT, commit-outcome probes and session liveness.
 
 from __future__ import annotations
 
+from sqlalchemy.engine import URL, make_url
+
 from executor.dialects.base import Dialect, SessionTag, TxIdentity
 
-__all__ = ["Dialect", "SessionTag", "TxIdentity", "dialect_for"]
+__all__ = ["DRIVERS", "Dialect", "SessionTag", "TxIdentity", "dialect_for", "normalise_url"]
+
+DRIVERS = {"postgresql": "postgresql+psycopg", "postgres": "postgresql+psycopg",
+           "mysql": "mysql+pymysql", "mariadb": "mysql+pymysql", "oracle": "oracle+oracledb",
+           "mariadb+pymysql": "mysql+pymysql"}
+"""URL schemes a user may write, and the driver capgate pins for each."""
+
+
+def normalise_url(raw: str | URL) -> URL:
+    """Pin capgate's drivers: psycopg 3, PyMySQL, python-oracledb (``mariadb://`` works too)."""
+    url = make_url(raw)
+    if url.drivername in DRIVERS:
+        url = url.set(drivername=DRIVERS[url.drivername])
+    return url
 
 
 def dialect_for(name: str) -> Dialect:

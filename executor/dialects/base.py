@@ -16,6 +16,9 @@ import sqlalchemy as sa
 from registry.errors import CapgateError
 
 MARKER_TABLE = "capgate_landed"
+FENCE_TABLE = "capgate_fence"
+TARGET_TABLES = (MARKER_TABLE, FENCE_TABLE)
+"""capgate's own tables in a target database (installed once by `capgate target install`)."""
 MARKER_INSERT = (
     f"INSERT INTO {MARKER_TABLE} (intent_id, idem_key, fingerprint, attempt, case_id,"
     " operation_id, landed_at) VALUES (:intent_id, :idem_key, :fingerprint, :attempt,"
@@ -92,21 +95,36 @@ class Dialect:
     def prepare_engine(self, engine: sa.Engine) -> None:
         """Install event hooks (e.g. SQLite pragmas)."""
 
-    def marker_ddl(self) -> list[str]:
-        return [
-            f"CREATE TABLE IF NOT EXISTS {MARKER_TABLE} ("
-            " intent_id VARCHAR(64) NOT NULL PRIMARY KEY,"
-            " idem_key VARCHAR(400) NOT NULL UNIQUE,"
-            " fingerprint VARCHAR(80) NOT NULL,"
-            " attempt INTEGER NOT NULL,"
-            " case_id VARCHAR(200) NOT NULL,"
-            " operation_id VARCHAR(64) NOT NULL,"
-            " landed_at VARCHAR(40) NOT NULL)"
-        ]
+    def target_ddl(self) -> dict[str, str]:
+        """``CREATE TABLE`` for each of capgate's tables in a target, by table name.
 
-    def ensure_marker_table(self, conn: sa.Connection) -> None:
-        for ddl in self.marker_ddl():
-            conn.execute(sa.text(ddl))
+        Run once by a privileged account (``capgate target install``), never by a
+        call: a least-privilege account need not be able to create tables.
+        """
+        return {
+            MARKER_TABLE: (
+                f"CREATE TABLE {MARKER_TABLE} ("
+                " intent_id VARCHAR(64) NOT NULL PRIMARY KEY,"
+                " idem_key VARCHAR(400) NOT NULL UNIQUE,"
+                " fingerprint VARCHAR(80) NOT NULL,"
+                " attempt INTEGER NOT NULL,"
+                " case_id VARCHAR(200) NOT NULL,"
+                " operation_id VARCHAR(64) NOT NULL,"
+                " landed_at VARCHAR(40) NOT NULL)"),
+            FENCE_TABLE: (
+                f"CREATE TABLE {FENCE_TABLE} (key_hash VARCHAR(64) NOT NULL PRIMARY KEY,"
+                " impact_key VARCHAR(400) NOT NULL, token BIGINT NOT NULL,"
+                " intent_id VARCHAR(64) NOT NULL)"),
+        }
+
+    def target_grants(self, grantee: str) -> list[str]:
+        """What a calling account needs on capgate's tables (``--grant-to``)."""
+        return [f"GRANT SELECT, INSERT ON {MARKER_TABLE} TO {grantee}",
+                f"GRANT SELECT, INSERT, UPDATE ON {FENCE_TABLE} TO {grantee}"]
+
+    def probe_table_sql(self, table: str) -> str:
+        """A query that reads nothing but fails if ``table`` is missing or unreadable."""
+        return f"SELECT 1 FROM {table} WHERE 1 = 0"
 
     def sql(self, text: str, tag: SessionTag | None) -> str:
         """The SQL as sent; dialects without a session label prefix a comment."""
@@ -150,6 +168,18 @@ class Dialect:
         return False
 
     def is_read_only_violation(self, exc: BaseException) -> bool:
+        return False
+
+    def is_undefined_table(self, exc: BaseException) -> bool:
+        """The statement named a table that does not exist (or, on Oracle, is not visible)."""
+        return False
+
+    def is_unique_violation(self, exc: BaseException) -> bool:
+        """A unique key refused the row (for the landing marker: the key already landed)."""
+        return False
+
+    def is_insufficient_privilege(self, exc: BaseException) -> bool:
+        """The account lacks a privilege the statement needs."""
         return False
 
     # --- recovery evidence ---------------------------------------------------

@@ -13,11 +13,12 @@ session may still be alive.
 from __future__ import annotations
 
 import math
+import uuid
 from typing import Any, ClassVar
 
 import sqlalchemy as sa
 
-from executor.dialects.base import Dialect, SessionTag, TxIdentity, vendor_code
+from executor.dialects.base import MARKER_INSERT, Dialect, SessionTag, TxIdentity, vendor_code
 
 _IDENTITY = sa.text(
     "SELECT CONNECTION_ID() AS connection_id, @@server_id AS server_id,"
@@ -78,6 +79,17 @@ class MariadbDialect(Dialect):
     def is_read_only_violation(self, exc: BaseException) -> bool:
         return vendor_code(exc) in (1792, 1290)
 
+    def is_unique_violation(self, exc: BaseException) -> bool:
+        return vendor_code(exc) == 1062  # ER_DUP_ENTRY
+
+    def is_undefined_table(self, exc: BaseException) -> bool:
+        return vendor_code(exc) == 1146  # ER_NO_SUCH_TABLE
+
+    def is_insufficient_privilege(self, exc: BaseException) -> bool:
+        # ER_TABLEACCESS_DENIED_ERROR, ER_COLUMNACCESS_DENIED_ERROR, ER_DBACCESS_DENIED_ERROR,
+        # ER_SPECIFIC_ACCESS_DENIED_ERROR
+        return vendor_code(exc) in (1142, 1143, 1044, 1227)
+
     def server_identity(self, conn: sa.Connection) -> dict[str, Any]:
         row = conn.execute(_IDENTITY).mappings().one()
         return {"server_id": int(row["server_id"]), "hostname": str(row["hostname"]),
@@ -114,6 +126,35 @@ class MariadbDialect(Dialect):
             " WHERE trx_mysql_thread_id = :cid"
         ), {"cid": int(cid)}).scalar_one()
         return bool(found)
+
+    def marker_key_state(self, conn: sa.Connection, idem_key: str) -> str:
+        """Whether a transaction holds ``idem_key`` in ``capgate_landed``, asked without PROCESS.
+
+        ``INNODB_TRX`` needs the PROCESS privilege; a least-privilege account
+        can still find out by trying to insert a marker row with the same
+        key in a transaction of its own (always rolled back): InnoDB makes
+        the insert wait for an open transaction that inserted that key.
+        Answers ``held`` (a transaction that inserted it is still open),
+        ``taken`` (a committed marker has it) or ``free`` (no transaction
+        holds it: any that inserted it is over and did not commit).
+        """
+        conn.exec_driver_sql("SET SESSION innodb_lock_wait_timeout = 1")
+        try:
+            conn.execute(sa.text(MARKER_INSERT), {
+                "intent_id": "probe-" + uuid.uuid4().hex, "idem_key": idem_key,
+                "fingerprint": "probe", "attempt": 0, "case_id": "capgate.resume",
+                "operation_id": "capgate.resume.probe", "landed_at": "probe"})
+            return "free"
+        except sa.exc.DBAPIError as exc:
+            code = vendor_code(exc)
+            if code == 1062:  # ER_DUP_ENTRY
+                return "taken"
+            if code == 1205:  # ER_LOCK_WAIT_TIMEOUT: an open transaction holds the key
+                return "held"
+            raise
+        finally:
+            conn.rollback()
+            conn.exec_driver_sql("SET SESSION innodb_lock_wait_timeout = DEFAULT")
 
     def terminate_session(self, conn: sa.Connection, identity: dict[str, Any]) -> bool:
         if not self.session_alive(conn, identity):

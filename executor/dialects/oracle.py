@@ -53,7 +53,14 @@ from typing import Any, ClassVar
 
 import sqlalchemy as sa
 
-from executor.dialects.base import MARKER_TABLE, Dialect, SessionTag, TxIdentity, sqlstate
+from executor.dialects.base import (
+    FENCE_TABLE,
+    MARKER_TABLE,
+    Dialect,
+    SessionTag,
+    TxIdentity,
+    sqlstate,
+)
 
 NLS_SETUP = "ALTER SESSION SET NLS_DATE_FORMAT = 'YYYY-MM-DD'"
 
@@ -109,25 +116,33 @@ class OracleDialect(Dialect):
         sa.event.listen(engine, "connect", set_nls)
         sa.event.listen(engine, "handle_error", timeout_outside_statement)
 
-    def marker_ddl(self) -> list[str]:
-        return [
-            f"CREATE TABLE {MARKER_TABLE} ("
-            " intent_id VARCHAR2(64) NOT NULL PRIMARY KEY,"
-            " idem_key VARCHAR2(400) NOT NULL UNIQUE,"
-            " fingerprint VARCHAR2(80) NOT NULL,"
-            " attempt NUMBER(10) NOT NULL,"
-            " case_id VARCHAR2(200) NOT NULL,"
-            " operation_id VARCHAR2(64) NOT NULL,"
-            " landed_at VARCHAR2(40) NOT NULL)"
-        ]
+    def target_ddl(self) -> dict[str, str]:
+        return {
+            MARKER_TABLE: (
+                f"CREATE TABLE {MARKER_TABLE} ("
+                " intent_id VARCHAR2(64) NOT NULL PRIMARY KEY,"
+                " idem_key VARCHAR2(400) NOT NULL UNIQUE,"
+                " fingerprint VARCHAR2(80) NOT NULL,"
+                " attempt NUMBER(10) NOT NULL,"
+                " case_id VARCHAR2(200) NOT NULL,"
+                " operation_id VARCHAR2(64) NOT NULL,"
+                " landed_at VARCHAR2(40) NOT NULL)"),
+            FENCE_TABLE: (
+                f"CREATE TABLE {FENCE_TABLE} (key_hash VARCHAR2(64) NOT NULL PRIMARY KEY,"
+                " impact_key VARCHAR2(400) NOT NULL, token NUMBER(19) NOT NULL,"
+                " intent_id VARCHAR2(64) NOT NULL)"),
+        }
 
-    def ensure_marker_table(self, conn: sa.Connection) -> None:
-        try:
-            for ddl in self.marker_ddl():
-                conn.execute(sa.text(ddl))
-        except sa.exc.DatabaseError as exc:
-            if "ORA-00955" not in str(exc):  # name is already used by an existing object
-                raise
+    def is_unique_violation(self, exc: BaseException) -> bool:
+        return "ORA-00001" in _message(exc)
+
+    def is_undefined_table(self, exc: BaseException) -> bool:
+        # ORA-00942: table or view does not exist -- Oracle also says this when the
+        # table exists but the account has no privilege on it
+        return "ORA-00942" in _message(exc)
+
+    def is_insufficient_privilege(self, exc: BaseException) -> bool:
+        return "ORA-01031" in _message(exc)
 
     def _tag(self, conn: sa.Connection, tag: SessionTag, timeout_s: float) -> None:
         raw = _driver(conn)

@@ -111,6 +111,15 @@ class PostgresqlDialect(Dialect):
     def is_read_only_violation(self, exc: BaseException) -> bool:
         return sqlstate(exc) == "25006"
 
+    def is_unique_violation(self, exc: BaseException) -> bool:
+        return sqlstate(exc) == "23505"
+
+    def is_undefined_table(self, exc: BaseException) -> bool:
+        return sqlstate(exc) == "42P01"
+
+    def is_insufficient_privilege(self, exc: BaseException) -> bool:
+        return sqlstate(exc) == "42501"
+
     def server_identity(self, conn: sa.Connection) -> dict[str, Any]:
         system_identifier, timeline = conn.execute(_SERVER).one()
         return {"system_identifier": system_identifier, "timeline": timeline}

@@ -61,6 +61,17 @@ class SqliteDialect(Dialect):
     def is_read_only_violation(self, exc: BaseException) -> bool:
         return "readonly" in str(getattr(exc, "orig", exc)).replace(" ", "")
 
+    def is_unique_violation(self, exc: BaseException) -> bool:
+        orig = getattr(exc, "orig", exc)
+        return isinstance(orig, sqlite3.IntegrityError) and "UNIQUE" in str(orig)
+
+    def is_undefined_table(self, exc: BaseException) -> bool:
+        orig = getattr(exc, "orig", exc)
+        return isinstance(orig, sqlite3.OperationalError) and "no such table" in str(orig)
+
+    def target_grants(self, grantee: str) -> list[str]:
+        return []  # SQLite has no accounts: file permissions decide
+
 
 def _raw(conn: sa.Connection) -> Any:
     """The sqlite3 connection itself, for pragmas that must run outside a transaction."""

@@ -1,0 +1,321 @@
+"""Issue 11: every recorded outcome is true, and no gate can be gone around.
+
+Each test here reproduces one fail-open path found by trying capgate as an
+adversary would, against real databases, and pins the fix.  The item number
+of the issue is in each test's docstring.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import URL
+
+from capgate.sqlfiles import apply_schema
+from executor.call import Executor
+from executor.dialects import dialect_for
+from executor.dialects.base import FENCE_TABLE, MARKER_TABLE
+from executor.resume import resume
+from executor.target import install_at, install_script
+from registry import errors
+from tests.crash_child import Zygote
+from tests.fix_capgate import make_executor, table_dump
+
+NOTE = {"policy_id": 1, "author": "jdoe", "body": "Called the holder."}
+
+
+def _engine_name(url: URL) -> str:
+    return {"mysql": "mariadb"}.get(url.get_backend_name(), url.get_backend_name())
+
+
+def _has_table(url: URL, table: str) -> bool:
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    try:
+        return sa.inspect(engine).has_table(table)
+    finally:
+        engine.dispose()
+
+
+@contextlib.contextmanager
+def least_privilege(url: URL) -> Iterator[URL]:
+    """An account that may read and write the example tables and nothing else (no CREATE)."""
+    name = f"cglp_{uuid.uuid4().hex[:10]}"
+    password = uuid.uuid4().hex[:16]
+    engine_name = _engine_name(url)
+    admin = sa.create_engine(url, poolclass=sa.pool.NullPool, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            if engine_name == "postgresql":
+                schema = conn.execute(sa.text("SELECT current_schema()")).scalar_one()
+                conn.execute(sa.text(f"CREATE ROLE {name} LOGIN PASSWORD '{password}'"))
+                conn.execute(sa.text(f'GRANT USAGE ON SCHEMA "{schema}" TO {name}'))
+                conn.execute(sa.text(
+                    f'GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA "{schema}" '
+                    f"TO {name}"))
+                conn.execute(sa.text(
+                    f'GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA "{schema}" TO {name}'))
+            else:
+                db = url.database
+                conn.execute(sa.text(f"CREATE USER '{name}'@'%' IDENTIFIED BY '{password}'"))
+                conn.execute(sa.text(
+                    f"GRANT SELECT, INSERT, UPDATE, DELETE ON `{db}`.* TO '{name}'@'%'"))
+        yield url.set(username=name, password=password)
+    finally:
+        with admin.connect() as conn:
+            if engine_name == "postgresql":
+                conn.execute(sa.text(f"DROP OWNED BY {name}"))
+                conn.execute(sa.text(f"DROP ROLE IF EXISTS {name}"))
+            else:
+                conn.execute(sa.text(f"DROP USER IF EXISTS '{name}'@'%'"))
+        admin.dispose()
+
+
+@pytest.fixture(params=["postgresql", "mariadb"])
+def server_url(request: pytest.FixtureRequest) -> Iterator[URL]:
+    from tests.fix_db import FRESH, require_server
+
+    with FRESH[request.param](require_server(request.param)) as url:
+        yield url
+
+
+def _sent_sql(engine: sa.Engine) -> list[str]:
+    sent: list[str] = []
+
+    @sa.event.listens_for(engine, "before_cursor_execute")
+    def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        sent.append(statement)
+
+    return sent
+
+
+# --- item 10: no DDL at call time; a least-privilege account can write -----------------------
+
+
+def test_a_call_never_sends_ddl(executor: Executor) -> None:
+    """Item 10: the SQL a write sends to the target holds no CREATE, ALTER or DROP."""
+    connector = executor.connectors.get("insurance")
+    sent = _sent_sql(connector.engine)
+    out = executor.call("policy.add_note", NOTE, case="C-noddl", who="agent")
+    assert out.status == "applied_verified", out.reason
+    assert sent, "the recorder saw nothing"
+    ddl = [s for s in sent if s.lstrip().upper().startswith(("CREATE", "ALTER", "DROP"))
+           or "CREATE TABLE" in s.upper()]
+    assert ddl == []
+
+
+def test_missing_target_tables_are_a_coded_refusal_that_records_nothing(
+        target_url: URL, tmp_path: Path) -> None:
+    """Item 10: without capgate's tables a call is refused (CG305) naming the table and fix."""
+    engine = sa.create_engine(target_url, poolclass=sa.pool.NullPool)
+    try:
+        apply_schema(engine)
+    finally:
+        engine.dispose()
+    ex = make_executor(target_url, f"sqlite:///{tmp_path / 'ledger.db'}", schema=False)
+    try:
+        before = table_dump(target_url, "policy_note")
+        with pytest.raises(errors.TargetNotInstalled) as info:
+            ex.call("policy.add_note", NOTE, case="C-missing", who="agent")
+        assert info.value.code == "CG305" and info.value.exit_code == errors.EXIT_USAGE
+        assert info.value.details["table"] == MARKER_TABLE
+        assert "capgate target install insurance" in info.value.message
+        assert ex.ledger.snapshot("C-missing") is None  # nothing recorded
+        assert table_dump(target_url, "policy_note") == before
+        assert not _has_table(target_url, MARKER_TABLE)  # and nothing created
+        assert install_at(target_url) == [MARKER_TABLE, FENCE_TABLE]
+        out = ex.call("policy.add_note", NOTE, case="C-missing", who="agent")
+        assert out.status == "applied_verified", out.reason
+    finally:
+        ex.connectors.dispose()
+        ex.ledger.close()
+
+
+@pytest.fixture(scope="module")
+def zygote() -> Iterator[Zygote]:
+    z = Zygote()
+    yield z
+    z.close()
+
+
+def test_least_privilege_account_writes_and_resumes(server_url: URL, tmp_path: Path,
+                                                    zygote: Zygote) -> None:
+    """Item 10: an account without CREATE writes once the tables were installed for it."""
+    engine = sa.create_engine(server_url, poolclass=sa.pool.NullPool)
+    try:
+        apply_schema(engine)
+    finally:
+        engine.dispose()
+    with least_privilege(server_url) as app_url:
+        # the DBA's script, run by the privileged account: tables and grants
+        script = install_script(dialect_for(server_url.get_backend_name()),
+                                grant_to=_grantee(app_url))
+        admin = sa.create_engine(server_url, poolclass=sa.pool.NullPool)
+        try:
+            sql = "\n".join(line for line in script.splitlines() if not line.startswith("--"))
+            with admin.begin() as conn:
+                for statement in filter(None, (s.strip() for s in sql.split(";"))):
+                    conn.execute(sa.text(statement))
+        finally:
+            admin.dispose()
+        ledger = f"sqlite:///{tmp_path / 'ledger.db'}"
+        ex = make_executor(app_url, ledger, schema=False)
+        try:
+            out = ex.call("policy.add_note", NOTE, case="C-lp", who="agent")
+            assert out.status == "applied_verified", out.reason
+            again = ex.call("policy.add_note", NOTE, case="C-lp", who="agent")
+            assert again.replayed and again.intent_id == out.intent_id
+            # killed before COMMIT, then resumed by the same least-privilege account
+            crashed = {**NOTE, "body": "crashed before commit"}
+            ended = zygote.run({"target": app_url.render_as_string(hide_password=False),
+                                "ledger": ledger, "operation": "policy.add_note",
+                                "inputs": crashed, "case": "C-lp2", "who": "agent",
+                                "out": str(tmp_path / "out.json"), "crash_at": "before_commit"})
+            assert ended.killed, ended
+            report = resume(ex, "C-lp2")
+            (only,) = report.intents
+            assert (only.classification, only.action) == ("not_applied", "retried"), only
+            assert only.outcome == "applied_verified"
+        finally:
+            ex.connectors.dispose()
+            ex.ledger.close()
+
+
+def _grantee(url: URL) -> str:
+    if _engine_name(url) == "mariadb":
+        return f"'{url.username}'@'%'"
+    return str(url.username)
+
+
+def test_target_install_sql_for_a_dba(target_url: URL) -> None:
+    """Item 10: `--sql` prints a script; it is what `install` would create, nothing else."""
+    dialect = dialect_for(target_url.get_backend_name())
+    script = install_script(dialect, grant_to="app")
+    assert script.count("CREATE TABLE") == 2
+    assert MARKER_TABLE in script and FENCE_TABLE in script
+    assert "IF NOT EXISTS" not in script
+    if dialect.name != "sqlite":
+        assert f"GRANT SELECT, INSERT ON {MARKER_TABLE} TO app" in script
+
+
+# --- item 1: one execution per idempotency key, under concurrency ------------------------------
+
+
+def _same_call(ex: Executor, case: str, body: str) -> dict[str, Any]:
+    """One identical call; what the caller got (an outcome, or a coded refusal)."""
+    try:
+        out = ex.call("policy.add_note", {**NOTE, "body": body}, case=case, who="agent")
+        return {"status": out.status, "intent_id": out.intent_id, "replayed": out.replayed}
+    except errors.CapgateError as exc:
+        return {"status": "refused", "code": exc.code, "retryable": exc.retryable,
+                "message": exc.message}
+
+
+def _check_one_execution(ex: Executor, case: str, body: str,
+                         answers: list[dict[str, Any]]) -> None:
+    landed = table_dump(ex.connectors.get("insurance").engine.url, "policy_note")
+    assert sum(1 for row in landed if body in row) == 1, "exactly one row landed"
+    applied = [a for a in answers if a["status"] == "applied_verified"]
+    assert applied, answers
+    # never a rolled_back (or an unknown) for an effect that landed
+    assert all(a["status"] == "applied_verified"
+               or (a["status"] == "refused" and a["code"] == "CG402") for a in answers), answers
+    assert len({a["intent_id"] for a in applied}) == 1, "one intent executed"
+    assert sum(1 for a in applied if not a["replayed"]) == 1
+    snapshot = ex.ledger.snapshot(case) or {}
+    intents = snapshot.get("intents", {})
+    assert len(intents) == 1, intents  # the losers recorded nothing
+    (state,) = intents.values()
+    assert state["status"] == "observed" and state["outcome"] == "applied_verified"
+    later = ex.call("policy.add_note", {**NOTE, "body": body}, case=case, who="agent")
+    assert later.replayed and later.status == "applied_verified"
+    assert not ex.ledger.cases(open_only=True)
+    assert ex.ledger.verify().ok
+
+
+def test_identical_calls_from_eight_threads_execute_once(executor: Executor) -> None:
+    """Item 1: 8 simultaneous identical calls in one case -> one execution, one true record."""
+    import threading
+
+    body = f"eight threads {uuid.uuid4().hex[:8]}"
+    barrier = threading.Barrier(8)
+    answers: list[dict[str, Any]] = []
+    lock = threading.Lock()
+
+    def worker() -> None:
+        barrier.wait()
+        answer = _same_call(executor, "C-threads", body)
+        with lock:
+            answers.append(answer)
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert len(answers) == 8
+    _check_one_execution(executor, "C-threads", body, answers)
+
+
+def _process_call(target: str, ledger: str, case: str, body: str,
+                  start_at: float) -> dict[str, Any]:
+    import time
+
+    ex = make_executor(target, ledger, schema=False)
+    try:
+        ex.ledger.snapshot("warm-up")
+        ex.connectors.get("insurance").check_target()
+        while time.time() < start_at:
+            time.sleep(0.001)
+        return _same_call(ex, case, body)
+    finally:
+        ex.connectors.dispose()
+        ex.ledger.close()
+
+
+def test_identical_calls_from_eight_processes_execute_once(
+        target_url: URL, ledger_url: URL, gate: Callable[..., Executor]) -> None:
+    """Item 1: the same guarantee across processes sharing one ledger."""
+    import time
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    ex = gate(target_url, ledger_url)
+    body = f"eight processes {uuid.uuid4().hex[:8]}"
+    target = target_url.render_as_string(hide_password=False)
+    ledger = ledger_url.render_as_string(hide_password=False)
+    start_at = time.time() + 6.0
+    with ProcessPoolExecutor(max_workers=8, mp_context=get_context("spawn")) as pool:
+        futures = [pool.submit(_process_call, target, ledger, "C-procs", body, start_at)
+                   for _ in range(8)]
+        answers = [f.result(timeout=180) for f in futures]
+    _check_one_execution(ex, "C-procs", body, answers)
+
+
+def test_a_taken_marker_key_is_evidence_not_a_rollback(target_url: URL,
+                                                       gate: Callable[..., Executor],
+                                                       tmp_path: Path) -> None:
+    """Item 1: a unique violation on the landing marker names who landed the key."""
+    first = gate(target_url, f"sqlite:///{tmp_path / 'a.db'}")
+    second = gate(target_url, f"sqlite:///{tmp_path / 'b.db'}", schema=False)  # 2nd ledger
+    out = first.call("policy.add_note", NOTE, case="C-two", who="agent")
+    assert out.status == "applied_verified", out.reason
+    again = second.call("policy.add_note", NOTE, case="C-two", who="agent")
+    assert again.status == "already_applied" and again.exit_code == 0
+    assert again.reason is not None and again.reason["by_intent"] == out.intent_id
+    assert again.evidence["landing_marker"]["intent_id"] == out.intent_id
+    landed = table_dump(target_url, "policy_note")
+    assert sum(1 for row in landed if NOTE["body"] in row) == 1
+    recorded = second.ledger.intent("C-two", again.intent_id)
+    assert recorded["status"] == "observed" and recorded["outcome"] == "already_applied"
+    # a different request under a key that landed elsewhere: nothing of it was sent
+    first.call("policy.add_note", {**NOTE, "body": "one"}, case="C-three", who="agent")
+    other = second.call("policy.add_note", {**NOTE, "body": "two"}, case="C-three", who="agent")
+    assert other.status == "rolled_back" and other.reason is not None
+    assert other.reason["kind"] == "idempotency_conflict"
+    assert not any("two" in row for row in table_dump(target_url, "policy_note"))
