@@ -4,7 +4,8 @@ One function per command, each a few lines that call ``registry``,
 ``executor`` or ``ddl`` and print the result.  Every command takes ``--json``.
 A ``CapgateError`` prints ``FAILED: CODE: message`` (or its JSON form) and maps
 to its exit code: 0 ok, 1 refused or invalid, 2 usage or configuration,
-3 outcome unknown or reconciliation required, 4 approval required.
+3 outcome unknown or reconciliation required, 4 approval required, 5 an
+internal error (a bug: ``CG999``, which says whether an intent was left open).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from registry.errors import EXIT_USAGE, CapgateError, RegistryError, UsageError
+from capgate.internal import internal_error
+from registry.errors import CapgateError, RegistryError, UsageError
 
 Handler = Callable[[argparse.Namespace], int]
 _COMMANDS: dict[str, tuple[Handler, str]] = {}
@@ -88,11 +90,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except Exception as exc:  # an unexpected failure: never a silent success
+        internal = internal_error(exc, getattr(args, "case", None), getattr(args, "config", None))
         if getattr(args, "traceback", False):
             traceback.print_exc()
-        print(f"FAILED: internal error: {type(exc).__name__}: {exc} (use --traceback)",
-              file=sys.stderr)
-        return EXIT_USAGE
+        _report(args, internal)
+        return internal.exit_code
 
 
 def _report(args: argparse.Namespace, exc: CapgateError) -> None:

@@ -84,6 +84,7 @@ from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, Too
 from mcp.shared.exceptions import MCPError
 
 from capgate.config import Settings
+from capgate.internal import internal_error
 from executor.call import Executor
 from executor.outcome import APPLIED, READ_OK
 from registry.errors import (
@@ -445,12 +446,10 @@ class GateServer:
             return result(refusal(row, case, exc), is_error=True)
         except Exception as exc:  # a bug, not a refusal: never claim it did or did not land
             traceback.print_exc(file=sys.stderr)
+            bug = internal_error(exc, case, ledger=self.executor.ledger)
             return result({"status": "unknown", "case": case, "operation_id": row.operation_id,
                            "version": row.version, "intent_id": None,
-                           "error": {"error": type(exc).__name__, "code": "internal",
-                                     "message": f"internal error: {exc}; run `capgate resume "
-                                                f"{case}` before more work in this case",
-                                     "details": {}}}, is_error=True)
+                           "error": bug.to_dict()}, is_error=True)
         return result(outcome.to_dict(), is_error=outcome.status not in (APPLIED, READ_OK))
 
     async def _remember_connection(self, ctx: ServerRequestContext[Any, Any],

@@ -23,6 +23,7 @@ EXIT_REFUSED = 1
 EXIT_USAGE = 2
 EXIT_UNKNOWN = 3
 EXIT_APPROVAL_REQUIRED = 4
+EXIT_INTERNAL = 5
 
 _BY_CODE: dict[str, type[CapgateError]] = {}
 
@@ -94,6 +95,16 @@ def explain(code: str) -> str:
     cls = lookup(code)
     doc = inspect.cleandoc(cls.__doc__ or "")
     return f"{cls.code} {cls.__name__} (exit {cls.exit_code})\n\n{doc}\n"
+
+
+class InternalError(CapgateError, code="CG999", exit_code=EXIT_INTERNAL):
+    """capgate failed in a way it did not foresee: a bug in capgate, not a mistake of yours.
+
+    The message names the exception and says whether the case was left with an
+    open intent (then ``capgate resume CASE`` settles it from evidence before
+    more work runs in the case).  Report it with the output of the same command
+    run with ``--traceback``.
+    """
 
 
 class UsageError(CapgateError, code="CG900", exit_code=EXIT_USAGE):
