@@ -73,7 +73,7 @@ BATCH: dict[str, list[str]] = {
     "explain": ["explain", "CG110"],
     "explain-all": ["explain", "--all"],
     "explain-json": ["explain", "--json", "cg143"],
-    "explain-unknown": ["explain", "CG999"],
+    "explain-unknown": ["explain", "CG998"],
     "usage-none": [],
     "usage-command": ["no-such-command"],
     "usage-flag": ["validate", "--no-such-flag"],
