@@ -6,11 +6,17 @@ A ``CapgateError`` prints ``FAILED: CODE: message`` (or its JSON form) and maps
 to its exit code: 0 ok, 1 refused or invalid, 2 usage or configuration,
 3 outcome unknown or reconciliation required, 4 approval required, 5 an
 internal error (a bug: ``CG999``, which says whether an intent was left open).
+
+Start-up is lazy: :data:`COMMANDS` names each command's module and one-line
+help, so ``capgate --help`` imports no command module at all and ``capgate
+call`` imports only the modules that ``call`` needs.  An agent that calls
+through the CLI pays the start-up on every call.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 import traceback
@@ -21,7 +27,36 @@ from capgate.internal import internal_error
 from registry.errors import CapgateError, RegistryError, UsageError
 
 Handler = Callable[[argparse.Namespace], int]
-_COMMANDS: dict[str, tuple[Handler, str]] = {}
+
+#: command -> (the module whose ``register(sub, common)`` adds it, its one-line help).
+#: A module registers all of its commands; ``tests/test_cli_registry.py`` checks
+#: that this table and the modules agree.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "init": ("capgate.init", "scaffold a working project: config, grants, capabilities, target"),
+    "demo": ("capgate.demo", "run the demo on the packaged examples (SQLite, no server)"),
+    "doctor": ("capgate.doctor",
+               "check configuration, grants and every connector's live access"),
+    "validate": ("capgate.commands", "validate capability files"),
+    "lock": ("capgate.commands", "pin every row's hash in capabilities.lock"),
+    "list": ("capgate.commands", "list the registered rows"),
+    "show": ("capgate.commands", "a row's review card"),
+    "diff": ("capgate.commands", "Markdown review of the changes between OLD and NEW"),
+    "bump": ("capgate.commands", "write the next version of a row, after the current one"),
+    "explain": ("capgate.commands", "what an error code means"),
+    "plan": ("capgate.commands_exec", "render a call's plan; runs no DML"),
+    "approve": ("capgate.commands_exec", "approve a recorded plan"),
+    "call": ("capgate.commands_exec", "call a declared operation"),
+    "ledger": ("capgate.commands_exec", "the hash-chained ledger"),
+    "cases": ("capgate.commands_exec", "list cases with their state and last outcome"),
+    "mcp": ("capgate.commands_agent",
+            "serve the declared operations as MCP tools (stdio, or --http)"),
+    "rehearse": ("capgate.commands_agent",
+                 "run every row's examples in write-and-rollback against a connector"),
+    "resume": ("capgate.commands_resume",
+               "after a fault: classify each in-flight intent from evidence, then continue"),
+    "ddl": ("capgate.commands_ddl", "the DDL loop for stored code"),
+    "target": ("capgate.commands_target", "capgate's own tables in a target database"),
+}
 
 
 def emit(args: argparse.Namespace, payload: Any, text: str | None = None) -> None:
@@ -59,20 +94,67 @@ def _common() -> argparse.ArgumentParser:
     return parent
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from capgate import commands
+def version() -> str:
+    """The installed distribution's version (``0+unknown`` when run from a bare tree)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
 
+    try:
+        return dist_version("capgate")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+def _parser(loaded: Sequence[str]) -> argparse.ArgumentParser:
+    """The parser with the real commands of the modules in ``loaded``, the rest as names."""
     parser = argparse.ArgumentParser(
         prog="capgate",
         description="Connector capability registry and gated database-write executor.",
+        epilog="New here? `capgate init DIR` scaffolds a working project; `capgate demo` "
+               "shows the whole loop. `capgate COMMAND --help` for one command.",
     )
+    parser.add_argument("--version", action="version", version=f"capgate {version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    commands.register(sub, _common())
+    common = _common()
+    for name, (module, help_text) in COMMANDS.items():
+        if module not in loaded:
+            sub.add_parser(name, help=help_text, add_help=False)
+    for module in dict.fromkeys(loaded):
+        importlib.import_module(module).register(sub, common)
+    # list the commands in the table's order, whoever registered them
+    order = list(COMMANDS)
+    sub._choices_actions.sort(key=lambda a: order.index(a.dest) if a.dest in order else 99)
     return parser
 
 
+def build_parser() -> argparse.ArgumentParser:
+    """The full parser, every command module imported (tests and documentation)."""
+    return _parser([module for module, _ in COMMANDS.values()])
+
+
+def _command_word(argv: Sequence[str]) -> str | None:
+    """The first word that is not an option: the command (None for ``--help``)."""
+    return next((word for word in argv if not word.startswith("-")), None)
+
+
+def did_you_mean(word: str, choices: Sequence[str]) -> str:
+    """`` did you mean `x`?`` for the closest of ``choices``, or an empty string."""
+    import difflib
+
+    close = difflib.get_close_matches(word, choices, n=2, cutoff=0.6)
+    if not close:
+        return ""
+    return "; did you mean " + " or ".join(f"`{c}`" for c in close) + "?"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    word = _command_word(argv)
+    if word is not None and word not in COMMANDS:
+        # argparse would list every command; a person wants the one they meant
+        _parser([]).error(f"unknown command {word!r}{did_you_mean(word, list(COMMANDS))} "
+                          "(`capgate --help` lists them)")
+    parser = _parser([COMMANDS[word][0]] if word is not None else [])
     args = parser.parse_args(argv)
     handler: Handler = args.handler
     try:

@@ -41,14 +41,18 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("new", help="file, directory or git:REV[:PATH]")
     p.set_defaults(handler=cmd_diff)
 
+    p = sub.add_parser("bump", parents=[common],
+                       help="write the next version of a row, after the current one")
+    p.add_argument("operation", metavar="OPERATION")
+    p.add_argument("--capabilities", metavar="PATH", action="append", default=None)
+    p.add_argument("--retire", action="store_true",
+                   help="also mark the current version retired (kept, refused at call time)")
+    p.set_defaults(handler=cmd_bump)
+
     p = sub.add_parser("explain", parents=[common], help="what an error code means")
     p.add_argument("code", nargs="?")
     p.add_argument("--all", action="store_true", help="list every code")
     p.set_defaults(handler=cmd_explain)
-
-    from capgate import commands_exec
-
-    commands_exec.register(sub, common)
 
 
 def _capability_paths(args: argparse.Namespace) -> list[str]:
@@ -57,7 +61,7 @@ def _capability_paths(args: argparse.Namespace) -> list[str]:
         return list(args.capabilities)
     from capgate.config import load_settings
 
-    return list(load_settings(args.config).capabilities)
+    return list(load_settings(args.config, require=False).capabilities)
 
 
 def row_summary(row: Row) -> dict[str, Any]:
@@ -134,7 +138,16 @@ def cmd_diff(args: argparse.Namespace) -> int:
     return 0
 
 
+#: Modules that define error classes outside ``registry.errors``; imported by
+#: ``explain`` because the command line no longer imports every module at start.
+ERROR_MODULES = ("ddl.errors", "executor.dialects.base")
+
+
 def cmd_explain(args: argparse.Namespace) -> int:
+    import importlib
+
+    for module in ERROR_MODULES:
+        importlib.import_module(module)
     if args.all or not args.code:
         classes = errors.all_codes()
         emit(args, [{"code": c.code, "name": c.__name__, "exit_code": c.exit_code}
@@ -146,3 +159,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     emit(args, {"code": cls.code, "name": cls.__name__, "exit_code": cls.exit_code,
                 "explanation": (cls.__doc__ or "").strip()}, errors.explain(args.code).rstrip())
     return 0
+
+
+def cmd_bump(args: argparse.Namespace) -> int:
+    raise NotImplementedError

@@ -7,7 +7,6 @@ import json
 import re
 from typing import Any
 
-from capgate import demo
 from capgate.api import build_executor
 from capgate.cli import caller, emit, parse_operation
 from capgate.config import load_settings
@@ -17,9 +16,6 @@ from registry.errors import EXIT_REFUSED, UsageError
 
 
 def register(sub: Any, common: argparse.ArgumentParser) -> None:
-    p = sub.add_parser("demo", parents=[common], help="run the demo on the embedded default")
-    p.set_defaults(handler=demo.cmd_demo)
-
     def call_args(p: argparse.ArgumentParser) -> None:
         p.add_argument("operation", metavar="OPERATION[@VERSION]")
         p.add_argument("--input", default="{}", help="inputs as a JSON object (or @file.json)")
@@ -58,18 +54,6 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("cases", parents=[common], help="list cases")
     p.add_argument("--open", action="store_true", help="only cases with unresolved intents")
     p.set_defaults(handler=cmd_cases)
-    from capgate import commands_agent
-
-    commands_agent.register(sub, common)
-    from capgate import commands_resume
-
-    commands_resume.register(sub, common)
-    from capgate import commands_ddl
-
-    commands_ddl.register(sub, common)
-    from capgate import commands_target
-
-    commands_target.register(sub, common)
 
 
 def _executor(args: argparse.Namespace) -> Executor:

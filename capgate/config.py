@@ -17,27 +17,54 @@ directory.  Example::
     url = "postgresql://app@db.internal/insurance"
     environment = "prod"
     session_budget = 6
+
+Reading is strict and complete: every unknown key (with the known key it most
+resembles), every value of the wrong type and every missing ``url`` is
+collected with its file and line, and all of them are reported at once -- a
+typo found one run at a time, at call time, costs a user an afternoon.
+
+Reading creates nothing.  A command that needs a configuration and finds
+none raises :class:`~registry.errors.ConfigMissing` (``require=True``, the
+default) instead of quietly running on defaults and leaving a ``.capgate/``
+folder wherever it was started.
 """
 
 from __future__ import annotations
 
+import difflib
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy.engine import make_url
-
-from executor.connectors import ConnectorConfig
-from registry.errors import ConfigError
+from executor.connectors import ENVIRONMENTS, ConnectorConfig
+from registry.errors import ConfigError, ConfigMissing
 
 DEFAULT_CONFIG = "capgate.toml"
 DEFAULT_LEDGER = "sqlite:///.capgate/ledger.db"
-_TOP_KEYS = {"capabilities", "grants", "ledger", "agent"}
-_CONNECTOR_KEYS = {"url", "environment", "session_budget", "db_user_budget",
-                   "budget_wait_seconds", "statement_timeout"}
+#: The known keys of ``[capgate]``, each with what it takes (for the messages).
+TOP_KEYS: dict[str, str] = {
+    "capabilities": "a list of capability paths",
+    "grants": "the grants file",
+    "ledger": "the ledger URL",
+    "agent": "the default caller identity",
+    "max_request_bytes": "the largest request the MCP server accepts",
+}
+CONNECTOR_KEYS: dict[str, str] = {
+    "url": "the database URL",
+    "environment": f"one of {', '.join(ENVIRONMENTS)}",
+    "session_budget": "an integer >= 1",
+    "db_user_budget": "an integer >= 1",
+    "budget_wait_seconds": "a number of seconds >= 0",
+    "statement_timeout": "a number of seconds > 0",
+}
+SECTIONS = ("capgate", "connectors")
+#: Environment variables that configure capgate without a file.
+CONFIG_ENV = ("CAPGATE_CONFIG", "CAPGATE_LEDGER_URL", "CAPGATE_CAPABILITIES", "CAPGATE_GRANTS")
+_CONNECTOR_ENV = re.compile(r"^CAPGATE_CONNECTOR_(?P<name>.+)_URL$")
 
 
 @dataclass(frozen=True)
@@ -48,87 +75,296 @@ class Settings:
     agent: str | None = None
     connectors: Mapping[str, ConnectorConfig] = field(default_factory=dict)
     source: str = "(defaults)"
+    configured: bool = False
+    """Whether a file or the environment configured anything (else these are defaults)."""
+
+
+@dataclass(frozen=True)
+class ConfigProblem:
+    """One finding in the configuration, located where possible."""
+
+    source: str
+    line: int | None
+    key: str
+    message: str
+    code: str = ConfigError.code
+
+    def render(self) -> str:
+        where = f"{self.source}:{self.line}" if self.line else self.source
+        return f"{where}: {self.code}: {self.key}: {self.message}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"source": self.source, "line": self.line, "key": self.key,
+                "message": self.message, "code": self.code}
 
 
 def _resolve_sqlite(url: str, base: Path) -> str:
+    """A relative SQLite file resolved against the config's folder (nothing created)."""
+    from sqlalchemy.engine import make_url
+
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite" and parsed.database and parsed.database != ":memory:":
-        db = Path(parsed.database)
+        db = Path(parsed.database).expanduser()
         if not db.is_absolute():
             db = base / db
-        db.parent.mkdir(parents=True, exist_ok=True)
         return parsed.set(database=str(db)).render_as_string(hide_password=False)
     return url
 
 
-def load_settings(path: str | Path | None = None, env: Mapping[str, str] | None = None
-                  ) -> Settings:
-    """Read the config file (if any) and apply environment overrides."""
+def _suggest(key: str, known: Mapping[str, str]) -> str:
+    close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
+    return f" (did you mean `{close[0]}`?)" if close else f" (known: {', '.join(known)})"
+
+
+class _Lines:
+    """Where a key is written in the TOML text: ``[section]`` then ``key =``."""
+
+    _HEADER = re.compile(r"^\s*\[\s*([^\]]+?)\s*\]\s*(#.*)?$")
+    _KEY = re.compile(r"^\s*(\"[^\"]*\"|'[^']*'|[A-Za-z0-9_-]+)\s*=")
+
+    def __init__(self, text: str) -> None:
+        self.entries: list[tuple[tuple[str, ...], str | None, int]] = []
+        section: tuple[str, ...] = ()
+        for number, line in enumerate(text.splitlines(), start=1):
+            header = self._HEADER.match(line)
+            if header and not line.lstrip().startswith("[["):
+                section = tuple(p.strip().strip("\"'") for p in header.group(1).split("."))
+                self.entries.append((section, None, number))
+                continue
+            key = self._KEY.match(line)
+            if key:
+                self.entries.append((section, key.group(1).strip("\"'"), number))
+
+    def find(self, section: tuple[str, ...], key: str | None = None) -> int | None:
+        for where, name, number in self.entries:
+            if where == section and name == key:
+                return number
+        if key is not None:  # a key of an inline table, or written as a dotted key
+            return self.find(section, None)
+        return None
+
+
+def configured_by_env(env: Mapping[str, str]) -> bool:
+    """Whether the environment alone configures capgate (a ledger, paths or a connector)."""
+    return any(env.get(k) for k in CONFIG_ENV) or any(
+        _CONNECTOR_ENV.match(k) and v for k, v in env.items())
+
+
+def config_file(path: str | Path | None = None, env: Mapping[str, str] | None = None
+                ) -> Path | None:
+    """The configuration file in force, or None when there is none to read.
+
+    Raises ConfigError when a file was named (``--config``, ``CAPGATE_CONFIG``)
+    and does not exist: a named file that is missing is a mistake, not a default.
+    """
     env = os.environ if env is None else env
     chosen = path or env.get("CAPGATE_CONFIG")
-    data: dict[str, Any] = {}
     if chosen is not None:
         file = Path(chosen)
-        if not file.exists():
-            raise ConfigError(f"{file}: configuration file not found")
-    else:
-        file = Path(DEFAULT_CONFIG)
-    if file.exists():
-        try:
-            data = tomllib.loads(file.read_text("utf-8"))
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{file}: {exc}") from None
-    base = file.resolve().parent if file.exists() else Path.cwd()
-    source = str(file) if file.exists() else "(defaults)"
+        if not file.is_file():
+            raise ConfigError(f"{file}: configuration file not found", path=str(file))
+        return file
+    file = Path(DEFAULT_CONFIG)
+    return file if file.is_file() else None
 
-    top = data.get("capgate", {})
-    unknown = set(top) - _TOP_KEYS
-    unknown_sections = set(data) - {"capgate", "connectors"}
-    if unknown or unknown_sections:
-        bad = sorted(unknown | {f"[{s}]" for s in unknown_sections})
-        raise ConfigError(f"{source}: unknown key(s): {', '.join(bad)}")
+
+def read_settings(path: str | Path | None = None, env: Mapping[str, str] | None = None
+                  ) -> tuple[Settings, list[ConfigProblem]]:
+    """The settings and every problem found on the way (the settings skip bad values).
+
+    ``capgate doctor`` and ``capgate validate`` report the problems;
+    :func:`load_settings` refuses when there is any.
+    """
+    env = os.environ if env is None else env
+    file = config_file(path, env)
+    problems: list[ConfigProblem] = []
+    data: dict[str, Any] = {}
+    lines = _Lines("")
+    source = str(file) if file is not None else "(environment)"
+    if file is not None:
+        text = file.read_text("utf-8")
+        lines = _Lines(text)
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            m = re.search(r"line (\d+)", str(exc))
+            problems.append(ConfigProblem(source, int(m.group(1)) if m else None, "(syntax)",
+                                          str(exc)))
+            data = {}
+    base = file.resolve().parent if file is not None else Path.cwd()
+
+    def problem(section: tuple[str, ...], key: str | None, message: str,
+                code: str = ConfigError.code) -> None:
+        name = ".".join((*section, key) if key else section) or "(top)"
+        problems.append(ConfigProblem(source, lines.find(section, key), name, message, code))
+
+    for name, value in data.items():
+        if name not in SECTIONS:
+            problem((), name, f"unknown section [{name}]"
+                    + _suggest(name, {s: "" for s in SECTIONS}))
+        elif not isinstance(value, dict):
+            problem((), name, f"[{name}] must be a table")
+    top = data.get("capgate") if isinstance(data.get("capgate"), dict) else {}
+    assert isinstance(top, dict)
+    for key in top:
+        if key not in TOP_KEYS:
+            problem(("capgate",), key, "unknown key" + _suggest(key, TOP_KEYS))
+
+    def text_value(key: str) -> str | None:
+        value = top.get(key)
+        if value is not None and (not isinstance(value, str) or not value):
+            problem(("capgate",), key, f"must be a non-empty string ({TOP_KEYS[key]}), "
+                                       f"got {value!r}")
+            return None
+        return value
 
     caps_raw = env.get("CAPGATE_CAPABILITIES")
-    caps = caps_raw.split(os.pathsep) if caps_raw else list(top.get("capabilities",
-                                                                     ["capabilities"]))
-    caps = [str(base / c) if not Path(c).is_absolute() and file.exists() else c for c in caps]
-    grants = env.get("CAPGATE_GRANTS") or top.get("grants")
+    caps: list[str] = ["capabilities"]
+    if caps_raw:
+        caps = caps_raw.split(os.pathsep)
+    elif "capabilities" in top:
+        raw = top["capabilities"]
+        if isinstance(raw, str):
+            raw = [raw]
+        if not isinstance(raw, list) or not raw or not all(
+                isinstance(c, str) and c for c in raw):
+            problem(("capgate",), "capabilities", "must be a list of paths, got "
+                                                  f"{top['capabilities']!r}")
+        else:
+            caps = list(raw)
+    caps = [str(base / c) if not Path(c).is_absolute() and file is not None else c
+            for c in caps]
+    grants = env.get("CAPGATE_GRANTS") or text_value("grants")
     if grants and not Path(grants).is_absolute():
         grants = str(base / grants)
-    ledger = env.get("CAPGATE_LEDGER_URL") or top.get("ledger") or DEFAULT_LEDGER
-    ledger = _resolve_sqlite(ledger, base)
+    ledger = env.get("CAPGATE_LEDGER_URL") or text_value("ledger") or DEFAULT_LEDGER
+    try:
+        ledger = _resolve_sqlite(ledger, base)
+    except Exception:
+        problem(("capgate",), "ledger", f"cannot be parsed as a URL: {ledger!r} (expected "
+                                        "sqlite:///path or postgresql://user@host/db)")
+    agent = env.get("CAPGATE_AGENT") or text_value("agent")
+    budget = top.get("max_request_bytes")
+    if budget is not None and (not isinstance(budget, int) or isinstance(budget, bool)
+                               or budget < 1):
+        problem(("capgate",), "max_request_bytes", f"must be an integer >= 1, got {budget!r}")
 
     connectors: dict[str, ConnectorConfig] = {}
     raw_connectors = data.get("connectors", {})
+    if not isinstance(raw_connectors, dict):
+        raw_connectors = {}
     names = set(raw_connectors)
-    for key in env:
-        if key.startswith("CAPGATE_CONNECTOR_") and key.endswith("_URL"):
-            names.add(key[len("CAPGATE_CONNECTOR_"):-len("_URL")].lower())
+    for key, value in env.items():
+        m = _CONNECTOR_ENV.match(key)
+        if m and value:
+            names.add(m.group("name").lower())
     for name in sorted(names):
-        spec = dict(raw_connectors.get(name, {}))
-        extra = set(spec) - _CONNECTOR_KEYS
-        if extra:
-            raise ConfigError(f"{source}: connectors.{name}: unknown key(s) "
-                              f"{', '.join(sorted(extra))}")
+        section = ("connectors", name)
+        spec_raw = raw_connectors.get(name, {})
+        if not isinstance(spec_raw, dict):
+            problem(section, None, "must be a table")
+            continue
+        spec = dict(spec_raw)
+        for key in sorted(set(spec) - set(CONNECTOR_KEYS)):
+            problem(section, key, "unknown key" + _suggest(key, CONNECTOR_KEYS))
         prefix = f"CAPGATE_CONNECTOR_{name.upper()}_"
         for key in ("url", "environment", "session_budget"):
-            if prefix + key.upper() in env:
+            if env.get(prefix + key.upper()):
                 spec[key] = env[prefix + key.upper()]
-        if "url" not in spec:
-            raise ConfigError(f"{source}: connectors.{name}: missing `url`")
+        connector = _connector(name, spec, base, lambda k, msg, s=section: problem(s, k, msg))
+        if connector is not None:
+            connectors[name] = connector
+    configured = file is not None or configured_by_env(env)
+    settings = Settings(capabilities=tuple(caps), grants=grants, ledger_url=ledger, agent=agent,
+                        connectors=connectors, source=str(file) if file else "(environment)"
+                        if configured else "(defaults)", configured=configured)
+    return settings, problems
+
+
+def _connector(name: str, spec: Mapping[str, Any], base: Path,
+               problem: Any) -> ConnectorConfig | None:
+    """One connector from its table, or None after reporting what is wrong with it."""
+    ok = True
+    url = spec.get("url")
+    if url is None:
+        problem(None, "missing `url` (e.g. postgresql://user@host/db, "
+                      "mysql://user@host/db for MariaDB, oracle://user@host/?service_name=S, "
+                      "sqlite:///file.db)")
+        ok = False
+    elif not isinstance(url, str) or not url:
+        problem("url", f"must be a URL string, got {url!r}")
+        ok = False
+    environment = spec.get("environment", "dev")
+    if environment not in ENVIRONMENTS:
+        problem("environment", f"must be one of {', '.join(ENVIRONMENTS)}, got {environment!r}")
+        ok = False
+
+    def number(key: str, default: float | None, kind: type, minimum: float,
+               strict: bool = False) -> Any:
+        nonlocal ok
+        value = spec.get(key, default)
+        if value is None:
+            return None
         try:
-            connectors[name] = ConnectorConfig(
-                name=name,
-                url=_resolve_sqlite(str(spec["url"]), base),
-                environment=str(spec.get("environment", "dev")),
-                session_budget=int(spec.get("session_budget", 6)),
-                db_user_budget=(int(spec["db_user_budget"])
-                                if spec.get("db_user_budget") is not None else None),
-                budget_wait_seconds=float(spec.get("budget_wait_seconds", 0.0)),
-                statement_timeout=float(spec.get("statement_timeout", 30.0)),
-            )
-        except (TypeError, ValueError) as exc:
-            raise ConfigError(f"{source}: connectors.{name}: {exc}") from None
-    return Settings(capabilities=tuple(caps), grants=grants, ledger_url=ledger,
-                    agent=env.get("CAPGATE_AGENT") or top.get("agent"),
-                    connectors=connectors, source=source)
+            if isinstance(value, bool):
+                raise ValueError
+            converted = kind(value)
+            if kind is int and isinstance(value, float) and value != int(value):
+                raise ValueError
+        except (TypeError, ValueError):
+            problem(key, f"must be {CONNECTOR_KEYS[key]}, got {value!r}")
+            ok = False
+            return default
+        if converted < minimum or (strict and converted == minimum):
+            problem(key, f"must be {CONNECTOR_KEYS[key]}, got {value!r}")
+            ok = False
+        return converted
+
+    session_budget = number("session_budget", 6, int, 1)
+    db_user_budget = number("db_user_budget", None, int, 1)
+    wait = number("budget_wait_seconds", 0.0, float, 0)
+    timeout = number("statement_timeout", 30.0, float, 0, strict=True)
+    if not ok:
+        return None
+    try:
+        resolved = _resolve_sqlite(str(url), base)
+    except Exception:
+        problem("url", f"cannot be parsed as a URL: {url!r}")
+        return None
+    try:
+        return ConnectorConfig(name=name, url=resolved, environment=str(environment),
+                               session_budget=session_budget, db_user_budget=db_user_budget,
+                               budget_wait_seconds=wait, statement_timeout=timeout)
+    except ConfigError as exc:
+        problem(None, exc.message)
+        return None
+
+
+def load_settings(path: str | Path | None = None, env: Mapping[str, str] | None = None, *,
+                  require: bool = True) -> Settings:
+    """Read the config file (if any) and apply environment overrides.
+
+    Raises ConfigError listing every problem, and -- with ``require`` --
+    ConfigMissing when neither a file nor the environment configures anything.
+    """
+    env = os.environ if env is None else env
+    settings, problems = read_settings(path, env)
+    if problems:
+        raise config_error(problems)
+    if require and not settings.configured:
+        raise ConfigMissing(
+            f"no configuration: no {DEFAULT_CONFIG} in {Path.cwd()}, no --config, no "
+            "CAPGATE_CONFIG and no CAPGATE_LEDGER_URL / CAPGATE_CONNECTOR_<NAME>_URL; run "
+            "`capgate init DIR` to create a working project (then `cd DIR`), or pass "
+            "--config FILE; nothing was created", cwd=str(Path.cwd()))
+    return settings
+
+
+def config_error(problems: list[ConfigProblem]) -> ConfigError:
+    """One ConfigError that lists every problem, one per line."""
+    first = problems[0]
+    if len(problems) == 1:
+        return ConfigError(first.render(), problems=[p.to_dict() for p in problems])
+    text = "\n".join("  " + p.render() for p in problems)
+    return ConfigError(f"{len(problems)} problems in the configuration:\n{text}",
+                       problems=[p.to_dict() for p in problems])

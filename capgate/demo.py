@@ -1,8 +1,11 @@
-"""``capgate demo``: the whole loop on the embedded default, printed step by step.
+"""``capgate demo``: the whole loop on the packaged examples, printed step by step.
 
-Everything happens in a temporary folder: a SQLite target with the example
-insurance schema, a SQLite ledger, and a grants set with an agent and two
-approvers.  No server is needed.
+The sandbox is a project made by :func:`capgate.init.init_project` -- a SQLite
+target with the example insurance schema, a SQLite ledger, a ``capgate.toml``
+and a grants file with an agent and two approvers -- so the demo runs from any
+folder of a plain ``pip install`` and needs no server.  It lives in a temporary
+folder that is removed afterwards, or with ``--keep DIR`` in DIR, left there
+for inspection (``cd DIR && capgate cases`` and so on).
 """
 
 from __future__ import annotations
@@ -14,160 +17,144 @@ import time
 from pathlib import Path
 from typing import Any
 
-import sqlalchemy as sa
+from capgate.cli import emit
+from registry.errors import UsageError
 
-from capgate.sqlfiles import apply_schema, schema_file
-from executor.call import Executor
-from executor.connectors import ConnectorConfig, Connectors
-from executor.grants import Grants
-from executor.ledger import open_ledger
-from executor.outcome import Outcome
-from executor.target import install_at
-from registry.errors import ApprovalRequired, CapgateError
-from registry.loader import DEFAULT_PATH, validate_paths
-from registry.registry import Registry
+CASE = "TICKET-4711"
 
-DEMO_GRANTS: dict[str, dict[str, dict[str, Any]]] = {"principals": {
-    "claims-agent": {"grants": [{"connector": "*", "environments": ["dev"], "access": "write"}]},
-    "alice": {"roles": ["dba", "underwriting_lead"]},
-    "bob": {"roles": ["dba"]},
-}}
+
+def register(sub: Any, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("demo", parents=[common],
+                       help="run the demo on the packaged examples (SQLite, no server)",
+                       description="A read, a collapsed write, an idempotent repeat, a "
+                                   "rolled-back write, a four-eyes gate, a SIGKILL and "
+                                   "resume, and ledger verify -- in a temporary folder, "
+                                   "or in DIR with --keep.")
+    p.add_argument("--keep", metavar="DIR", default=None,
+                   help="run in DIR (new or empty) and leave the sandbox there: target, "
+                        "ledger, capgate.toml")
+    p.set_defaults(handler=cmd_demo)
 
 
 def _say(title: str) -> None:
     print(f"\n== {title}")
 
 
-def _brief(outcome: Outcome) -> str:
+def _brief(outcome: Any) -> str:
     lines = [f"   -> {outcome.status}  intent {outcome.intent_id[:12]}"
              f"{'  (recorded outcome replayed)' if outcome.replayed else ''}"]
     ev = outcome.evidence
     if "counts" in ev:
-        lines.append(f"      counts {ev['counts']}")
+        lines.append(f"      counts {json.dumps(ev['counts'])}")
     for check in ev.get("verify", []):
         lines.append(f"      verify {check['name']}: expected {json.dumps(check['expected'])}, "
                      f"got {json.dumps(check['actual'])}")
     if "rows" in ev:
-        lines.append(f"      rows {json.dumps(ev['rows'])[:150]}")
+        lines.append(f"      rows {_clip(json.dumps(ev['rows']), 150)}")
     if "replay" in ev:
-        lines.append(f"      replay {json.dumps(ev['replay']['rows'])[:150]}")
+        lines.append(f"      replay {_clip(json.dumps(ev['replay']['rows']), 150)}")
     if outcome.reason:
-        lines.append(f"      reason {json.dumps(outcome.reason, default=str)[:300]}")
+        lines.append(f"      reason {_clip(json.dumps(outcome.reason, default=str), 300)}")
     return "\n".join(lines)
 
 
-def build_demo_executor(folder: Path, capabilities: str = DEFAULT_PATH) -> Executor:
-    """A SQLite target and ledger in ``folder`` with the example schema and grants."""
-    result = validate_paths([capabilities])
-    result.raise_for_problems()
-    target = f"sqlite:///{folder / 'insurance.db'}"
-    engine = sa.create_engine(target, poolclass=sa.pool.NullPool)
-    apply_schema(engine, schema_file("sqlite"))
-    engine.dispose()
-    install_at(target)
-    connectors = Connectors({n: ConnectorConfig(name=n, url=target, environment="dev")
-                             for n in ("insurance", "insurance_code")})
-    return Executor(Registry(result.rows), connectors,
-                    open_ledger(f"sqlite:///{folder / 'ledger.db'}"),
-                    Grants.from_dict(DEMO_GRANTS, source="demo grants"))
+def _clip(text: str, width: int) -> str:
+    """At most ``width`` characters, cut at a space or comma, never mid-word."""
+    if len(text) <= width:
+        return text
+    cut = max(text.rfind(" ", 0, width), text.rfind(",", 0, width))
+    return text[:cut if cut > width // 2 else width].rstrip(", ") + " …"
+
+
+def _sandbox(keep: str | None) -> tuple[Path, tempfile.TemporaryDirectory[str] | None]:
+    if keep is None:
+        tmp = tempfile.TemporaryDirectory(prefix="capgate-demo-")
+        return Path(tmp.name), tmp
+    folder = Path(keep).expanduser().resolve()
+    if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
+        raise UsageError(f"--keep {folder}: give a new or empty folder (this one is not "
+                         "empty; nothing was changed)", folder=str(folder))
+    return folder, None
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    from capgate.init import init_project
+
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="capgate-demo-") as tmp:
-        folder = Path(tmp)
-        result = validate_paths([DEFAULT_PATH])
-        result.raise_for_problems()
-        _say(f"capgate validate: {len(result.rows)} rows in {len(result.files)} files, all valid")
-        ex = build_demo_executor(folder)
-        print(f"   target and ledger: SQLite files in {folder}")
-        try:
-            _run(ex, folder)
-        finally:
-            ex.connectors.dispose()
-            ex.ledger.close()
+    folder, tmp = _sandbox(args.keep)
+    try:
+        report = init_project(folder)
+        _say(f"capgate init: {report.rows} capability rows validated; a SQLite target with "
+             "the example schema; capgate's tables installed")
+        print(f"   sandbox: {folder}")
+        _run(folder / "capgate.toml")
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
     print(f"\ndemo finished in {time.monotonic() - started:.1f}s")
+    if args.keep:
+        config = folder / "capgate.toml"
+        print(f"\nthe sandbox is kept in {folder}:")
+        print("  capgate.toml, grants.toml, capabilities/, insurance.db (target), "
+              ".capgate/ledger.db (ledger)")
+        print(f"  cd {folder}")
+        print("  capgate cases")
+        print(f"  capgate ledger show {CASE}")
+        print(f"  capgate ledger show {CASE} --html {CASE}.html")
+        emit(args, {"kept": str(folder), "config": str(config), "case": CASE})
     return 0
 
 
-def _run(ex: Executor, folder: Path) -> None:
-    case = "TICKET-4711"
+def _run(config: Path) -> None:
+    from capgate.api import open as open_gate
+    from registry.errors import ApprovalRequired, CapgateError
+
     agent = "claims-agent"
+    with open_gate(config) as ex:
+        _say("1. a read (engine-enforced read-only transaction, row cap)")
+        print("   capgate call policy.get --input '{\"policy_id\": 1}'")
+        print(_brief(ex.call("policy.get", {"policy_id": 1}, case=CASE, who=agent)))
 
-    _say("1. a read (engine-enforced read-only transaction, row cap)")
-    print("   capgate call policy.get --input '{\"policy_id\": 1}'")
-    print(_brief(ex.call("policy.get", {"policy_id": 1}, case=case, who=agent)))
+        note = {"policy_id": 1, "author": "claims-agent", "body": "Holder asked for a callback."}
+        _say("2. a collapsed write: statements, verify, replay, landing marker, COMMIT")
+        print(_brief(ex.call("policy.add_note", note, case=CASE, who=agent)))
+        print("   the same call again returns the recorded outcome and executes nothing:")
+        print(_brief(ex.call("policy.add_note", note, case=CASE, who=agent)))
 
-    note = {"policy_id": 1, "author": "claims-agent", "body": "Holder asked for a callback."}
-    _say("2. a collapsed write: statements, verify, replay, landing marker, COMMIT")
-    print(_brief(ex.call("policy.add_note", note, case=case, who=agent)))
-    print("   the same call again returns the recorded outcome and executes nothing:")
-    print(_brief(ex.call("policy.add_note", note, case=case, who=agent)))
+        _say("3. a write whose verify fails: rolled back, with the evidence of why")
+        print("   (policy 9 is void; the row's verify demands a non-void policy)")
+        print(_brief(ex.call("policy.add_note", {**note, "policy_id": 9}, case=CASE,
+                             who=agent)))
 
-    _say("3. a write whose verify fails: rolled back, with the evidence of why")
-    print("   (policy 9 is void; the row's verify demands a non-void policy)")
-    print(_brief(ex.call("policy.add_note", {**note, "policy_id": 9}, case=case, who=agent)))
-
-    _say("4. a gated write (four eyes): refused until approved, then it runs")
-    try:
-        ex.call("policy.purge_orphan", {"policy_id": 9}, case=case, who=agent)
-    except ApprovalRequired as refused:
-        plan_hash = refused.details["plan_hash"]
-        print(f"   refused: {refused.code} approval required for plan {plan_hash[:23]}...")
-        for st in refused.details["plan"]["statements"]:
-            print(f"      {' '.join(st['sql'].split())[:70]:<70} expect {st['expect_rows']}")
+        _say("4. a gated write (four eyes): refused until approved, then it runs")
         try:
-            ex.approve(plan_hash, by=agent, role="dba")
-        except CapgateError as exc:
-            print(f"   the agent cannot approve: {exc.code} {exc.message[:80]}")
-        approval = ex.approve(plan_hash, by="bob", role="dba")
-        print(f"   capgate approve {plan_hash[:23]}... --by bob --role dba "
-              f"(single use, expires {approval['expires_at'][:19]})")
-        print(_brief(ex.call("policy.purge_orphan", {"policy_id": 9}, case=case, who=agent)))
+            ex.call("policy.purge_orphan", {"policy_id": 9}, case=CASE, who=agent)
+        except ApprovalRequired as refused:
+            plan_hash = refused.details["plan_hash"]
+            print(f"   refused: {refused.code} approval required for plan {plan_hash[:23]}...")
+            for st in refused.details["plan"]["statements"]:
+                print(f"      {' '.join(st['sql'].split())[:70]:<70} expect {st['expect_rows']}")
+            try:
+                ex.approve(plan_hash, by=agent, role="dba")
+            except CapgateError as exc:
+                print(f"   the agent cannot approve: {exc.code} {_clip(exc.message, 80)}")
+            approval = ex.approve(plan_hash, by="bob", role="dba")
+            print(f"   capgate approve {plan_hash[:23]}... --by bob --role dba "
+                  f"(single use, expires {approval['expires_at'][:19]})")
+            print(_brief(ex.call("policy.purge_orphan", {"policy_id": 9}, case=CASE,
+                                 who=agent)))
 
-    _crash_demo(ex, folder, agent)
+        _say("5. a crash: a `capgate call` process is killed (SIGKILL) after attempt_started")
+        from capgate.commands_resume import crash_and_resume_demo
 
-    _say("6. capgate ledger verify")
-    report = ex.ledger.verify()
-    print(f"   {'ok' if report.ok else 'FAILED'}: {report.cases_checked} case(s), "
-          f"{report.events_checked} hash-chained event(s), {len(report.findings)} finding(s)")
-    for event in ex.ledger.events(case)[:6]:
-        print(f"   {event.seq:>3} {event.kind:<16} {event.digest[:23]}... "
-              f"<- {event.prev_digest[:16]}...")
+        for line in crash_and_resume_demo(config, who=agent):
+            print(f"   {line}")
 
-
-def _crash_demo(ex: Executor, folder: Path, agent: str) -> None:
-    _say("5. a crash: a `capgate call` process is killed (SIGKILL) after attempt_started")
-    from capgate.commands_resume import crash_and_resume_demo
-
-    config = _demo_config(folder)
-    for line in crash_and_resume_demo(config, who=agent):
-        print(f"   {line}")
-
-
-def _demo_config(folder: Path) -> Path:
-    """The demo's executor as configuration, for the child process the crash kills."""
-    grants = folder / "grants.toml"
-    lines = []
-    for name, spec in DEMO_GRANTS["principals"].items():
-        lines.append(f'[principals."{name}"]')
-        if "roles" in spec:
-            lines.append(f"roles = {json.dumps(spec['roles'])}")
-        if "grants" in spec:
-            items = ", ".join(
-                f'{{ connector = "{g["connector"]}", '
-                f'environments = {json.dumps(g["environments"])}, access = "{g["access"]}" }}'
-                for g in spec["grants"])
-            lines.append(f"grants = [{items}]")
-    grants.write_text("\n".join(lines) + "\n", "utf-8")
-    config = folder / "capgate.toml"
-    caps = Path(DEFAULT_PATH).resolve()
-    target = f"sqlite:///{folder / 'insurance.db'}"
-    config.write_text(
-        "[capgate]\n"
-        f"capabilities = [{json.dumps(str(caps))}]\n"
-        'grants = "grants.toml"\n'
-        f'ledger = "sqlite:///{folder / "ledger.db"}"\n'
-        f'[connectors.insurance]\nurl = "{target}"\nenvironment = "dev"\n'
-        f'[connectors.insurance_code]\nurl = "{target}"\nenvironment = "dev"\n', "utf-8")
-    return config
+        _say("6. capgate ledger verify")
+        report = ex.ledger.verify()
+        print(f"   {'ok' if report.ok else 'FAILED'}: {report.cases_checked} case(s), "
+              f"{report.events_checked} hash-chained event(s), {len(report.findings)} "
+              "finding(s)")
+        for event in ex.ledger.events(CASE)[:6]:
+            print(f"   {event.seq:>3} {event.kind:<16} {event.digest[:23]}... "
+                  f"<- {event.prev_digest[:16]}...")

@@ -15,7 +15,6 @@ This module lives in ``registry`` because ``registry`` is the lowest layer:
 
 from __future__ import annotations
 
-import inspect
 from typing import Any, ClassVar
 
 EXIT_OK = 0
@@ -92,6 +91,8 @@ def all_codes() -> list[type[CapgateError]]:
 
 def explain(code: str) -> str:
     """The long explanation of one code, taken from its class docstring."""
+    import inspect  # here, not at the top: every command imports this module at start
+
     cls = lookup(code)
     doc = inspect.cleandoc(cls.__doc__ or "")
     return f"{cls.code} {cls.__name__} (exit {cls.exit_code})\n\n{doc}\n"
@@ -127,6 +128,97 @@ class ConfigError(CapgateError, code="CG902", exit_code=EXIT_USAGE):
     The message names the file and the key.  Fix the value; nothing was
     executed.
     """
+
+
+# --- getting started and ``capgate doctor`` (CG903-CG919; issue 12) ------------------
+
+
+class ConfigMissing(ConfigError, code="CG903"):
+    """The command needs a configuration and none was found.
+
+    capgate looks for ``capgate.toml`` in the working directory, the file named
+    by ``--config`` or ``CAPGATE_CONFIG``, or configuration in the environment
+    (``CAPGATE_LEDGER_URL``, ``CAPGATE_CONNECTOR_<NAME>_URL``, ...).  Nothing
+    was created.  ``capgate init DIR`` scaffolds a working project; ``cd`` into
+    it, or pass ``--config DIR/capgate.toml``.
+    """
+
+
+class ProjectExists(UsageError, code="CG904"):
+    """``capgate init`` would overwrite files of an existing project.
+
+    It names the files it found and changed nothing.  Choose an empty or new
+    folder, or remove the files first.
+    """
+
+
+class GrantUnknownConnector(ConfigError, code="CG910"):
+    """A grant names a connector that the configuration does not define.
+
+    Such a grant lets nobody do anything, and usually hides a typo: fix the
+    connector name in the grants file (or define the connector), or use
+    ``"*"`` for every connector.
+    """
+
+
+class GrantUnknownRole(ConfigError, code="CG911"):
+    """A principal holds a role that no capability row accepts as an approver role.
+
+    The role can approve nothing; usually the role name has a typo.  Rows name
+    their approver roles in ``authorization.approver_roles``.
+    """
+
+
+class EnvironmentMismatch(ConfigError, code="CG912"):
+    """Rows are hidden because environment labels do not agree.
+
+    A row runs on a connector only when the connector's ``environment`` is one
+    of the row's ``environments``, and the caller's grant covers that
+    environment.  When they disagree the MCP server lists no tool for the row
+    and a call is refused.  Make the connector's label, the rows' environments
+    and the grants name the same environment.
+    """
+
+
+class SessionLimitTooLow(ConfigError, code="CG913"):
+    """The database allows fewer sessions than the connector's ``session_budget``.
+
+    capgate would open sessions up to its budget and the database would refuse
+    the last ones (ORA-02391, a role's ``CONNECTION LIMIT``, MariaDB's
+    ``max_user_connections``).  Lower ``session_budget`` (and
+    ``db_user_budget``) below the database's limit, or raise the limit.
+    """
+
+
+class PrivilegeMissing(ConfigError, code="CG914"):
+    """The connector's account lacks a privilege that the declared rows need.
+
+    The finding names the table or object, the privilege and the rows that
+    need it.  Grant it, or remove the rows from the connector.
+    """
+
+
+class ExtensionMissing(ConfigError, code="CG915"):
+    """A database extension that declared rows need is not installed.
+
+    On PostgreSQL the DDL loop takes the compile status of stored code from
+    ``plpgsql_check``: install its package (``postgresql-NN-plpgsql-check``)
+    and run ``CREATE EXTENSION plpgsql_check`` in the target database.
+    """
+
+
+class CommitOutcomeUnavailable(ConfigError, code="CG916"):
+    """The database cannot say after a lost connection whether a COMMIT landed.
+
+    On Oracle, Transaction Guard answers it: the service needs
+    ``COMMIT_OUTCOME = TRUE`` (``DBMS_SERVICE.MODIFY_SERVICE``) and the
+    account ``EXECUTE`` on ``DBMS_APP_CONT``.  Without it resume falls back on
+    the landing marker and may have to answer ``unknown``.
+    """
+
+
+class DoctorFailed(CapgateError, code="CG919"):
+    """``capgate doctor`` found errors; each finding above names its own code."""
 
 
 # --- registry (CG1xx) --------------------------------------------------------
