@@ -25,9 +25,15 @@ from registry.registry import Registry
 
 def build_executor(settings: Settings, *, registry: Registry | None = None,
                    ledger: Ledger | None = None, grants: Grants | None = None) -> Executor:
-    """An executor wired from settings (each part may be supplied instead)."""
+    """An executor wired from settings (each part may be supplied instead).
+
+    The capability files are loaded through the validation cache
+    (``registry.cache``): files that passed validation before are not parsed
+    again, and rows are built when first used.
+    """
     return Executor(
-        registry=registry if registry is not None else load_registry(settings.capabilities),
+        registry=registry if registry is not None else load_registry(settings.capabilities,
+                                                                     cache=True),
         connectors=Connectors(dict(settings.connectors)),
         ledger=ledger if ledger is not None else open_ledger(settings.ledger_url),
         grants=grants if grants is not None else (

@@ -6,6 +6,10 @@ them -- so the validator and the executor can never disagree about what a
 ``:name`` is.  Whether a query writes is decided with sqlglot's parser, not a
 regex, so a ``DELETE`` inside a CTE or a ``SELECT ... FOR UPDATE`` is caught
 and a column called ``updated_at`` is not.
+
+sqlglot is imported on the first check, not with this module: the executor
+imports :func:`binds_of` on every call's path, and a call whose files come
+from the validation cache parses no SQL at all.
 """
 
 from __future__ import annotations
@@ -18,8 +22,6 @@ from typing import Any
 
 import jsonschema
 import sqlalchemy as sa
-import sqlglot
-from sqlglot import exp
 
 from registry.errors import Problem
 from registry.fastschema import plain_contract
@@ -28,10 +30,13 @@ from registry.yamlpos import Located, Path, render_path
 WRITE_CLASSES = ("transactional", "compensable", "irreversible")
 KEY_BUILTINS = frozenset({"case", "operation_id", "version"})
 
-_WRITING_NODES: tuple[type[exp.Expression], ...] = (
-    exp.Insert, exp.Update, exp.Delete, exp.Merge, exp.Create, exp.Drop, exp.Alter,
-    exp.TruncateTable, exp.Command, exp.Grant, exp.Into,
-)
+
+@lru_cache(maxsize=1)
+def _writing_nodes() -> tuple[type[Any], ...]:
+    from sqlglot import exp
+
+    return (exp.Insert, exp.Update, exp.Delete, exp.Merge, exp.Create, exp.Drop, exp.Alter,
+            exp.TruncateTable, exp.Command, exp.Grant, exp.Into)
 
 
 @lru_cache(maxsize=65536)
@@ -46,6 +51,10 @@ def writing_reason(sql: str) -> str | None:
 
     Raises ``ValueError`` when no dialect can parse it.
     """
+    import sqlglot
+    from sqlglot import exp
+
+    writing = _writing_nodes()
     last: Exception | None = None
     for dialect in (None, "postgres", "mysql", "oracle", "sqlite"):
         try:
@@ -62,7 +71,7 @@ def writing_reason(sql: str) -> str | None:
             if not isinstance(tree, exp.Query):
                 return f"is a {tree.key.upper()} statement, not a query"
             for node in tree.walk():
-                if isinstance(node, _WRITING_NODES):
+                if isinstance(node, writing):
                     return f"contains a {node.key.upper()}"
                 if isinstance(node, exp.Lock):
                     return "locks rows (FOR UPDATE/SHARE)"

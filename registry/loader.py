@@ -9,6 +9,7 @@ an invalid set of files changes nothing.
 from __future__ import annotations
 
 import gc
+import os
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -204,16 +205,85 @@ def _version_positions(result: Validation, texts: dict[str, str],
 
 
 def load_registry(paths: Sequence[str | Path] = (DEFAULT_PATH,), *,
-                  check_lock: bool = True, workers: int | None = None) -> Registry:
+                  check_lock: bool = True, workers: int | None = None,
+                  cache: bool = False) -> Registry:
     """Validate and load; raise ``RegistryError`` listing every problem.
 
     ``workers``: processes to check the files in (``None``: decided by
     ``registry.parallel.worker_count``; 1: all in the calling thread).
+    ``cache``: skip the per-file checks of files that passed them before, as
+    recorded by content in ``registry.cache`` (the command line's calls use
+    it); the rows are then built when first used.  Any finding is reported
+    exactly as without the cache.
     """
+    if cache:
+        from registry.cache import cache_dir
+
+        directory = cache_dir()
+        if directory is not None:
+            cached = _load_cached(paths, check_lock=check_lock, workers=workers,
+                                  directory=directory)
+            if cached is not None:
+                return cached
     with _cyclic_gc_paused():
         result = validate_paths(paths, check_lock=check_lock, workers=workers)
         result.raise_for_problems()
         return Registry(result.rows)
+
+
+def _load_cached(paths: Sequence[str | Path], *, check_lock: bool, workers: int | None,
+                 directory: Path) -> Registry | None:
+    """The registry through the validation cache, or None to take the uncached path.
+
+    None when the cache folder cannot be written, or when anything is wrong
+    with the files (a finding, a duplicate, the lock): the uncached path then
+    reports every problem with its exact position.
+    """
+    from registry.cache import (
+        IndexedRow,
+        LazyRegistry,
+        duplicate_problems,
+        entry_key,
+        read_entry,
+        write_entry,
+    )
+
+    try:
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError:
+        return None
+    if not os.access(directory, os.W_OK):
+        return None
+    files, lock_path = discover(paths)
+    with _cyclic_gc_paused():
+        texts = [(str(f), f.read_text("utf-8")) for f in files]
+        keys = [entry_key(text) for _, text in texts]
+        per_file: list[list[IndexedRow] | None] = [
+            read_entry(directory, key, source) for key, (source, _) in zip(keys, texts,
+                                                                            strict=True)]
+        missing = [i for i, found in enumerate(per_file) if found is None]
+        if missing:
+            items = [texts[i] for i in missing]
+            for position, checked in check_files(items, workers):
+                if checked.problems or any(raw is None for *_, raw, _ in checked.rows):
+                    return None
+                at = missing[position]
+                rows = [(k, where, i, raw, digest) for k, where, i, raw, digest in checked.rows
+                        if raw is not None]
+                if not write_entry(directory, keys[at], rows):
+                    return None
+                per_file[at] = read_entry(directory, keys[at], texts[at][0])
+                if per_file[at] is None:
+                    return None
+        index = [row for found in per_file if found is not None for row in found]
+        if duplicate_problems(index):
+            return None
+        if check_lock and lock_path is not None:
+            sites = [RowSite(r.operation_id, r.version, r.row_hash, r.source, r.line, r.col)
+                     for r in index]
+            if lock_problems(sites, read_lock(lock_path), lock_path):
+                return None
+        return LazyRegistry(index)
 
 
 def update_lock(paths: Sequence[str | Path]) -> tuple[Path, list[LockedRow], list[LockedRow]]:
