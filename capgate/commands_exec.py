@@ -47,11 +47,18 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p = lsub.add_parser("verify", parents=[common], help="verify chains and snapshots")
     p.add_argument("--case", default=None)
     p.set_defaults(handler=cmd_ledger_verify)
-    p = lsub.add_parser("show", parents=[common], help="a case's events")
+    p = lsub.add_parser("show", parents=[common],
+                        help="a case's timeline: time, actor, event, one-line summary",
+                        description="Every event of CASE in chain order, one line each; "
+                                    "--json prints every field of every event, --html FILE "
+                                    "writes the case as one self-contained HTML page.")
     p.add_argument("case")
+    p.add_argument("--html", metavar="FILE", default=None,
+                   help="also write the case as a self-contained HTML page")
     p.set_defaults(handler=cmd_ledger_show)
 
-    p = sub.add_parser("cases", parents=[common], help="list cases")
+    p = sub.add_parser("cases", parents=[common],
+                       help="list cases with their state and last outcome")
     p.add_argument("--open", action="store_true", help="only cases with unresolved intents")
     p.set_defaults(handler=cmd_cases)
 
@@ -157,39 +164,37 @@ def cmd_ledger_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_ledger_show(args: argparse.Namespace) -> int:
+    from capgate import caseview
+
     settings = load_settings(args.config)
     with open_ledger(settings.ledger_url) as ledger:
         events = ledger.events(args.case)
         snapshot = ledger.snapshot(args.case)
+        verified = ledger.verify(args.case).ok if args.html else None
     if not events:
         from registry.errors import UnknownCase
 
-        raise UnknownCase(f"no case {args.case!r} in the ledger", case=args.case)
-    lines = [f"case {args.case}: {len(events)} event(s)"]
-    for e in events:
-        brief = {k: v for k, v in e.payload.items() if k not in ("request", "outcome")}
-        extra = ""
-        if "outcome" in e.payload:
-            out = e.payload["outcome"]
-            extra = f" -> {out.get('status')}"
-            if out.get("reason"):
-                extra += f" ({json.dumps(out['reason'], default=str)[:160]})"
-        lines.append(f"  {e.seq:>3} {e.recorded_at} {e.kind:<18} {e.intent_id or '-':<32}"
-                     f"{extra}{'' if extra else ' ' + json.dumps(brief, default=str)[:120]}")
-    emit(args, {"case": args.case, "events": [e.to_dict() for e in events],
-                "snapshot": snapshot}, "\n".join(lines))
+        raise UnknownCase(f"no case {args.case!r} in the ledger (`capgate cases` lists them)",
+                          case=args.case)
+    entries = caseview.timeline(events)
+    if args.html:
+        page = caseview.render_html(args.case, events, snapshot, verified=verified)
+        with open(args.html, "w", encoding="utf-8") as fh:
+            fh.write(page)
+    text = caseview.timeline_text(args.case, entries)
+    if args.html:
+        text += f"\nwrote {args.html}: the case as one HTML page (open it in a browser)"
+    emit(args, {"case": args.case, "timeline": [x.to_dict() for x in entries],
+                "events": [e.to_dict() for e in events], "snapshot": snapshot,
+                "html": args.html}, text)
     return 0
 
 
 def cmd_cases(args: argparse.Namespace) -> int:
+    from capgate import caseview
+
     settings = load_settings(args.config)
     with open_ledger(settings.ledger_url) as ledger:
-        summaries = ledger.cases(open_only=args.open)
-    rows: list[dict[str, Any]] = [
-        {"case": c.case_id, "open": c.open, "events": c.head_seq + 1,
-         "updated_at": c.updated_at.isoformat(), "intents": dict(c.statuses)}
-        for c in summaries]
-    lines = [f"{r['case']:<32} {'OPEN' if r['open'] else 'closed':<7} {r['events']:>4} events  "
-             + ", ".join(f"{i[:8]}:{s}" for i, s in r["intents"].items()) for r in rows]
-    emit(args, rows, "\n".join(lines) or "no cases")
+        rows = caseview.case_rows(ledger, open_only=args.open)
+    emit(args, [r.to_dict() for r in rows], caseview.cases_text(rows))
     return 0
