@@ -7,6 +7,7 @@ logic lives in ``registry``.
 from __future__ import annotations
 
 import argparse
+import re
 from typing import Any
 
 from capgate.cli import emit, parse_operation
@@ -36,9 +37,15 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p.set_defaults(handler=cmd_show)
 
     p = sub.add_parser("diff", parents=[common],
-                       help="Markdown review of the changes between OLD and NEW")
-    p.add_argument("old", help="file, directory or git:REV[:PATH]")
-    p.add_argument("new", help="file, directory or git:REV[:PATH]")
+                       help="Markdown review of the changes between OLD and NEW",
+                       description="OLD and NEW are files, directories or git:REV[:PATH]; a "
+                                   "new version is compared field by field with the version "
+                                   "before it. Or two versions of one operation in the "
+                                   "configured files: capgate diff OP@1 OP@2.")
+    p.add_argument("old", help="file, directory, git:REV[:PATH], or OPERATION@VERSION")
+    p.add_argument("new", help="file, directory, git:REV[:PATH], or OPERATION@VERSION")
+    p.add_argument("--capabilities", metavar="PATH", action="append", default=None,
+                   help="with OPERATION@VERSION: the capability files (default: configured)")
     p.set_defaults(handler=cmd_diff)
 
     p = sub.add_parser("bump", parents=[common],
@@ -132,8 +139,22 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
+_VERSION_REF = re.compile(r"^[A-Za-z0-9_.-]+@\d+$")
+
+
 def cmd_diff(args: argparse.Namespace) -> int:
-    text = diff(rows_from(args.old), rows_from(args.new))
+    from pathlib import Path
+
+    from registry.review import diff_versions
+
+    if all(_VERSION_REF.match(x) and not Path(x).exists() for x in (args.old, args.new)):
+        old, new = parse_operation(args.old), parse_operation(args.new)
+        assert old[1] is not None and new[1] is not None
+        rows = validate_paths(_capability_paths(args), check_lock=False)
+        rows.raise_for_problems()
+        text = diff_versions(rows.rows, (old[0], old[1]), (new[0], new[1]))
+    else:
+        text = diff(rows_from(args.old), rows_from(args.new))
     emit(args, {"markdown": text}, text.rstrip())
     return 0
 
@@ -162,4 +183,15 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 
 def cmd_bump(args: argparse.Namespace) -> int:
-    raise NotImplementedError
+    from registry.review import bump
+
+    done = bump(_capability_paths(args), args.operation, retire=args.retire)
+    emit(args, done,
+         f"wrote {done['operation_id']}@{done['version']} (a copy of @{done['from']}) at "
+         f"{done['file']}:{done['line']}"
+         + (f"; @{done['from']} is now retired" if done["retired_previous"] else "")
+         + "\nnext: edit the new row, then `capgate validate`, review it with "
+           "`capgate diff git:HEAD capabilities` (or `capgate diff "
+           f"{done['operation_id']}@{done['from']} {done['operation_id']}@{done['version']}`), "
+           "and pin it with `capgate lock`")
+    return 0

@@ -1,22 +1,33 @@
-"""What a DBA reads: a row's review card, and a diff of two sets of rows.
+"""What a DBA reads: a row's review card, a diff of two sets of rows, and a bump.
 
 The card lists what a reviewer must approve -- statements with their binds and
 expected counts, effect class, shape, recovery, timeout, authorization,
-environments.  The diff is Markdown fit for a pull-request comment: added,
-changed (field by field) and retired rows.  ``OLD``/``NEW`` may be files,
+environments.  The diff is Markdown fit for a pull-request comment: new
+versions compared with the version before them, added, changed and retired
+rows -- field by field, with the changed SQL as line diffs and the inserted
+and removed words spelt out, because a version bump is where a reviewer must
+see that a verify check grew a ``pg_sleep(2)``.  ``OLD``/``NEW`` may be files,
 directories or ``git:REV`` (the same paths as of a git revision).
+
+:func:`bump` writes the next version of a row as a copy of the current one,
+right after it in the same file, so that a change is made on a new version
+and reviewed as a diff against the old one.
 """
 
 from __future__ import annotations
 
+import difflib
 import json
+import os
+import re
 import subprocess
+import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from registry.checks import binds_of
-from registry.errors import CapabilityPathError
+from registry.errors import CapabilityPathError, RegistryError, UnknownOperation
 from registry.loader import DEFAULT_PATH, SUFFIXES, validate_paths, validate_texts
 from registry.model import ExpectRows, Row
 
@@ -155,19 +166,113 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
+def _is_sql(field: str, value: Any) -> bool:
+    return isinstance(value, str) and (field.endswith(("sql", "check")) or "\n" in value)
+
+
+def _sql_lines(sql: str) -> list[str]:
+    """SQL as lines for a diff: as written, or split before its clauses when on one line."""
+    lines = [line.rstrip() for line in sql.strip().splitlines()]
+    if len(lines) == 1 and len(lines[0]) > 60:
+        lines = [p.strip() for p in re.split(
+            r"\s+(?=(?:FROM|WHERE|AND|OR|ORDER BY|GROUP BY|HAVING|JOIN|LEFT JOIN|VALUES|SET|"
+            r"RETURNING|UNION)\b)", lines[0], flags=re.IGNORECASE)]
+    return lines
+
+
+def _word_changes(old: str, new: str) -> list[str]:
+    """The inserted and removed runs of words, each spelt out whole."""
+    a, b = old.split(), new.split()
+    out = []
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes():
+        if tag in ("replace", "delete"):
+            out.append(f"removed `{' '.join(a[i1:i2])}`")
+        if tag in ("replace", "insert"):
+            out.append(f"inserted `{' '.join(b[j1:j2])}`")
+    return out
+
+
+def field_changes(before: Row, after: Row) -> list[str]:
+    """Markdown lines: every field that differs, SQL as a line diff, the rest in a table."""
+    a, b = _flatten(before.to_dict()), _flatten(after.to_dict())
+    table: list[str] = []
+    sql_blocks: list[str] = []
+    for field in sorted(set(a) | set(b), key=_field_order):
+        if field in ("version", "retired") or a.get(field) == b.get(field):
+            continue
+        old_v, new_v = a.get(field), b.get(field)
+        if _is_sql(field, old_v) or _is_sql(field, new_v):
+            old_text = old_v if isinstance(old_v, str) else ""
+            new_text = new_v if isinstance(new_v, str) else ""
+            what = "added" if field not in a else "removed" if field not in b else "changed"
+            sql_blocks.append(f"**`{field}`** {what}:")
+            if old_text and new_text:
+                for change in _word_changes(old_text, new_text):
+                    sql_blocks.append(f"- {change}")
+            sql_blocks.append("")
+            sql_blocks.append("```diff")
+            old_lines, new_lines = _sql_lines(old_text), _sql_lines(new_text)
+            diffed = difflib.unified_diff(old_lines, new_lines, lineterm="",
+                                          n=max(len(old_lines), len(new_lines)))
+            sql_blocks += [line for line in diffed if not line.startswith(("---", "+++", "@@"))]
+            sql_blocks.append("```")
+            sql_blocks.append("")
+            continue
+        shown_old = _show(old_v) if field in a else "—"
+        shown_new = _show(new_v) if field in b else "—"
+        table.append(f"| `{_cell(field)}` | {shown_old} | {shown_new} |")
+    out: list[str] = []
+    if table:
+        out += ["| field | before | after |", "|---|---|---|", *table, ""]
+    out += sql_blocks
+    if not out:
+        out.append("_no field changed except the version_")
+    return out
+
+
+def _field_order(field: str) -> tuple[int, str]:
+    """Fields in the order a row is read: statements before verify before the rest."""
+    head = re.split(r"[.\[]", field, maxsplit=1)[0]
+    order = ["description", "input", "target", "effect_class", "shape", "authorization",
+             "environments", "idempotency_key", "timeout", "recovery", "statements", "steps",
+             "verify", "replay", "landed_probe", "compensation", "post_commit"]
+    return (order.index(head) if head in order else len(order), field)
+
+
+def _previous(row: Row, *pools: dict[tuple[str, int], Row]) -> Row | None:
+    """The newest version of ``row``'s operation below it, from the first pool that has one."""
+    for pool in pools:
+        lower = [r for k, r in pool.items() if k[0] == row.operation_id and k[1] < row.version]
+        if lower:
+            return max(lower, key=lambda r: r.version)
+    return None
+
+
 def diff(old: Iterable[Row], new: Iterable[Row]) -> str:
     """Markdown review of what changed between two sets of rows."""
     before = {r.key: r for r in old}
     after = {r.key: r for r in new}
-    added = [after[k] for k in sorted(after) if k not in before]
+    added_keys = [k for k in sorted(after) if k not in before]
+    bumped = [(_previous(after[k], before,
+                         {kk: r for kk, r in after.items() if kk not in added_keys}), after[k])
+              for k in added_keys]
+    versions = [(prev, row) for prev, row in bumped if prev is not None]
+    added = [row for prev, row in bumped if prev is None]
     removed = [before[k] for k in sorted(before) if k not in after]
     retired = [after[k] for k in sorted(after)
                if k in before and after[k].retired and not before[k].retired]
     changed = [k for k in sorted(after)
                if k in before and before[k].row_hash != after[k].row_hash]
     out = ["## Capability changes", ""]
-    out.append(f"{len(added)} added, {len(changed)} changed, {len(retired)} retired, "
-               f"{len(removed)} removed")
+    out.append(f"{len(versions)} new version(s), {len(added)} added, {len(changed)} changed, "
+               f"{len(retired)} retired, {len(removed)} removed")
+    if versions:
+        out += ["", "### New versions", ""]
+        for prev, row in versions:
+            assert prev is not None
+            out.append(f"#### {prev.ref} → {row.ref}")
+            out.append("")
+            out += field_changes(prev, row)
     if added:
         out += ["", "### Added", ""]
         for r in added:
@@ -179,17 +284,9 @@ def diff(old: Iterable[Row], new: Iterable[Row]) -> str:
                 "> A published row changed in place. Unless it is unpublished, it needs a new "
                 "version (`capgate validate` refuses it against the lock).", ""]
         for k in changed:
-            a, b = _flatten(before[k].to_dict()), _flatten(after[k].to_dict())
             out.append(f"#### {after[k].ref}")
             out.append("")
-            out.append("| field | before | after |")
-            out.append("|---|---|---|")
-            for field in sorted(set(a) | set(b)):
-                if field == "retired" or a.get(field) == b.get(field):
-                    continue
-                old_v = _show(a[field]) if field in a else "—"
-                new_v = _show(b[field]) if field in b else "—"
-                out.append(f"| `{_cell(field)}` | {old_v} | {new_v} |")
+            out += field_changes(before[k], after[k])
             out.append("")
     if retired:
         out += ["", "### Retired", ""]
@@ -201,3 +298,97 @@ def diff(old: Iterable[Row], new: Iterable[Row]) -> str:
         for r in removed:
             out.append(f"- **{r.ref}**")
     return "\n".join(out).rstrip() + "\n"
+
+
+def diff_versions(rows: Iterable[Row], old: tuple[str, int], new: tuple[str, int]) -> str:
+    """Markdown: two versions of one registry's operations compared field by field."""
+    found = {r.key: r for r in rows}
+    for key in (old, new):
+        if key not in found:
+            raise UnknownOperation(f"no row {key[0]}@{key[1]} in the capability files",
+                                   operation_id=key[0], version=key[1])
+    a, b = found[old], found[new]
+    return "\n".join([f"## {a.ref} → {b.ref}", "", *field_changes(a, b)]).rstrip() + "\n"
+
+
+# --- bump -------------------------------------------------------------------------------------
+
+_VERSION = re.compile(r"^(?P<indent>\s*)(?P<dash>-\s+)?version:\s*(?P<n>\d+)(?P<rest>.*)$")
+
+
+def _row_block(lines: list[str], start: int) -> tuple[int, int, int]:
+    """(first, end, key column) of the YAML list item whose first key is on line ``start``."""
+    first = start
+    while first > 0 and not lines[first].lstrip().startswith("-"):
+        first -= 1
+    dash_col = len(lines[first]) - len(lines[first].lstrip())
+    key_col = dash_col + len(lines[first].lstrip()) - len(lines[first].lstrip()[1:].lstrip())
+    end = first + 1
+    while end < len(lines):
+        text = lines[end]
+        stripped = text.strip()
+        indent = len(text) - len(text.lstrip())
+        if stripped and not stripped.startswith("#") and indent <= dash_col:
+            break
+        end += 1
+    while end > first + 1 and (not lines[end - 1].strip() or
+                               lines[end - 1].strip().startswith("#")):
+        end -= 1
+    return first, end, key_col
+
+
+def bump(paths: Sequence[str | Path], operation_id: str, *, retire: bool = False
+         ) -> dict[str, Any]:
+    """Write ``operation_id``'s next version after its newest one, as a copy to edit.
+
+    The copy keeps every comment and the layout of the original; only
+    ``version`` changes (and, with ``retire``, the old row gains ``retired:
+    true``).  The result is validated before anything is written; an invalid
+    result writes nothing and raises the problems.
+    """
+    result = validate_paths(paths, check_lock=False)
+    result.raise_for_problems()
+    mine = [r for r in result.rows if r.operation_id == operation_id]
+    if not mine:
+        from registry.registry import Registry
+
+        Registry(result.rows).resolve(operation_id)  # the refusal, with its did-you-mean
+    current = max(mine, key=lambda r: r.version)
+    path = Path(current.source_path)
+    text = path.read_text("utf-8")
+    lines = text.splitlines()
+    first, end, key_col = _row_block(lines, current.source_line - 1)
+    block = lines[first:end]
+    new_version = max(r.version for r in mine) + 1
+    copy = list(block)
+    version_at = None
+    for n, line in enumerate(copy):
+        m = _VERSION.match(line)
+        if m and (len(m.group("indent")) + len(m.group("dash") or "")) == key_col:
+            copy[n] = f"{m.group('indent')}{m.group('dash') or ''}version: {new_version}" \
+                      f"{m.group('rest')}"
+            version_at = n
+            break
+    if version_at is None:
+        raise RegistryError(f"{path}:{current.source_line}: cannot find the `version:` line of "
+                            f"{current.ref} to bump")
+    copy = [line.replace("retired: true", "retired: false") if line.strip().startswith(
+        "retired:") else line for line in copy]
+    original = list(block)
+    if retire and not any(line.strip().startswith("retired:") for line in block):
+        original.insert(version_at + 1, " " * key_col + "retired: true")
+    new_lines = lines[:first] + original + [""] + copy + lines[end:]
+    new_text = "\n".join(new_lines) + ("\n" if text.endswith("\n") else "")
+    texts = [(f, Path(f).read_text("utf-8") if f != str(path) else new_text)
+             for f in result.files]
+    check = validate_texts(texts)
+    if check.problems:
+        raise RegistryError(f"the bumped file would not validate: {check.problems[0].render()}",
+                            problems=check.problems)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(new_text)
+    os.replace(tmp, path)
+    at_line = first + len(original) + 2
+    return {"operation_id": operation_id, "from": current.version, "version": new_version,
+            "file": str(path), "line": at_line, "retired_previous": retire}
