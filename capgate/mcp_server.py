@@ -84,6 +84,7 @@ from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, Too
 from mcp.shared.exceptions import MCPError
 
 from capgate.config import Settings
+from capgate.exposure import exposure
 from capgate.internal import internal_error
 from executor.call import Executor
 from executor.outcome import APPLIED, READ_OK
@@ -93,10 +94,8 @@ from registry.errors import (
     CapgateError,
     ConfigError,
     DdlError,
-    NotAuthorized,
     RegistryError,
     SelfApproval,
-    UnknownConnector,
 )
 from registry.loader import SUFFIXES, load_registry
 from registry.lock import LOCK_NAME
@@ -266,14 +265,8 @@ class Catalog:
                 return cached
             out: dict[str, ToolEntry] = {}
             ex = self.executor
-            for row in ex.registry.current_rows():
-                try:
-                    config = ex.connectors.config(row.connector)
-                    if config.environment not in row.environments:
-                        continue
-                    ex.grants.check_call(who, row, config.name, config.environment)
-                except (UnknownConnector, NotAuthorized):
-                    continue
+            for row in exposure(ex.registry, ex.connectors, ex.grants, who).usable:
+                config = ex.connectors.config(row.connector)
                 out[row.operation_id] = ToolEntry(row, tool_for(row, config.name,
                                                                  config.environment))
             self._tools[who] = out
@@ -513,14 +506,25 @@ class GateServer:
             finally:
                 tg.cancel_scope.cancel()
 
+    def log_exposure(self, identities: Sequence[str]) -> None:
+        """Say on stderr how many tools each identity gets, and why rows are hidden."""
+        ex = self.executor
+        for who in identities:
+            seen = exposure(ex.registry, ex.connectors, ex.grants, who)
+            log(seen.line())
+            for hidden in seen.hidden:
+                log(f"  hidden {hidden.ref}: {hidden.reason}: {hidden.detail}")
+            if not seen.usable:
+                log(f"  {who!r} gets no tools: run `capgate doctor` to see what to change")
+
     # --- transports ------------------------------------------------------------------
 
     async def serve_stdio(self) -> None:
         from mcp.server.stdio import stdio_server
 
         assert self.who is not None
-        tools = self.catalog.tools(self.who)
-        log(f"serving {len(tools)} tool(s) to {self.who!r} over stdio; default case "
+        self.log_exposure([self.who])
+        log(f"serving over stdio; default case "
             f"{self.default_case or f'mcp-{self.who}-{self.run_id}'}")
         async with stdio_server() as (read_stream, write_stream):
             await self.server.run(read_stream, write_stream,
@@ -538,6 +542,7 @@ class GateServer:
             token_verifier=TokenIdentities(self.tokens),
         )
         identities = sorted(set(self.tokens.values()))
+        self.log_exposure(identities)
         log(f"serving streamable HTTP at {base}/mcp for {len(identities)} identit"
             f"{'y' if len(identities) == 1 else 'ies'} ({', '.join(identities)})")
         config = uvicorn.Config(app, host=host, port=port, log_level="warning",
