@@ -46,8 +46,9 @@ def check_file(source: str, text: str) -> CheckedFile:
 def _check_file(source: str, text: str, positions: str) -> CheckedFile:
     """``check_file`` with the given positions (``load_located``'s ``"rows"`` or ``"all"``).
 
-    Rows with schema problems are not checked further: their semantics would
-    only repeat the schema's findings.
+    Rows with schema problems are checked for their semantics too, as far as
+    their shape allows; a finding at a position the schema already flagged is
+    not repeated.
     """
     located, problems = load_located(text, source, positions=positions)
     checked = CheckedFile(problems)
@@ -64,7 +65,14 @@ def _check_file(source: str, text: str, positions: str) -> CheckedFile:
         return checked
     where = located.where
     for index, raw in enumerate(raw_rows):
-        if index in bad_rows or not isinstance(raw, dict):
+        if not isinstance(raw, dict):
+            continue
+        if index in bad_rows:
+            # Its schema findings are already listed; its semantic ones are found too, in
+            # the same pass, as far as the row's shape lets the checks run -- a reviewer
+            # should not fix a file in two rounds.
+            problems.extend(_semantics_of_invalid(RowContext(raw, index, located, source),
+                                                  declared, problems))
             continue
         findings = check_row(RowContext(raw, index, located, source), declared)
         problems.extend(findings)
@@ -76,6 +84,29 @@ def _check_file(source: str, text: str, positions: str) -> CheckedFile:
             checked.rows.append((key, at, index, raw,
                                  row_hash(raw, known_plain=located.json_plain)))
     return checked
+
+
+def _semantics_of_invalid(ctx: RowContext, declared: set[str],
+                          known: list[Problem]) -> list[Problem]:
+    """The semantic findings of a row that failed the schema, not repeating a schema finding.
+
+    The checks assume a schema-valid row; on one that is not, a check may fail
+    on the malformed part, and then the row's schema findings stand alone.  A
+    finding about a field that the schema flagged, or one inside or around it,
+    is a consequence of that typo (``expect_row`` makes ``expect_rows``
+    missing) and is left out.
+    """
+    try:
+        found = check_row(ctx, declared)
+    except Exception:
+        return []
+    flagged = [p.field for p in known if p.path == ctx.source]
+
+    def related(field: str) -> bool:  # the same node, or one inside or around it
+        return any(f == field or f.startswith((field + ".", field + "[")) or
+                   field.startswith((f + ".", f + "[")) for f in flagged)
+
+    return [p for p in found if not related(p.field)]
 
 
 def _row_indexes_with(problems: list[Problem], located: Located) -> set[int]:

@@ -56,6 +56,15 @@ class Registry:
     def versions(self, operation_id: str) -> list[int]:
         return list(self._versions.get(operation_id, ()))
 
+    def _unknown(self, operation_id: str) -> UnknownOperation:
+        """The refusal for an unknown name, with the closest declared names (a typo's fix)."""
+        import difflib
+
+        close = difflib.get_close_matches(operation_id, list(self._versions), n=3, cutoff=0.6)
+        hint = ("; did you mean " + " or ".join(f"`{c}`" for c in close) + "?") if close else ""
+        return UnknownOperation(f"no capability row declares operation {operation_id!r}{hint}",
+                                operation_id=operation_id, suggestions=close)
+
     def resolve(self, operation_id: str, version: int | None = None,
                 environment: str | None = None) -> Row:
         """The row for a call, or the refusal that says why there is none."""
@@ -63,10 +72,7 @@ class Registry:
             row = self._current.get(operation_id)
             if row is None:
                 if operation_id not in self._versions:
-                    raise UnknownOperation(
-                        f"no capability row declares operation {operation_id!r}",
-                        operation_id=operation_id,
-                    )
+                    raise self._unknown(operation_id)
                 last = self._rows[(operation_id, self._versions[operation_id][-1])]
                 raise RetiredRow(f"every version of {operation_id} is retired",
                                  operation_id=operation_id, version=last.version)
@@ -74,10 +80,7 @@ class Registry:
             found = self._rows.get((operation_id, version))
             if found is None:
                 if operation_id not in self._versions:
-                    raise UnknownOperation(
-                        f"no capability row declares operation {operation_id!r}",
-                        operation_id=operation_id,
-                    )
+                    raise self._unknown(operation_id)
                 raise UnknownVersion(
                     f"{operation_id} has no version {version}; registered: "
                     f"{', '.join(map(str, self._versions[operation_id]))}",

@@ -167,7 +167,8 @@ def _cell(text: str) -> str:
 
 
 def _is_sql(field: str, value: Any) -> bool:
-    return isinstance(value, str) and (field.endswith(("sql", "check")) or "\n" in value)
+    return isinstance(value, str) and (field.endswith(("sql", "check"))
+                                       or "\n" in value.strip())
 
 
 def _sql_lines(sql: str) -> list[str]:

@@ -149,7 +149,8 @@ def new(tmp_path: Path) -> Path:
 
 def test_no_changes(new: Path) -> None:
     text = diff(rows(GOOD), rows(new))
-    assert text == "## Capability changes\n\n0 added, 0 changed, 0 retired, 0 removed\n"
+    assert text == ("## Capability changes\n\n0 new version(s), 0 added, 0 changed, "
+                    "0 retired, 0 removed\n")
 
 
 def test_added_rows(new: Path) -> None:
@@ -174,16 +175,22 @@ def test_changed_rows_field_by_field(new: Path) -> None:
     assert "0 added, 3 changed, 0 retired, 0 removed" in text
     assert "needs a new version" in text
     get = text[text.index("#### policy.get@1"):].rstrip("\n")
-    get = get.split("\n\n#")[0]
+    get = get.split("\n#### ")[0]
     assert get.splitlines() == [
         "#### policy.get@1",
         "",
         "| field | before | after |",
         "|---|---|---|",
         "| `max_rows` | `1` | `5` |",
-        "| `statements[0].sql` | "
-        "`SELECT id, holder, status FROM policy WHERE id = :policy_id` | "
-        "`SELECT id, holder FROM policy WHERE id = :policy_id` |",
+        "",
+        "**`statements[0].sql`** changed:",
+        "- removed `holder, status`",
+        "- inserted `holder`",
+        "",
+        "```diff",
+        "-SELECT id, holder, status FROM policy WHERE id = :policy_id",
+        "+SELECT id, holder FROM policy WHERE id = :policy_id",
+        "```",
     ]
     assert '| `input.properties.cover_code.pattern` | `^[A-Z]{3}$` | `^[A-Z]{4}$` |' in text
     assert '| `environments` | `["dev", "staging"]` | `["dev", "staging", "prod"]` |' in text
@@ -200,18 +207,25 @@ def test_added_and_removed_fields_and_statements(new: Path) -> None:
     text = diff(rows(GOOD), rows(new))
     assert "| `max_rows` | `1` | — |" in text
     assert "| `statements[1].name` | — | `covers` |" in text
-    assert "| `statements[1].sql` | — | `SELECT code FROM cover WHERE policy_id = :policy_id` |" \
-        in text
+    assert "**`statements[1].sql`** added:\n\n```diff\n" \
+           "+SELECT code FROM cover WHERE policy_id = :policy_id\n```" in text
 
 
-def test_a_pipe_in_sql_does_not_break_the_table(new: Path) -> None:
+def test_a_pipe_in_a_value_does_not_break_the_table(new: Path) -> None:
+    edit(new / "office.yaml", "        cover_code: {type: string, pattern: \"^[A-Z]{3}$\"}",
+         "        cover_code: {type: string, pattern: \"^(ABC|DEF)$\"}")
+    text = diff(rows(GOOD), rows(new))
+    (line,) = [x for x in text.splitlines() if x.startswith("| `input.properties.cover_code")]
+    # a Markdown table row: exactly four unescaped pipes
+    assert len(re.findall(r"(?<!\\)\|", line)) == 4, line
+    assert "^(ABC\\|DEF)$" in line
+
+
+def test_sql_with_pipes_is_a_diff_block(new: Path) -> None:
     edit(new / "office.yaml", GET_SQL,
          "SELECT id, holder || ' ' || status FROM policy WHERE id = :policy_id")
     text = diff(rows(GOOD), rows(new))
-    (line,) = [x for x in text.splitlines() if x.startswith("| `statements[0].sql`")]
-    # a Markdown table row: exactly four unescaped pipes
-    assert len(re.findall(r"(?<!\\)\|", line)) == 4, line
-    assert "holder \\|\\| ' ' \\|\\| status" in line
+    assert "+SELECT id, holder || ' ' || status\n+FROM policy\n+WHERE id = :policy_id" in text
 
 
 def test_retired_rows_are_listed_and_not_changed(new: Path) -> None:
