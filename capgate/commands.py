@@ -18,8 +18,11 @@ from registry.review import card, diff, rows_from
 
 
 def register(sub: Any, common: argparse.ArgumentParser) -> None:
-    p = sub.add_parser("validate", parents=[common], help="validate capability files")
-    p.add_argument("paths", nargs="*", default=[DEFAULT_PATH])
+    p = sub.add_parser("validate", parents=[common], help="validate capability files",
+                       description="Every problem of every file in one pass.  Without PATH: "
+                                   "the configured capability files, and the configuration "
+                                   "itself (capgate.toml) when there is one.")
+    p.add_argument("paths", nargs="*", default=None)
     p.set_defaults(handler=cmd_validate)
 
     p = sub.add_parser("lock", parents=[common], help="pin every row's hash in capabilities.lock")
@@ -87,23 +90,41 @@ def row_summary(row: Row) -> dict[str, Any]:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    result = validate_paths(args.paths)
+    paths = list(args.paths or [])
+    config_problems: list[Any] = []
+    checked_config = False
+    if not paths:
+        from capgate.config import config_file, read_settings
+
+        paths = [DEFAULT_PATH]
+        if config_file(args.config) is not None:  # a configuration is validated with its files
+            settings, config_problems = read_settings(args.config)
+            paths = list(settings.capabilities)
+            checked_config = True
+    result = validate_paths(paths)
+    ok = result.ok and not config_problems
     payload = {
-        "ok": result.ok,
+        "ok": ok,
         "files": result.files,
         "rows": len(result.rows),
         "problems": [p.to_dict() for p in result.problems],
     }
+    if checked_config:
+        payload["configuration_problems"] = [p.to_dict() for p in config_problems]
     if args.json:
         emit(args, payload)
     else:
+        for config_problem in config_problems:
+            print(config_problem.render())
         for problem in result.problems:
             print(problem.render())
-        if result.ok:
+        count = len(result.problems) + len(config_problems)
+        if ok:
             print(f"ok: {len(result.rows)} rows in {len(result.files)} file(s)")
         else:
-            print(f"FAILED: {len(result.problems)} problem(s) in {len(result.files)} file(s)")
-    return 0 if result.ok else errors.EXIT_REFUSED
+            print(f"FAILED: {count} problem(s) in {len(result.files)} file(s)"
+                  + (" and the configuration" if config_problems else ""))
+    return 0 if ok else errors.EXIT_REFUSED
 
 
 def cmd_lock(args: argparse.Namespace) -> int:

@@ -139,6 +139,10 @@ class _Lines:
         for where, name, number in self.entries:
             if where == section and name == key:
                 return number
+        if not section and key is not None:  # a table named by a header: [key] or [key.x]
+            for where, name, number in self.entries:
+                if name is None and where[:1] == (key,):
+                    return number
         if key is not None:  # a key of an inline table, or written as a dotted key
             return self.find(section, None)
         return None

@@ -236,8 +236,9 @@ def test_diff_of_two_directories(caps: Path) -> None:
     text, js = capgate_many([["diff", str(GOOD), str(caps)],
                              ["diff", "--json", str(GOOD), str(caps)]])
     assert text.code == 0 and js.code == 0
-    assert text.out.startswith("## Capability changes\n\n0 added, 1 changed, 0 retired, 0 removed")
-    assert "| `statements[0].sql` | `" + GET_SQL + "` | `SELECT 1` |" in text.out
+    assert text.out.startswith("## Capability changes\n\n0 new version(s), 0 added, 1 changed, "
+                               "0 retired, 0 removed")
+    assert "```diff\n-" + GET_SQL + "\n+SELECT 1\n```" in text.out
     doc = js.json()
     assert isinstance(doc, dict)
     assert doc["markdown"].rstrip() == text.out.rstrip()
