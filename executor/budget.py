@@ -242,6 +242,13 @@ def slot_store(executor: Executor) -> SlotStore:
     return _book(executor).store
 
 
+def case_holds_session(executor: Executor, connector: Connector, case_id: str) -> bool:
+    """Whether a call of ``case_id`` (any process) holds a session slot of ``connector``."""
+    store = _book(executor).store
+    return any(h["case_id"] == case_id for scope in scopes_for(connector)
+               for h in store.holders(scope))
+
+
 def _ttl(connector: Connector, ctx: CallContext | None) -> float:
     seconds = ctx.row.timeout.seconds if ctx is not None else connector.config.statement_timeout
     return float(seconds) + BUDGET_MARGIN_SECONDS

@@ -46,6 +46,7 @@ from registry.errors import (
     ApprovalMismatch,
     ApprovalRequired,
     ApprovalUsed,
+    AttemptSuperseded,
     BudgetExhausted,
     CaseConflict,
     ConnectorUnavailable,
@@ -227,7 +228,6 @@ class Executor:
             raise ApprovalMismatch(
                 f"the approved plan {plan_hash} is not this call's plan {plan.plan_hash}",
                 approved=plan_hash, actual=plan.plan_hash)
-        self._check_case(case, task)
         if row.effect_class is EffectClass.DDL:
             raise DdlError(
                 f"{row.ref} changes stored code: it runs through the DDL loop "
@@ -236,10 +236,20 @@ class Executor:
         fp = fingerprint(row, inputs, connector.name, connector.environment)
         idem = key or idempotency_key(row, inputs, case)
         if idem is not None and not rehearse:
-            # one read: a recorded (or running) execution of this key answers for us
+            # one read: a recorded (or running) execution of this key answers for us --
+            # a replay, or a wait for the identical call in flight, is no new work
             owner = self.ledger.get_idempotency(idem)
             if owner is not None:
                 return self._follow_owner(owner, row, fp, idem, case)
+        try:
+            self._check_case(case, task)
+        except ReconciliationRequired:
+            # the open intent may be this very request, prepared by an identical call
+            # a moment ago (another process): then its outcome is ours too
+            owner = self.ledger.get_idempotency(idem) if idem and not rehearse else None
+            if owner is None or owner.case_id != case:
+                raise
+            return self._follow_owner(owner, row, fp, idem or owner.idem_key, case)
         ctx = CallContext(row, inputs, case, who, connector, uuid.uuid4().hex, idem, fp, plan,
                           rehearse=rehearse, task=task)
         # --- impact claims and session budgets (executor/claims.py, executor/budget.py):
@@ -269,7 +279,7 @@ class Executor:
         except BudgetExhausted as exc:
             # identical calls arriving together (an MCP server's threads): the one that got
             # a session runs the request, and this one waits for it instead of being refused
-            lost = self._owner_soon(idem, row) if idem is not None and not rehearse else None
+            lost = self._owner_soon(idem, ctx) if idem is not None and not rehearse else None
             if lost is None:
                 error = exc
                 raise
@@ -295,7 +305,7 @@ class Executor:
     # --- guards --------------------------------------------------------------
 
     def _check_case(self, case: str, task: str | None) -> None:
-        snapshot = self.ledger.snapshot(case)
+        snapshot = self.ledger.verified_snapshot(case)
         if snapshot is None:
             return
         open_intents = [i for i, s in snapshot.get("intents", {}).items()
@@ -311,16 +321,21 @@ class Executor:
                 f"case {case!r} was opened for task {recorded!r}, not {task!r}; "
                 "use a new case for new work", case=case, recorded=recorded, task=task)
 
-    def _owner_soon(self, idem: str, row: Row) -> IdempotencyRecord | None:
-        """The owner of ``idem``, waiting while an identical call of this process may prepare.
+    def _owner_soon(self, idem: str, ctx: CallContext) -> IdempotencyRecord | None:
+        """The owner of ``idem``, waiting while an identical call may be about to prepare.
 
-        Without such a call (or once it ended without preparing) the answer is
-        None at once: the caller's own refusal stands.
+        Such a call is one of this process running the same key, or any call of
+        the same case holding a session (another process).  Without one (or
+        once they ended without preparing) the answer is None at once: the
+        caller's own refusal stands.
         """
-        deadline = time.monotonic() + float(row.timeout.seconds)
+        from executor.budget import case_holds_session
+
+        deadline = time.monotonic() + float(ctx.row.timeout.seconds)
         while True:
             with self._lock:  # before the read: an identical call that ends after this
                 others = self._in_flight.get(idem, 0) > 1  # has prepared before the read
+            others = others or case_holds_session(self, ctx.connector, ctx.case_id)
             owner = self.ledger.get_idempotency(idem)
             if owner is not None:
                 return owner
@@ -364,7 +379,7 @@ class Executor:
         deadline = time.monotonic() + wait
         pause = 0.005
         while True:
-            state = ((self.ledger.snapshot(owner.case_id) or {}).get("intents") or {}).get(
+            state = ((self.ledger.verified_snapshot(owner.case_id) or {}).get("intents") or {}).get(
                 owner.intent_id) or {}
             record = state.get("outcome_record")
             if state.get("status") in TERMINAL and isinstance(record, dict):
@@ -467,24 +482,30 @@ class Executor:
         crash_point("after_prepared")
 
     def _attempt_started(self, ctx: CallContext, identity: TxIdentity) -> None:
+        """The transaction's identity, durable before any statement (fenced: see below)."""
         self.ledger.append(ctx.case_id, "attempt_started", {
             "state": {"attempt": ctx.attempt, "tx": identity.to_dict(),
                       "started_at": self.clock().isoformat()},
-        }, intent_id=ctx.intent_id)
+        }, intent_id=ctx.intent_id, attempt=ctx.attempt)
         crash_point("after_attempt_started")
 
     def _observed(self, ctx: CallContext, result: Outcome) -> Outcome:
-        # --- resume fence (executor/reconcile_fence.py): a late attempt never overwrites
-        from executor.reconcile_fence import superseded  # a newer attempt or a decision
+        """The outcome, recorded -- unless this attempt was superseded meanwhile.
 
-        if (late := superseded(self.ledger, ctx, result)) is not None:
-            return late
-        # --- end resume fence
+        The append is fenced by the attempt number (executor/reconcile_fence.py):
+        a late attempt never overwrites what resume or a person decided; it is
+        told so (AttemptSuperseded) and its view is kept as evidence.
+        """
         record = result.to_dict()
-        self.ledger.append(ctx.case_id, "observed", {
-            "outcome": record,
-            "state": {"outcome": result.status, "outcome_record": record},
-        }, intent_id=ctx.intent_id)
+        try:
+            self.ledger.append(ctx.case_id, "observed", {
+                "outcome": record,
+                "state": {"outcome": result.status, "outcome_record": record},
+            }, intent_id=ctx.intent_id, attempt=ctx.attempt)
+        except AttemptSuperseded as late:
+            from executor.reconcile_fence import record_stale
+
+            record_stale(self.ledger, ctx, result, late)
         from executor.claims import release_after_observed  # --- impact claims
 
         release_after_observed(self, ctx)  # --- end impact claims
@@ -524,8 +545,17 @@ class Executor:
                     f"connector {ctx.connector.name!r} could not open a transaction: "
                     f"{str(exc.orig).splitlines()[0] if exc.orig else exc}",
                     connector=ctx.connector.name) from None
-            with conn:
+            try:
                 yield conn, identity
+            except BaseException:
+                # the session may be gone (terminated by resume, the server's lease
+                # timeout): its rollback failing must not hide what went wrong here
+                with contextlib.suppress(sa.exc.DBAPIError):
+                    conn.rollback()
+                raise
+            finally:
+                with contextlib.suppress(sa.exc.DBAPIError):
+                    conn.close()
             return
 
     def _read(self, ctx: CallContext) -> Outcome:
@@ -646,13 +676,15 @@ class Executor:
                 conn.commit()
             except sa.exc.DBAPIError as exc:
                 if exc.connection_invalidated:
-                    from executor.reconcile_fence import superseded  # --- resume fence
+                    try:
+                        self.ledger.append(ctx.case_id, "commit_uncertain", {
+                            "state": {"error": str(exc.orig).splitlines()[0]
+                                      if exc.orig else ""},
+                        }, intent_id=ctx.intent_id, attempt=ctx.attempt)
+                    except AttemptSuperseded as late:
+                        from executor.reconcile_fence import record_stale
 
-                    if (late := superseded(self.ledger, ctx, None)) is not None:
-                        return late  # --- end resume fence
-                    self.ledger.append(ctx.case_id, "commit_uncertain", {
-                        "state": {"error": str(exc.orig).splitlines()[0] if exc.orig else ""},
-                    }, intent_id=ctx.intent_id)
+                        record_stale(self.ledger, ctx, "commit_uncertain", late)
                     raise OutcomeUnknown(
                         f"the connection was lost around COMMIT of intent {ctx.intent_id}; "
                         f"run `capgate resume {ctx.case_id}` to establish what landed",

@@ -63,7 +63,7 @@ from executor import outcome as oc
 from executor.checks import evaluate
 from executor.outcome import Outcome
 from executor.plan import binds_for
-from registry.errors import LeaseExpired, UsageError
+from registry.errors import AttemptSuperseded, LeaseExpired, UsageError
 from registry.model import Shape
 
 if TYPE_CHECKING:
@@ -378,7 +378,7 @@ def run_leased(executor: Executor, ctx: CallContext) -> Outcome:
                 if claim is not None:
                     record["claims"] = dict(claim.tokens)
                 executor.ledger.append(ctx.case_id, "lease_started", {"state": {
-                    "lease": record}}, intent_id=ctx.intent_id)
+                    "lease": record}}, intent_id=ctx.intent_id, attempt=ctx.attempt)
             skip_to: str | None = None
             for step in row.steps:
                 if skip_to is not None:
@@ -445,9 +445,14 @@ def _settle(executor: Executor, ctx: CallContext, current: Lease, result: Outcom
     result = Outcome(**{**result.__dict__, "evidence": evidence, "reason": reason})
     if not ctx.rehearse:
         kind = "lease_expired" if current.expired else "lease_released"
-        executor.ledger.append(ctx.case_id, kind, {"state": {"lease": {
-            **current.record(), **current.summary(), "outcome": result.status,
-            "ended_at": _iso(time.time())}}}, intent_id=ctx.intent_id)
+        try:
+            executor.ledger.append(ctx.case_id, kind, {"state": {"lease": {
+                **current.record(), **current.summary(), "outcome": result.status,
+                "ended_at": _iso(time.time())}}}, intent_id=ctx.intent_id, attempt=ctx.attempt)
+        except AttemptSuperseded as late:  # woken after resume settled or retried the intent
+            from executor.reconcile_fence import record_stale
+
+            record_stale(executor.ledger, ctx, result, late)
     return result
 
 

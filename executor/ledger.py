@@ -88,6 +88,7 @@ from registry.errors import (
     ApprovalExpired,
     ApprovalRequired,
     ApprovalUsed,
+    AttemptSuperseded,
     CapgateError,
     ConfigError,
     IdempotencyConflict,
@@ -428,6 +429,7 @@ class Ledger:
             else engine
         )
         self._heads: OrderedDict[str, StoredHead] = OrderedDict()
+        self._verified: OrderedDict[str, StoredHead] = OrderedDict()
         self._heads_lock = threading.Lock()
         self._pid = os.getpid()
 
@@ -505,7 +507,10 @@ class Ledger:
         with self._heads_lock:
             return self._heads.get(case_id)
 
-    def _remember(self, case_id: str, head: StoredHead | None) -> None:
+    def _remember(self, case_id: str, head: StoredHead | None, *,
+                  base: StoredHead | None = None, verified: bool = False) -> None:
+        """Cache ``head``; it counts as verified when ``verified`` or when it was built on
+        ``base`` and ``base`` was the verified head (our own append on a verified state)."""
         with self._heads_lock:
             if head is None:
                 self._heads.pop(case_id, None)
@@ -514,6 +519,11 @@ class Ledger:
             self._heads.move_to_end(case_id)
             while len(self._heads) > _HEAD_CACHE_SIZE:
                 self._heads.popitem(last=False)
+            if verified or (base is not None and self._verified.get(case_id) == base):
+                self._verified[case_id] = head
+                self._verified.move_to_end(case_id)
+                while len(self._verified) > _HEAD_CACHE_SIZE:
+                    self._verified.popitem(last=False)
 
     # -- appending
 
@@ -526,6 +536,7 @@ class Ledger:
         intent_id: str | None = None,
         claim: KeyClaim | None = None,
         within: Callable[[Connection], None] | None = None,
+        attempt: int | None = None,
     ) -> Event:
         """Record one event at the end of the case's chain (creating the case on seq 0).
 
@@ -537,14 +548,21 @@ class Ledger:
         the claim and before the event (the executor's impact claims and
         approval consumption): whatever it raises undoes everything.  It may
         run more than once (a lost race is retried); each run but the
-        committed one was rolled back.  Returns the event as stored.
+        committed one was rolled back.  ``attempt`` fences an executing attempt
+        of ``intent_id``: the append is refused (AttemptSuperseded, nothing
+        written) once resume or a person settled the intent or a newer attempt
+        was recorded -- checked against the head the event is chained to, so
+        no late event of a stale process can re-open a settled case.  Returns
+        the event as stored.
         """
+        fence = (intent_id, attempt) if attempt is not None and intent_id is not None else None
         return self.append_many(case_id, [(kind, payload, intent_id)], claim=claim,
-                                within=within)[0]
+                                within=within, fence=fence)[0]
 
     def append_many(self, case_id: str, items: Sequence[EventSpec], *,
                     claim: KeyClaim | None = None,
-                    within: Callable[[Connection], None] | None = None) -> list[Event]:
+                    within: Callable[[Connection], None] | None = None,
+                    fence: tuple[str, int] | None = None) -> list[Event]:
         """Record several events, consecutively and atomically, in one transaction."""
         _check_id("case_id", case_id)
         specs: list[EventSpec] = []
@@ -561,10 +579,12 @@ class Ledger:
                 suspect = tried if reconnect else None
                 try:
                     if self._backend.single_statement_append and within is None:
-                        written = self._append_unlocked(case_id, specs, tried, suspect, claim)
+                        written = self._append_unlocked(case_id, specs, tried, suspect, claim,
+                                                        fence)
                         if written is not None:
                             return written
-                    return self._append_locked(case_id, specs, tried, suspect, claim, within)
+                    return self._append_locked(case_id, specs, tried, suspect, claim, within,
+                                               fence)
                 except sa.exc.DBAPIError as exc:
                     if not exc.connection_invalidated:
                         raise
@@ -588,6 +608,7 @@ class Ledger:
         tried: dict[str, list[Event]],
         suspect: dict[str, list[Event]] | None,
         claim: KeyClaim | None,
+        fence: tuple[str, int] | None = None,
     ) -> list[Event] | None:
         """Compare-and-swap appends without a transaction; None when the head moved.
 
@@ -607,7 +628,7 @@ class Ledger:
                     landed = _landed(conn, case_id, suspect)
                     if landed is not None:
                         return landed
-                new, written, rows = self._build(case_id, head, specs)
+                new, written, rows = self._build(case_id, head, specs, fence)
                 tried[new.digest] = written
                 try:
                     ok = self._backend.write_chain(conn, head, new, rows,
@@ -617,7 +638,8 @@ class Ledger:
                     ok = False
                 conn.commit()
                 if ok:
-                    self._remember(case_id, StoredHead(new.seq, new.digest, new.snapshot))
+                    self._remember(case_id, StoredHead(new.seq, new.digest, new.snapshot),
+                                   base=head, verified=head is None)
                     return written
         self._remember(case_id, None)
         return None
@@ -630,6 +652,7 @@ class Ledger:
         suspect: dict[str, list[Event]] | None,
         claim: KeyClaim | None,
         within: Callable[[Connection], None] | None = None,
+        fence: tuple[str, int] | None = None,
     ) -> list[Event]:
         """The pessimistic path: lock the case row (SQLite: the database), then write."""
         for _ in range(_MAX_ATTEMPTS):
@@ -644,7 +667,7 @@ class Ledger:
                         raise KeyAlreadyClaimed(owner)
                 if within is not None:
                     within(conn)
-                new, written, rows = self._build(case_id, head, specs)
+                new, written, rows = self._build(case_id, head, specs, fence)
                 tried[new.digest] = written
                 try:
                     ok = self._backend.write_chain(conn, head, new, rows,
@@ -658,7 +681,8 @@ class Ledger:
                     raise self._damaged(conn, case_id, head) from exc
                 if ok:
                     tx.commit()
-                    self._remember(case_id, StoredHead(new.seq, new.digest, new.snapshot))
+                    self._remember(case_id, StoredHead(new.seq, new.digest, new.snapshot),
+                                   base=head, verified=head is None)
                     return written
                 tx.rollback()  # a new case created by someone else meanwhile: read it again
         raise LedgerError(
@@ -695,7 +719,11 @@ class Ledger:
         )
 
     def _build(
-        self, case_id: str, head: StoredHead | None, specs: list[EventSpec]
+        self,
+        case_id: str,
+        head: StoredHead | None,
+        specs: list[EventSpec],
+        fence: tuple[str, int] | None = None,
     ) -> tuple[NewHead, list[Event], list[dict[str, Any]]]:
         """The events, rows and new head that follow ``head``: pure computation."""
         recorded_at = format_time(self._now())
@@ -715,6 +743,8 @@ class Ledger:
                     ],
                 ) from None
             seq, prev = head.seq + 1, head.digest
+        if fence is not None:
+            _check_fence(case_id, state, *fence)
         written: list[Event] = []
         rows: list[dict[str, Any]] = []
         for kind, payload, intent_id in specs:
@@ -810,6 +840,34 @@ class Ledger:
                 case_id=case_id,
             ) from None
         self._remember(case_id, StoredHead(int(row.head_seq), row.head_digest, row.snapshot))
+        return state
+
+    def verified_snapshot(self, case_id: str) -> dict[str, Any] | None:
+        """The case's snapshot, trusted only after it verified (None for an unknown case).
+
+        The executor continues a case from this, never from :meth:`snapshot`:
+        a snapshot edited by hand (say, an open intent marked finished) raises
+        LedgerTampered instead of letting the case continue.  The stored head
+        is read in one statement; when it is exactly the head this process
+        last verified or wrote on a verified state, that is enough (one
+        round trip).  Otherwise the whole chain is replayed once
+        (:meth:`load_verified`) and the result remembered.
+        """
+        with self._guard(f"read case {case_id!r}"), self._read_one.connect() as conn:
+            row = conn.execute(
+                sa.select(cases.c.head_seq, cases.c.head_digest, cases.c.snapshot).where(
+                    cases.c.case_id == case_id
+                )
+            ).first()
+        if row is None:
+            return None
+        stored = StoredHead(int(row.head_seq), row.head_digest, row.snapshot)
+        with self._heads_lock:
+            trusted = self._verified.get(case_id) == stored
+        if not trusted:
+            return dict(self.load_verified(case_id).snapshot)
+        self._remember(case_id, stored)
+        state: dict[str, Any] = json.loads(stored.snapshot)
         return state
 
     def intent(self, case_id: str, intent_id: str) -> dict[str, Any]:
@@ -916,7 +974,8 @@ class Ledger:
                 case_id=case_id,
                 findings=[f.to_dict() for f in findings],
             )
-        self._remember(case_id, StoredHead(case.head_seq, case.head_digest, case.snapshot))
+        self._remember(case_id, StoredHead(case.head_seq, case.head_digest, case.snapshot),
+                       verified=True)
         return VerifiedCase(case_id, tuple(chain), json.loads(case.snapshot))
 
     def _read_cases(
@@ -1237,6 +1296,32 @@ class Ledger:
             plan_hash=plan_hash,
             used=used,
         )
+
+
+# --- the attempt fence ----------------------------------------------------------
+
+SETTLED_BY_RESUME: Final = frozenset({"reconciled", "escalation_resolved", "escalated"})
+"""Statuses only resume or a person write: an executing attempt never follows them.
+
+(Resume's ``retrying`` is fenced by number instead: it records the retry's attempt,
+and every older attempt is refused from then on.)"""
+
+
+def _check_fence(case_id: str, state: Mapping[str, Any] | None, intent_id: str,
+                 attempt: int) -> None:
+    """Refuse an executing attempt's event once its intent moved on without it."""
+    current = ((state or {}).get("intents") or {}).get(intent_id)
+    if current is None:
+        return
+    recorded = max(int(current.get("attempt") or 0), int(current.get("retry_attempt") or 0))
+    status = str(current.get("status"))
+    if recorded > attempt or status in SETTLED_BY_RESUME or status in TERMINAL_STATUSES:
+        raise AttemptSuperseded(
+            f"attempt {attempt} of intent {intent_id} was superseded: the case {case_id!r} "
+            f"records it as {status} (attempt {recorded}); nothing of this attempt is "
+            "recorded any more", case=case_id, intent_id=intent_id, attempt=attempt,
+            recorded_attempt=recorded, recorded_status=status,
+            recorded_outcome=current.get("outcome_record"))
 
 
 # --- row helpers --------------------------------------------------------------

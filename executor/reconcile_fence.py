@@ -1,54 +1,42 @@
-"""The fence: a late attempt never overwrites what resume (or a person) decided.
+"""The fence: a late attempt never changes what resume (or a person) decided.
 
 An executor that hung (SIGSTOP, a network partition) may wake after resume
-has terminated its session and retried the intent as attempt n+1.  Its own
-observation of attempt n -- usually ``rolled_back``, because its session is
-gone -- would otherwise become the intent's status and outcome record,
-contradicting the effect that attempt n+1 applied.  ``Executor._observed``
-asks :func:`superseded` first; a superseded observation is kept as a
-case-level ``stale_attempt`` event (evidence, not state), and the late
-caller gets the intent's recorded outcome, or ``ReconciliationRequired``.
+has terminated its session and settled the intent, or retried it as attempt
+n+1.  Every event an executing attempt appends for its intent carries its
+attempt number, and the ledger refuses it (``AttemptSuperseded``, checked
+against the very head the event would be chained to) once the intent was
+settled or a newer attempt recorded -- so no late ``lease_expired`` or
+``observed`` can re-open a settled case.  The target is fenced as well: a
+retry takes the impact claim over with a new fencing token, so the old
+attempt's transaction cannot commit.
+
+:func:`record_stale` keeps what the late attempt saw as a case-level
+``stale_attempt`` event (evidence, not state) and tells the late process it
+was superseded.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
-from executor.outcome import Outcome
-from registry.errors import ReconciliationRequired
+from registry.errors import AttemptSuperseded
 
 if TYPE_CHECKING:
     from executor.call import CallContext
     from executor.ledger import Ledger
-
-DECIDED = frozenset({"reconciled", "escalation_resolved"})
-"""Statuses that only resume or a person write: an old attempt cannot change them."""
+    from executor.outcome import Outcome
 
 
-def superseded(ledger: Ledger, ctx: CallContext, result: Outcome | None) -> Outcome | None:
-    """None when ``ctx``'s attempt is still the intent's latest; else what to return.
+def record_stale(ledger: Ledger, ctx: CallContext, seen: Outcome | str,
+                 superseded: AttemptSuperseded) -> NoReturn:
+    """Keep the late attempt's observation as evidence, then raise ``superseded``.
 
-    ``result`` is what the late attempt observed (None: it lost its connection
-    around COMMIT).  Raises ReconciliationRequired when the intent moved on
-    but has no recorded outcome yet.
+    ``seen`` is what the late attempt observed (an outcome, or a word such as
+    ``commit_uncertain`` when it lost its connection around COMMIT).
     """
-    snapshot = ledger.snapshot(ctx.case_id) or {}
-    state = (snapshot.get("intents") or {}).get(ctx.intent_id)
-    if state is None:
-        return None
-    # ``retry_attempt``: resume decided to retry (event ``retrying``) before the
-    # retry's own ``attempt_started`` -- from then on the old attempt is stale too.
-    recorded = max(int(state.get("attempt") or 0), int(state.get("retry_attempt") or 0))
-    if recorded <= ctx.attempt and state.get("status") not in DECIDED:
-        return None
     ledger.append(ctx.case_id, "stale_attempt", {"stale": {
-        "intent_id": ctx.intent_id, "attempt": ctx.attempt, "recorded_attempt": recorded,
-        "recorded_status": state.get("status"),
-        "outcome": result.to_dict() if result is not None else "commit_uncertain"}})
-    record = state.get("outcome_record")
-    if state.get("status") in DECIDED | {"observed"} and isinstance(record, dict):
-        return Outcome.from_dict(record, replayed=True)
-    raise ReconciliationRequired(
-        f"attempt {ctx.attempt} of intent {ctx.intent_id} was superseded by attempt {recorded} "
-        f"while it ran; run `capgate resume {ctx.case_id}`",
-        case=ctx.case_id, intent_id=ctx.intent_id, attempt=ctx.attempt)
+        "intent_id": ctx.intent_id, "attempt": ctx.attempt,
+        "recorded_attempt": superseded.details.get("recorded_attempt"),
+        "recorded_status": superseded.details.get("recorded_status"),
+        "outcome": seen if isinstance(seen, str) else seen.to_dict()}})
+    raise superseded

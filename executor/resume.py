@@ -663,7 +663,9 @@ def _context(executor: Executor, p: Pending, attempt: int, row: Row | None = Non
 
 
 def _retry(executor: Executor, p: Pending, ev: dict[str, Any], rows: _Rows) -> IntentReport:
-    attempt = p.attempt + 1
+    # at least 2: the call itself was attempt 1, recorded or not (a process stopped
+    # after `prepared` may still wake as attempt 1), and the fence tells them apart
+    attempt = max(p.attempt, int(p.state.get("retry_attempt") or 0), 1) + 1
     try:
         ctx = _context(executor, p, attempt)
         if p.idem_key is not None and not p.state.get("compensates"):

@@ -638,6 +638,17 @@ class RequestInFlight(CapgateError, code="CG402", exit_code=EXIT_UNKNOWN, retrya
     """
 
 
+class AttemptSuperseded(CapgateError, code="CG403", exit_code=EXIT_UNKNOWN):
+    """This attempt of an intent was superseded while its process was stopped or slow.
+
+    ``capgate resume`` (or a person) settled the intent, or retried it as a newer
+    attempt, while this process could not act.  Nothing this process does for the
+    old attempt reaches the case any more: the ledger refuses its events and the
+    target's fence refuses its writes.  Its late observation is kept as
+    ``stale_attempt`` evidence; the details name the intent's recorded state.
+    """
+
+
 class LedgerTampered(CapgateError, code="CG410"):
     """The ledger's hash chain or a case snapshot does not verify.
 

@@ -20,9 +20,8 @@ from sqlalchemy.engine import URL
 from capgate.sqlfiles import apply_schema
 from executor.call import Executor
 from executor.dialects import dialect_for
-from executor.dialects.base import FENCE_TABLE, MARKER_TABLE
+from executor.dialects.base import MARKER_TABLE
 from executor.resume import resume
-from executor.target import install_at, install_script
 from registry import errors
 from tests.crash_child import Zygote
 from tests.fix_capgate import make_executor, table_dump
@@ -112,6 +111,9 @@ def test_a_call_never_sends_ddl(executor: Executor) -> None:
 def test_missing_target_tables_are_a_coded_refusal_that_records_nothing(
         target_url: URL, tmp_path: Path) -> None:
     """Item 10: without capgate's tables a call is refused (CG305) naming the table and fix."""
+    from executor.dialects.base import FENCE_TABLE
+    from executor.target import install_at
+
     engine = sa.create_engine(target_url, poolclass=sa.pool.NullPool)
     try:
         apply_schema(engine)
@@ -146,6 +148,8 @@ def zygote() -> Iterator[Zygote]:
 def test_least_privilege_account_writes_and_resumes(server_url: URL, tmp_path: Path,
                                                     zygote: Zygote) -> None:
     """Item 10: an account without CREATE writes once the tables were installed for it."""
+    from executor.target import install_script
+
     engine = sa.create_engine(server_url, poolclass=sa.pool.NullPool)
     try:
         apply_schema(engine)
@@ -194,6 +198,9 @@ def _grantee(url: URL) -> str:
 
 def test_target_install_sql_for_a_dba(target_url: URL) -> None:
     """Item 10: `--sql` prints a script; it is what `install` would create, nothing else."""
+    from executor.dialects.base import FENCE_TABLE
+    from executor.target import install_script
+
     dialect = dialect_for(target_url.get_backend_name())
     script = install_script(dialect, grant_to="app")
     assert script.count("CREATE TABLE") == 2
@@ -319,3 +326,96 @@ def test_a_taken_marker_key_is_evidence_not_a_rollback(target_url: URL,
     assert other.status == "rolled_back" and other.reason is not None
     assert other.reason["kind"] == "idempotency_conflict"
     assert not any("two" in row for row in table_dump(target_url, "policy_note"))
+
+
+# --- item 12: the call path never trusts an unverified snapshot -------------------------------
+
+
+def _edit_snapshot(ex: Executor, case: str, edit: Callable[[dict[str, Any]], None]) -> None:
+    import json
+
+    from executor.ledger_schema import cases
+
+    with ex.ledger.engine.begin() as conn:
+        text = conn.execute(sa.select(cases.c.snapshot).where(cases.c.case_id == case)
+                            ).scalar_one()
+        state = json.loads(text)
+        edit(state)
+        conn.execute(sa.update(cases).where(cases.c.case_id == case)
+                     .values(snapshot=json.dumps(state)))
+
+
+def test_an_edited_snapshot_does_not_let_a_blocked_case_continue(executor: Executor) -> None:
+    """Item 12: an open intent marked finished by hand in the snapshot blocks the case."""
+    executor.ledger.append("C-edit", "prepared", {"state": {
+        "operation_id": "policy.add_note", "version": 1, "attempt": 0,
+        "connector": "insurance", "idempotency_key": None}}, intent_id="i-open")
+    with pytest.raises(errors.ReconciliationRequired):
+        executor.call("policy.add_note", NOTE, case="C-edit", who="agent")
+
+    def finish(state: dict[str, Any]) -> None:
+        state["intents"]["i-open"]["status"] = "observed"
+
+    _edit_snapshot(executor, "C-edit", finish)
+    before = table_dump(executor.connectors.get("insurance").engine.url, "policy_note")
+    fresh = make_executor(executor.connectors.get("insurance").engine.url,
+                          executor.ledger.url, schema=False)  # another process's view
+    try:
+        for ex in (executor, fresh):
+            with pytest.raises(errors.LedgerTampered) as info:
+                ex.call("policy.add_note", NOTE, case="C-edit", who="agent")
+            assert info.value.code == "CG410"
+    finally:
+        fresh.connectors.dispose()
+        fresh.ledger.close()
+    assert table_dump(executor.connectors.get("insurance").engine.url, "policy_note") == before
+
+
+# --- item 14: a stale executor, woken after resume settled its intent, changes nothing ------
+
+
+@pytest.mark.crash
+@pytest.mark.parametrize("operation,point", [
+    ("policy.cancel", "after_attempt_started"),    # leased, stopped inside the lease
+    ("policy.add_note", "after_attempt_started"),  # collapsed, stopped with the tx open
+    ("policy.add_note", "after_prepared"),         # stopped before its attempt began
+])
+def test_a_woken_stale_executor_cannot_reopen_a_settled_case(
+        server_url: URL, operation: str, point: str, gate: Callable[..., Executor],
+        zygote: Zygote, tmp_path: Path) -> None:
+    """Item 14: SIGSTOP mid-call, resume settles it, SIGCONT: the case stays settled."""
+    ledger = f"sqlite:///{tmp_path / 'ledger.db'}"
+    ex = gate(server_url, ledger)
+    case = f"STALE-{operation}-{point}"
+    tag = uuid.uuid4().hex[:8]
+    if operation == "policy.cancel":
+        inputs: dict[str, Any] = {"policy_id": 1, "cancel_date": "2024-08-15",
+                                  "author": "jdoe", "reason": f"stale {tag}"}
+    else:
+        inputs = {**NOTE, "body": f"stale {tag}"}
+    out = tmp_path / "late.json"
+    ended = zygote.run({"target": server_url.render_as_string(hide_password=False),
+                        "ledger": ledger, "operation": operation, "inputs": inputs,
+                        "case": case, "who": "agent", "out": str(out), "stop_at": point})
+    assert ended.stopped, ended
+    try:
+        report = resume(ex, case)  # terminates the stopped session, retries as attempt 2
+        (only,) = report.intents
+        assert (only.classification, only.action, only.outcome) == \
+            ("not_applied", "retried", "applied_verified"), only
+        late = zygote.cont(ended.pid)  # the stale executor wakes and carries on
+        ended = None  # type: ignore[assignment]
+        assert late.state == "exited", late
+        assert late.outcome is not None and late.outcome.get("code") == "CG403", late.outcome
+        state = ex.ledger.intent(case, only.intent_id)
+        assert state["status"] == "observed" and state["attempt"] == 2, state
+        assert state["outcome_record"]["status"] == "applied_verified"
+        assert not ex.ledger.cases(open_only=True), "the case stays settled"
+        notes = table_dump(server_url, "policy_note")
+        assert sum(1 for row in notes if f"stale {tag}" in row) == 1, "exactly one effect"
+        again = resume(ex, case)
+        assert again.intents == () and again.exit_code == 0
+        assert ex.ledger.verify().ok
+    finally:
+        if ended is not None:
+            zygote.kill(ended.pid)
