@@ -368,7 +368,7 @@ def _svg(events: Sequence[Event], intents: Mapping[str, _Intent]) -> str:
     left, step, lane_h, top = 230, 34, 34, 30
     width = left + step * (len(events) + 1) + 20
     height = top + lane_h * len(lanes) + 10
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+    out = [f'<svg width="{width}" height="{height}" '
            f'role="img" aria-label="timeline of {len(events)} events">']
     for n, e in enumerate(events):
         x = left + step * n + step // 2

@@ -217,10 +217,6 @@ class CommitOutcomeUnavailable(ConfigError, code="CG916"):
     """
 
 
-class DoctorFailed(CapgateError, code="CG919"):
-    """``capgate doctor`` found errors; each finding above names its own code."""
-
-
 # --- registry (CG1xx) --------------------------------------------------------
 
 
