@@ -1,0 +1,145 @@
+"""``capgate doctor`` and the MCP server's start-up message: say what is wrong, and where."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import URL
+
+from capgate.doctor import run_doctor
+from capgate.init import init_project
+from tests.test_init import capgate, clean_env, mcp_tools
+
+
+def codes(report: object) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for f in report.findings:  # type: ignore[attr-defined]
+        out.setdefault(f.code, []).append(f.message)
+    return out
+
+
+def test_doctor_is_happy_right_after_init(tmp_path: Path) -> None:
+    env = clean_env(tmp_path)
+    init_project(tmp_path / "proj")
+    said = capgate(["doctor", "--json"], tmp_path / "proj", env)
+    report = json.loads(said.stdout)
+    assert report["ok"] and report["errors"] == 0
+    subjects = {f["subject"] for f in report["findings"]}
+    assert {"configuration", "grants", "capabilities", "identity claims-agent",
+            "connector insurance", "connector insurance_code"} <= subjects
+
+
+def test_doctor_names_bad_grants_roles_and_environments(tmp_path: Path) -> None:
+    proj = tmp_path / "proj"
+    init_project(proj)
+    grants = proj / "grants.toml"
+    grants.write_text(grants.read_text("utf-8").replace('connector = "insurance",',
+                                                        'connector = "insurence",')
+                      .replace('roles = ["dba"]', 'roles = ["dab"]'), "utf-8")
+    config = proj / "capgate.toml"
+    config.write_text(config.read_text("utf-8").replace('environment = "dev"',
+                                                        'environment = "prod"'), "utf-8")
+    report = run_doctor(config, {}, live=False)
+    found = codes(report)
+    assert not report.ok
+    assert any("'insurence'" in m and "did you mean 'insurance'" in m for m in found["CG910"])
+    assert any("'dab'" in m and "did you mean 'dba'" in m for m in found["CG911"])
+    # the connector says prod, the grants cover dev: the agent gets no tool, and why
+    assert any("0 tool(s) for 'claims-agent'" in m and "lists no tools" in m
+               for m in found["CG912"])
+    env = clean_env(tmp_path)
+    said = capgate(["doctor"], proj, env, code=1)
+    assert "ERROR CG910" in said.stdout and "FAILED:" in said.stdout
+
+
+def test_doctor_finds_an_unreachable_connector_and_missing_tables(tmp_path: Path) -> None:
+    proj = tmp_path / "proj"
+    init_project(proj)
+    config = proj / "capgate.toml"
+    text = config.read_text("utf-8")
+    head, _, code_part = text.partition("[connectors.insurance_code]")
+    code_part = code_part.replace('url = "sqlite:///insurance.db"', 'url = "sqlite:///blank.db"')
+    config.write_text(head.replace('url = "sqlite:///insurance.db"',
+                                   'url = "postgresql://nobody@127.0.0.1:9/none"')
+                      + "[connectors.insurance_code]" + code_part, "utf-8")
+    sa.create_engine(f"sqlite:///{proj / 'blank.db'}").connect().close()
+    found = codes(run_doctor(config, {}))
+    assert any("unreachable" in m for m in found["CG304"])
+    assert any("capgate_landed is missing" in m for m in found["CG305"])
+
+
+def test_mcp_says_how_many_tools_and_why_rows_are_hidden(tmp_path: Path) -> None:
+    env = clean_env(tmp_path)
+    proj = tmp_path / "proj"
+    init_project(proj)
+    config = proj / "capgate.toml"
+    config.write_text(config.read_text("utf-8").replace('environment = "dev"',
+                                                        'environment = "prod"', 1), "utf-8")
+    errlog = tmp_path / "mcp.err"
+    tools = mcp_tools(proj, env, errlog)
+    said = errlog.read_text()
+    assert f"{len(tools)} tool(s) for 'claims-agent'" in said
+    assert "environment mismatch" in said or "no grant" in said
+    assert "hidden policy.get@1: no grant: 'claims-agent' holds no read grant on 'insurance' " \
+           "in 'prod'" in said
+
+
+@pytest.mark.postgresql
+def test_doctor_on_postgresql_limits_privileges_and_plpgsql_check(
+        tmp_path: Path, pg_admin_url: URL) -> None:
+    name = f"cg_doc_{uuid.uuid4().hex[:8]}"
+    admin = sa.create_engine(pg_admin_url, poolclass=sa.pool.NullPool,
+                             isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sa.text(f"CREATE DATABASE {name}"))
+        conn.execute(sa.text(f"CREATE ROLE {name} LOGIN CONNECTION LIMIT 2"))
+    target = pg_admin_url.set(database=name)
+    owner = sa.create_engine(target, poolclass=sa.pool.NullPool, isolation_level="AUTOCOMMIT")
+    try:
+        init_project(tmp_path / "proj", target=target.render_as_string(hide_password=False),
+                     example_schema=True)
+        with owner.connect() as conn:
+            conn.execute(sa.text(f"GRANT SELECT ON ALL TABLES IN SCHEMA public TO {name}"))
+        config = tmp_path / "proj" / "capgate.toml"
+        user = pg_admin_url.username or "postgres"
+        config.write_text(config.read_text("utf-8").replace(f"{user}@", f"{name}@"), "utf-8")
+        found = codes(run_doctor(config, {}))
+        assert any("CONNECTION LIMIT allows 2 session(s) but session_budget is 4" in m
+                   for m in found["CG913"]), found
+        assert any("lacks INSERT on policy_note" in m and "policy.add_note@1" in m
+                   for m in found["CG914"]), found
+        assert any("plpgsql_check" in m for m in found["CG915"]), found
+    finally:
+        owner.dispose()
+        with admin.connect() as conn:
+            conn.execute(sa.text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+            conn.execute(sa.text(f"DROP ROLE IF EXISTS {name}"))
+        admin.dispose()
+
+
+@pytest.mark.mariadb
+def test_doctor_on_mariadb_max_user_connections_and_privileges(
+        tmp_path: Path, mariadb_url: URL) -> None:
+    user = f"cg_doc_{uuid.uuid4().hex[:8]}"
+    admin = sa.create_engine(mariadb_url, poolclass=sa.pool.NullPool)
+    init_project(tmp_path / "proj", target=mariadb_url.render_as_string(hide_password=False),
+                 example_schema=True)
+    database = mariadb_url.database
+    with admin.begin() as conn:
+        conn.execute(sa.text(f"CREATE USER '{user}'@'%' WITH MAX_USER_CONNECTIONS 2"))
+        conn.execute(sa.text(f"GRANT SELECT ON {database}.* TO '{user}'@'%'"))
+    try:
+        config = tmp_path / "proj" / "capgate.toml"
+        config.write_text(config.read_text("utf-8").replace("root@", f"{user}@"), "utf-8")
+        found = codes(run_doctor(config, {}))
+        assert any("MAX_USER_CONNECTIONS allows 2 session(s)" in m or
+                   "max_user_connections allows 2" in m for m in found["CG913"]), found
+        assert any("lacks INSERT on policy_note" in m for m in found["CG914"])
+    finally:
+        with admin.begin() as conn:
+            conn.execute(sa.text(f"DROP USER '{user}'@'%'"))
+        admin.dispose()
