@@ -60,7 +60,7 @@ class Registry:
         """The refusal for an unknown name, with the closest declared names (a typo's fix)."""
         import difflib
 
-        close = difflib.get_close_matches(operation_id, list(self._versions), n=3, cutoff=0.6)
+        close = difflib.get_close_matches(operation_id, list(self._versions), n=2, cutoff=0.8)
         hint = ("; did you mean " + " or ".join(f"`{c}`" for c in close) + "?") if close else ""
         return UnknownOperation(f"no capability row declares operation {operation_id!r}{hint}",
                                 operation_id=operation_id, suggestions=close)
