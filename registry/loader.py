@@ -14,9 +14,9 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from registry.errors import CapabilityPathError, Problem, RegistryError
-from registry.filecheck import CheckedFile
 from registry.lock import (
     LOCK_NAME,
     LockedRow,
@@ -26,9 +26,15 @@ from registry.lock import (
     write_lock,
 )
 from registry.model import Row
-from registry.parallel import check_files
 from registry.registry import Registry
-from registry.yamlpos import load_located
+
+if TYPE_CHECKING:
+    from registry.filecheck import CheckedFile
+
+# The checking modules (YAML with positions, JSON Schema, the SQL checks and the
+# workers) are imported where files are checked: a load whose files all come from
+# the validation cache (registry.cache) checks none, and a CLI call should not pay
+# for their import.
 
 SUFFIXES = (".yaml", ".yml")
 DEFAULT_PATH = "capabilities"
@@ -122,6 +128,8 @@ def validate_texts(items: Iterable[tuple[str, str]], *, workers: int | None = No
 
 
 def _validate_texts(items: list[tuple[str, str]], workers: int | None) -> Validation:
+    from registry.parallel import check_files
+
     result = Validation(files=[source for source, _ in items])
     # Files finish in any order (see check_files); each file's rows are built as soon
     # as it is checked, and the cross-file rules then run in file order.
@@ -190,6 +198,8 @@ def _version_positions(result: Validation, texts: dict[str, str],
     A clean load keeps only where rows start; the lock's findings are rare
     enough to pay for a second, fully located parse of the files they name.
     """
+    from registry.yamlpos import load_located
+
     located = {}
     for source in sources & texts.keys():
         found, _ = load_located(texts[source], source)
@@ -263,6 +273,8 @@ def _load_cached(paths: Sequence[str | Path], *, check_lock: bool, workers: int 
                                                                             strict=True)]
         missing = [i for i, found in enumerate(per_file) if found is None]
         if missing:
+            from registry.parallel import check_files
+
             items = [texts[i] for i in missing]
             for position, checked in check_files(items, workers):
                 if checked.problems or any(raw is None for *_, raw, _ in checked.rows):
