@@ -55,6 +55,11 @@ def clip(text: str, width: int) -> str:
     return " ".join(out)
 
 
+def _dicts(value: Any) -> list[Mapping[str, Any]]:
+    """The mappings in ``value`` when it is a list (payloads differ by executor and loop)."""
+    return [v for v in value if isinstance(v, Mapping)] if isinstance(value, list) else []
+
+
 def compact(value: Any) -> str:
     """JSON on one line (the form every value is shown in: never a Python repr)."""
     return json.dumps(value, ensure_ascii=False, default=str, separators=(", ", ": "))
@@ -177,7 +182,7 @@ def _outcome_line(outcome: Mapping[str, Any]) -> str:
     if isinstance(evidence, Mapping):
         if "counts" in evidence:
             parts.append(f"counts {compact(evidence['counts'])}")
-        checks = evidence.get("verify") or []
+        checks = _dicts(evidence.get("verify"))
         if checks and not why:
             passed = sum(1 for c in checks if c.get("ok"))
             parts.append(f"verify {passed}/{len(checks)} ok")
@@ -200,7 +205,10 @@ def summarise(event: Event, who: str | None, operation: str | None) -> str:
     assert isinstance(state, Mapping)
     kind = event.kind
     if kind == "prepared":
-        request = p.get("request") or {}
+        request = p.get("request") if isinstance(p.get("request"), Mapping) else {}
+        assert isinstance(request, Mapping)
+        if "objects" in request and not request.get("inputs"):
+            return f"{operation or '?'} replace {compact(request['objects'])}"
         return f"{operation or '?'} inputs {compact(request.get('inputs', {}))}"
     if kind == "attempt_started":
         tx = state.get("tx") or {}
@@ -228,7 +236,7 @@ def summarise(event: Event, who: str | None, operation: str | None) -> str:
     if kind == "escalation_resolved":
         return f"{operation or ''} decided: {_generic(state)}".strip()
     if kind == "changed_outside_case":
-        failed = [c.get("name") for c in p.get("checks", []) if not c.get("ok")]
+        failed = [str(c.get("name")) for c in _dicts(p.get("checks")) if not c.get("ok")]
         return f"{operation or ''} target changed outside the case: {', '.join(failed)}"
     if kind == "ddl.object_applied":
         return f"{p.get('object')} now {p.get('applied_signature')}"
@@ -420,6 +428,44 @@ def _svg(events: Sequence[Event], intents: Mapping[str, _Intent]) -> str:
     return "".join(out)
 
 
+def ddl_objects(events: Sequence[Event]) -> list[dict[str, str]]:
+    """Each stored-code object a case changed: signatures before and after, and the outcome.
+
+    Before: the snapshot's signature (the outcome's ``base_signature``, else the
+    live signature preflight read, else a capture in the case); after: the
+    applied signature (or what a compensation restored).
+    """
+    found: dict[str, dict[str, str]] = {}
+
+    def entry(name: str) -> dict[str, str]:
+        return found.setdefault(name, {"object": name, "before": "-", "after": "-",
+                                       "snapshot": "-", "outcome": "-"})
+
+    for e in events:
+        p = e.payload
+        if e.kind == "ddl.captured" and p.get("object"):
+            entry(str(p["object"]))["before"] = str(p.get("signature"))
+        elif e.kind == "ddl.preflight" and isinstance(p.get("live"), Mapping):
+            for name, sig in p["live"].items():
+                if entry(str(name))["before"] == "-":
+                    entry(str(name))["before"] = str(sig)
+        elif e.kind == "ddl.object_applied" and p.get("object"):
+            item = entry(str(p["object"]))
+            item["after"] = str(p.get("applied_signature"))
+            item["snapshot"] = str(p.get("snapshot_id") or "-")
+        outcome = p.get("outcome")
+        if isinstance(outcome, Mapping) and isinstance(outcome.get("evidence"), Mapping):
+            for obj in _dicts(outcome["evidence"].get("objects")):
+                if not obj.get("object"):
+                    continue
+                item = entry(str(obj["object"]))
+                item["before"] = str(obj.get("base_signature") or item["before"])
+                item["after"] = str(obj.get("applied_signature") or item["after"])
+                item["snapshot"] = str(obj.get("base_snapshot_id") or item["snapshot"])
+                item["outcome"] = str(outcome.get("status"))
+    return list(found.values())
+
+
 def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], cls: str = "") -> str:
     head = "".join(f"<th>{_e(h)}</th>" for h in headers)
     body = "".join("<tr>" + "".join(f"<td>{cell}</td>" for cell in row) + "</tr>"
@@ -497,7 +543,7 @@ def render_html(case_id: str, events: Sequence[Event], snapshot: Mapping[str, An
             if "counts" in ev:
                 parts.append(f"<p>rows affected per statement: "
                              f'<span class="mono">{_e(compact(ev["counts"]))}</span></p>')
-            checks = ev.get("verify") or []
+            checks = _dicts(ev.get("verify"))
             if checks:
                 parts.append(_table(
                     ["check", "expected", "actual", "ok"],
@@ -538,20 +584,13 @@ def render_html(case_id: str, events: Sequence[Event], snapshot: Mapping[str, An
     parts.append("</section>")
 
     parts.append('<section id="ddl"><h2>DDL signatures</h2>')
-    captured: dict[str, str] = {}
-    ddl_rows = []
-    for e in events:
-        p = e.payload
-        if e.kind == "ddl.captured" and p.get("object"):
-            captured[str(p["object"])] = str(p.get("signature"))
-        if e.kind == "ddl.object_applied":
-            obj = str(p.get("object"))
-            ddl_rows.append([_e(obj), f'<span class="mono">{_e(captured.get(obj, "-"))}</span>',
-                             f'<span class="mono">{_e(p.get("applied_signature"))}</span>',
-                             f'<span class="mono">{_e(p.get("snapshot_id"))}</span>'])
+    ddl_rows = [[_e(o["object"]), f'<span class="mono">{_e(o["before"])}</span>',
+                 f'<span class="mono">{_e(o["after"])}</span>',
+                 f'<span class="mono">{_e(o["snapshot"])}</span>', _e(o["outcome"])]
+                for o in ddl_objects(events)]
     if ddl_rows:
-        parts.append(_table(["object", "before (snapshot)", "after (applied)", "snapshot"],
-                            ddl_rows, "ddl"))
+        parts.append(_table(["object", "before (snapshot)", "after (applied)", "snapshot",
+                             "outcome"], ddl_rows, "ddl"))
     else:
         parts.append("<p>none: this case changed no stored code</p>")
     parts.append("</section>")

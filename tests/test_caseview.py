@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -206,3 +207,39 @@ def test_the_html_view_shows_resume_and_escapes_inputs(sandbox: tuple[Path, dict
     assert "<title>capgate case LONG-1</title>" in hostile  # the injected script never ran
     assert "<script" not in hostile and "<img" not in hostile
     assert "&lt;script&gt;document.title" in hostile
+
+
+DDL_SOURCE = """CREATE VIEW policy_overview AS
+SELECT p.policy_id, p.holder, p.status, p.sum_insured,
+       (SELECT COUNT(*) FROM cover c WHERE c.policy_id = p.policy_id) AS covers,
+       (SELECT COUNT(*) FROM premium r WHERE r.policy_id = p.policy_id AND r.paid = 0)
+         AS unpaid_instalments,
+       p.annual_premium
+FROM policy p
+"""
+
+
+def test_the_html_view_shows_ddl_signatures_before_and_after(tmp_path: Path) -> None:
+    env = clean_env(tmp_path)
+    capgate(["init", "proj"], tmp_path, env)
+    proj = tmp_path / "proj"
+    (proj / "new.sql").write_text(DDL_SOURCE, "utf-8")
+    captured = capgate(["ddl", "capture", "view:policy_overview", "--connector",
+                        "insurance_code", "--json"], proj, env)
+    planned = json.loads(capgate(["ddl", "plan", "new.sql", "--operation",
+                                  "code.policy_overview", "--case", "CHG-1", "--json"],
+                                 proj, env).stdout)
+    plan_hash = planned["plan_hash"]
+    capgate(["approve", plan_hash, "--by", "bob", "--role", "dba"], proj, env)
+    capgate(["ddl", "apply", plan_hash, "--case", "CHG-1"], proj, env)
+    before = json.loads(captured.stdout)
+    before_sig = json.dumps(before)
+    page = tmp_path / "chg.html"
+    capgate(["ledger", "show", "CHG-1", "--html", str(page)], proj, env)
+    html = _browser(page, tmp_path / "p", "--dump-dom").stdout
+    table = html[html.index('id="ddl"'):html.index('id="events"')]
+    assert "view:main.policy_overview" in table
+    sigs = re.findall(r"v1:sha256:[0-9a-f]{64}", table)
+    assert len(sigs) == 2 and sigs[0] != sigs[1]
+    assert sigs[0] in before_sig  # before: the captured snapshot's signature
+    assert "applied_verified" in table

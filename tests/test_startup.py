@@ -18,7 +18,6 @@ from registry import cache
 from registry.cache import LazyRegistry, entry_key
 from registry.errors import RegistryError, UnknownOperation
 from registry.loader import load_registry
-
 from tests.test_init import ROOT, capgate, clean_env
 
 HEAVY = ("sqlalchemy", "sqlglot", "jsonschema", "executor", "mcp", "yaml", "ddl")
