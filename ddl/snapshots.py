@@ -1,7 +1,7 @@
 """Immutable, content-addressed snapshots of stored-code objects, and where they are kept.
 
 A snapshot is the exact source the catalog gave (re-appliable DDL), its
-attributes (e.g. MariaDB ``sql_mode``), its v1 signature over the normalised
+attributes (e.g. MariaDB ``sql_mode``), its signature over the normalised
 text, and an id that is the canonical hash of all of that -- never of the
 time it was taken.  Storing the identical snapshot again is a no-op; a
 snapshot id that already holds different content raises ``SnapshotOverwrite``.
@@ -27,7 +27,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL, Engine
 
 from ddl.catalog import ObjectRef
-from ddl.errors import ObjectNotFound, SnapshotOverwrite
+from ddl.errors import ObjectNotFound, SnapshotOverwrite, SnapshotTampered
 from ddl.signature import Signature
 from registry.canonical import canonical_hash
 
@@ -195,16 +195,37 @@ _IMMUTABLE_PG = (
 
 
 def _row_to_snapshot(row: Any) -> Snapshot:
-    return Snapshot(
-        id=str(row.snapshot_id),
-        dialect=str(row.dialect),
-        object=ObjectRef.from_dict(json.loads(row.object_json)),
-        exists=bool(row.exists_flag),
-        source=str(row.source),
-        signature=Signature.from_dict(json.loads(row.signature_json)),
-        attributes=dict(json.loads(row.attributes_json)),
-        captured_at=str(row.captured_at),
-    )
+    """A stored row as a snapshot, refused (SnapshotTampered) unless it is what its id says.
+
+    Checked on every read -- the base of a plan, an apply, a compensation, an
+    export -- not only at apply: a snapshot is what compensation restores.
+    """
+    sid = str(row.snapshot_id)
+    try:
+        snap = Snapshot(
+            id=sid,
+            dialect=str(row.dialect),
+            object=ObjectRef.from_dict(json.loads(row.object_json)),
+            exists=bool(row.exists_flag),
+            source=str(row.source),
+            signature=Signature.from_dict(json.loads(row.signature_json)),
+            attributes=dict(json.loads(row.attributes_json)),
+            captured_at=str(row.captured_at),
+        )
+    except (ValueError, KeyError, TypeError) as exc:
+        raise SnapshotTampered(
+            f"stored snapshot {sid} is damaged ({exc}); it is refused -- restore the store from "
+            "a backup or capture the object again", snapshot_id=sid, problem=str(exc)) from None
+    if not snap.verify() or str(row.signature) != str(snap.signature) or (
+            str(row.object_key) != snap.object.key):
+        raise SnapshotTampered(
+            f"stored snapshot {sid} of {row.object_key} does not match its content address "
+            "(its source, attributes or signature were edited in the store); it is refused -- "
+            "restore the store from a backup or capture the object again",
+            snapshot_id=sid, object=str(row.object_key),
+            computed=Snapshot.content_id(snap.dialect, snap.object, snap.exists, snap.source,
+                                         snap.attributes, snap.signature))
+    return snap
 
 
 class SqlSnapshotStore:
