@@ -518,16 +518,9 @@ class PostgresqlAdapter(BaseAdapter):
                 rows = conn.execute(sql, {"o": [p[0] for p in pairs],
                                           "r": [p[1] for p in pairs]}).all()
                 sp.rollback()
-        except sa.exc.DBAPIError:
+        except sa.exc.DBAPIError as exc:
             if len(pairs) == 1:
-                with conn.begin_nested() as sp:
-                    try:
-                        conn.execute(sql, {"o": [pairs[0][0]], "r": [pairs[0][1]]}).all()
-                    except sa.exc.DBAPIError as exc:
-                        sp.rollback()
-                        return {pairs[0]: first_line(exc.orig)}
-                    sp.rollback()
-                return out
+                return {pairs[0]: first_line(exc.orig)}
             half = len(pairs) // 2
             return {**self._plpgsql_errors(conn, pairs[:half]),
                     **self._plpgsql_errors(conn, pairs[half:])}
@@ -544,34 +537,32 @@ class PostgresqlAdapter(BaseAdapter):
         if not oids:
             return {}
         sql = text("SELECT fmgr_sql_validator(o) FROM unnest(CAST(:o AS oid[])) AS o")
-        with conn.begin_nested() as sp:
-            try:
+        try:
+            with conn.begin_nested() as sp:
                 conn.execute(sql, {"o": list(oids)}).all()
-            except sa.exc.DBAPIError as exc:
                 sp.rollback()
-                if len(oids) == 1:
-                    return {oids[0]: first_line(exc.orig)}
-                half = len(oids) // 2
-                return {**self._validate_sql(conn, oids[:half]),
-                        **self._validate_sql(conn, oids[half:])}
-            sp.rollback()
+        except sa.exc.DBAPIError as exc:
+            if len(oids) == 1:
+                return {oids[0]: first_line(exc.orig)}
+            half = len(oids) // 2
+            return {**self._validate_sql(conn, oids[:half]),
+                    **self._validate_sql(conn, oids[half:])}
         return dict.fromkeys(oids)
 
     def _explain(self, conn: Connection, queries: Sequence[str]) -> list[str | None]:
         """Plan many ``SELECT``s in one ``EXPLAIN``; bisect to the failing ones."""
         if not queries:
             return []
-        sql = "EXPLAIN " + " UNION ALL ".join(f"({q})" for q in queries)
-        with conn.begin_nested() as sp:
-            try:
+        sql = "EXPLAIN " + " UNION ALL ".join(f"(SELECT 1 FROM ({q}) AS x)" for q in queries)
+        try:
+            with conn.begin_nested() as sp:
                 conn.exec_driver_sql(sql, execution_options={"no_parameters": True}).all()
-            except sa.exc.DBAPIError as exc:
                 sp.rollback()
-                if len(queries) == 1:
-                    return [first_line(exc.orig)]
-                half = len(queries) // 2
-                return self._explain(conn, queries[:half]) + self._explain(conn, queries[half:])
-            sp.rollback()
+        except sa.exc.DBAPIError as exc:
+            if len(queries) == 1:
+                return [first_line(exc.orig)]
+            half = len(queries) // 2
+            return self._explain(conn, queries[:half]) + self._explain(conn, queries[half:])
         return [None] * len(queries)
 
     def status(self, conn: Connection, ref: ObjectRef) -> ObjectStatus:
@@ -602,7 +593,7 @@ class PostgresqlAdapter(BaseAdapter):
                 if vrow is None:
                     out[ref.key] = ObjectStatus(ref, MISSING, (), "pg_class", CATALOG)
                 else:
-                    views.append((ref, f"SELECT NULL FROM {vrow.qs}.{vrow.qn} LIMIT 0"))
+                    views.append((ref, f"SELECT 1 FROM {vrow.qs}.{vrow.qn} LIMIT 0"))
             else:
                 trow = self._trigger_row(conn, ref)
                 if trow is None:
@@ -746,9 +737,15 @@ class PostgresqlAdapter(BaseAdapter):
                 dref = ObjectRef(str(row.kind), str(row.name), str(row.schema), str(row.args))
             edge((str(row.ncls), int(row.noid)), dref, (str(row.rcls), int(row.roid)),
                  "pg_depend")
-        for dep, dref, on in self._plpgsql_edges(conn, scopes):
+        plpgsql_edges, unreadable = self._plpgsql_edges(conn, scopes)
+        for dep, dref, on in plpgsql_edges:
             edge(dep, dref, on, "plpgsql_check")
-        sql_refs = self._sql_body_refs(conn, scopes)
+        sql_refs = [(n, r, q, name, "sql body") for n, r, q, name in
+                    self._sql_body_refs(conn, scopes)]
+        # a PL/pgSQL body the checker cannot read (a broken one) is matched by its words
+        for node, pref, src in unreadable:
+            for word in sorted(set(re.findall(r"[a-z_][a-z0-9_$]*", src.lower()))):
+                sql_refs.append((node, pref, None, word, "source search (unreadable body)"))
         out: list[Dependent] = []
         seen: set[Node] = set(targets)
         frontier = list(targets)
@@ -759,9 +756,9 @@ class PostgresqlAdapter(BaseAdapter):
             for node in frontier:
                 on_ref = names[node]
                 found = list(rev.get(node, ()))
-                for (sql_node, sql_ref, qualifier, name) in sql_refs:
+                for (sql_node, sql_ref, qualifier, name, how) in sql_refs:
                     if name == on_ref.name and (qualifier is None or qualifier == on_ref.schema):
-                        found.append((sql_node, sql_ref, "sql body"))
+                        found.append((sql_node, sql_ref, how))
                 for dep, dref, via in found:
                     if dep in seen:
                         continue
@@ -777,20 +774,22 @@ class PostgresqlAdapter(BaseAdapter):
         return out
 
     def _plpgsql_edges(self, conn: Connection, scopes: Sequence[str]
-                       ) -> list[tuple[Node, ObjectRef, Node]]:
-        """(function, its ref, what it uses) for every PL/pgSQL function in scope, one query."""
+                       ) -> tuple[list[tuple[Node, ObjectRef, Node]],
+                                  list[tuple[Node, ObjectRef, str]]]:
+        """(function, its ref, what it uses) for every PL/pgSQL function in scope, one query;
+        and the functions whose body the checker could not read at all."""
         cands = conn.execute(text(
             "SELECT p.oid, p.proname, n.nspname, oidvectortypes(p.proargtypes) AS args, "
             "p.prokind, COALESCE((SELECT t.tgrelid FROM pg_trigger t WHERE t.tgfoid = p.oid "
             "AND NOT t.tgisinternal ORDER BY t.oid LIMIT 1), 0) AS relid, "
-            "p.prorettype = 'trigger'::regtype AS is_trigger "
+            "p.prorettype = 'trigger'::regtype AS is_trigger, p.prosrc "
             "FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
             "JOIN pg_language l ON l.oid = p.prolang "
             "WHERE l.lanname = 'plpgsql' AND n.nspname = ANY(:s) "
             "AND p.prorettype <> 'event_trigger'::regtype"), {"s": list(scopes)}).all()
         cands = [c for c in cands if not (c.is_trigger and not c.relid)]
         if not cands:
-            return []
+            return [], []
         ext = self._ext(conn)
         sql = text(
             "SELECT c.o, d.type, d.oid AS ref FROM unnest(CAST(:o AS oid[]), "
@@ -799,22 +798,29 @@ class PostgresqlAdapter(BaseAdapter):
             "CAST(c.r AS regclass)) AS d")
         by_oid = {int(c.oid): c for c in cands}
 
+        unreadable: list[Any] = []
+
         def scan(batch: list[Any]) -> list[Any]:
-            with conn.begin_nested() as sp:
-                try:
+            try:
+                with conn.begin_nested() as sp:
                     rows = conn.execute(sql, {"o": [int(c.oid) for c in batch],
                                               "r": [int(c.relid) for c in batch]}).all()
-                except sa.exc.DBAPIError:
                     sp.rollback()
-                    if len(batch) == 1:
-                        return []  # a body the checker cannot read has no listed dependencies
-                    half = len(batch) // 2
-                    return scan(batch[:half]) + scan(batch[half:])
-                sp.rollback()
+            except sa.exc.DBAPIError:
+                if len(batch) == 1:
+                    unreadable.append(batch[0])  # e.g. it reads a table that is gone
+                    return []
+                half = len(batch) // 2
+                return scan(batch[:half]) + scan(batch[half:])
             return list(rows)
 
         out: list[tuple[Node, ObjectRef, Node]] = []
-        for row in scan(cands):
+        rows = scan(cands)
+        listed = {int(r.o) for r in rows}
+        # no dependency listed: the checker could not resolve the body (it reads a table that
+        # is gone, say) -- such a function is matched by the words of its body instead
+        unreadable += [c for c in cands if int(c.oid) not in listed and c not in unreadable]
+        for row in rows:
             cand = by_oid[int(row.o)]
             kind = str(row.type).upper()
             if kind in ("FUNCTION", "PROCEDURE"):
@@ -824,7 +830,8 @@ class PostgresqlAdapter(BaseAdapter):
             else:
                 continue
             out.append((("pg_proc", int(cand.oid)), self._proc_ref(cand), on))
-        return out
+        return out, [(("pg_proc", int(c.oid)), self._proc_ref(c), str(c.prosrc))
+                     for c in unreadable]
 
     def _sql_body_refs(self, conn: Connection, scopes: Sequence[str]
                        ) -> list[tuple[Node, ObjectRef, str | None, str]]:

@@ -729,8 +729,18 @@ class DdlLoop:
                                                "expected_signature": it.expected_signature})
         return done, None
 
-    def _record_bases(self, items: Sequence[_Item]) -> dict[str, str]:
-        """Snapshot what capgate just applied: the base of the next plan of these objects."""
+    def _record_bases(self, items: Sequence[_Item], plan: Mapping[str, Any],
+                      before: Mapping[str, ObjectStatus]) -> dict[str, str]:
+        """Snapshot what capgate just applied: the base of the next plan of these objects.
+
+        The statuses found before the apply are kept too (where the store keeps
+        them), so that ``verify OBJECT`` later judges a dependent as this apply did.
+        """
+        record = getattr(self.store, "record_baseline", None)
+        if callable(record):
+            statuses = {k: v.to_dict() for k, v in before.items()}
+            for it in items:
+                record(self.target, it.key, str(plan["plan_hash"]), statuses)
         out: dict[str, str] = {}
         with self.engine.connect() as conn:
             for it in items:
@@ -781,7 +791,7 @@ class DdlLoop:
                                             applied, report, error)
         if far:
             report = VerifyReport((report.checks if report else ()) + tuple(far))
-        bases = self._record_bases(items)
+        bases = self._record_bases(items, plan, before)
         return self._finish(self._outcome(APPLIED_VERIFIED, plan, applied, items, dep_refs,
                                           before, after, report, None, None, None, bases))
 
@@ -858,7 +868,7 @@ class DdlLoop:
                                             applied, report, error)
         self._emit(ev.VERIFIED, {"plan_hash": ph, "checks": len(report.checks) if report else 0,
                                  "counts": report.counts() if report else {}})
-        bases = self._record_bases(items)
+        bases = self._record_bases(items, plan, before)
         return self._finish(self._outcome(APPLIED_VERIFIED, plan, applied, items, dep_refs,
                                           before, after, report, None, None, None, bases))
 
@@ -1066,7 +1076,6 @@ class DdlLoop:
         PostgreSQL and MariaDB (a re-check); Oracle recompiles only what is invalid.
         """
         ref = ObjectRef.parse(obj) if isinstance(obj, str) else obj
-        before = dict(before or {})
         checks: list[Check] = []
         with self.engine.connect() as conn:
             ref = self.adapter.resolve(conn, ref)
@@ -1076,6 +1085,8 @@ class DdlLoop:
                 raise ObjectNotFound(f"{ref.key} does not exist on {self.target}",
                                      object=ref.key)
             ref = live.object
+            if before is None:
+                before = self._baseline(ref)
             st = self._status(conn, ref)
             c = judge("compile", ref.key, st, before.get(ref.key))
             checks.append(Check(c.name, c.object, c.verdict, f"{c.detail}; live {sig}",
@@ -1092,6 +1103,15 @@ class DdlLoop:
                                         before.get(dep.key)))
             conn.rollback()
         return VerifyReport(tuple(checks))
+
+    def _baseline(self, ref: ObjectRef) -> dict[str, ObjectStatus]:
+        """The statuses found before the latest apply of ``ref`` (none if the store keeps none)."""
+        get = getattr(self.store, "baseline", None)
+        found = get(self.target, ref.key) if callable(get) else None
+        if not found:
+            return {}
+        return {k: ObjectStatus.from_dict(ObjectRef.parse(k) if ":" in k else ref, v)
+                for k, v in found.items()}
 
     def verify(self, plan: Mapping[str, Any]) -> VerifyReport:
         """Check the live state against the plan: compile status, landed text, dependents, smoke."""

@@ -180,6 +180,20 @@ snapshots_table = sa.Table(
     sa.Column("seq", sa.Integer, nullable=True),
 )
 
+baselines_table = sa.Table(
+    "cg_ddl_baselines",
+    _metadata,
+    sa.Column("seq", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("target", sa.String(600), nullable=False),
+    sa.Column("object_key", sa.String(600), nullable=False, index=True),
+    sa.Column("plan_hash", sa.String(80), nullable=False),
+    sa.Column("statuses_json", sa.Text, nullable=False),
+    sa.Column("recorded_at", sa.String(40), nullable=False),
+)
+"""The statuses an apply found *before* it changed an object (the object's and its
+dependents'), so that ``ddl verify OBJECT`` later judges a dependent that was already
+invalid then exactly as that apply did -- a warning, not a failure."""
+
 _IMMUTABLE_SQLITE = (
     "CREATE TRIGGER IF NOT EXISTS cg_ddl_snapshots_no_update BEFORE UPDATE ON cg_ddl_snapshots "
     "BEGIN SELECT RAISE(ABORT, 'cg_ddl_snapshots rows are immutable'); END",
@@ -322,6 +336,27 @@ class SqlSnapshotStore:
 
     def export(self, directory: str | Path) -> ExportResult:
         return export_snapshots(self.history(), directory)
+
+    def record_baseline(self, target: str, object_key: str, plan_hash: str,
+                        statuses: Mapping[str, Mapping[str, Any]]) -> None:
+        """Keep the statuses found before an apply of ``object_key`` on ``target``."""
+        self._setup()
+        with self.engine.begin() as conn:
+            conn.execute(baselines_table.insert().values(
+                target=target, object_key=object_key, plan_hash=plan_hash,
+                statuses_json=json.dumps({k: dict(v) for k, v in statuses.items()},
+                                         sort_keys=True),
+                recorded_at=_now()))
+
+    def baseline(self, target: str, object_key: str) -> dict[str, dict[str, Any]] | None:
+        """The statuses found before the latest apply of the object on ``target``."""
+        self._setup()
+        t = baselines_table
+        with self.engine.connect() as conn:
+            row = conn.execute(sa.select(t.c.statuses_json).where(
+                t.c.target == target, t.c.object_key == object_key).order_by(
+                t.c.seq.desc()).limit(1)).first()
+        return None if row is None else dict(json.loads(row[0]))
 
     def dispose(self) -> None:
         self.engine.dispose()
