@@ -36,7 +36,10 @@ KINDS = (
     "function",
     "view",
     "trigger",
+    "foreign_table",
 )
+"""``foreign_table`` only names a remote dependent (a PostgreSQL foreign table on the far
+side of a foreign server); no adapter changes one."""
 SPEC_OF_BODY = {"package_body": "package", "type_body": "type"}
 BODY_OF_SPEC = {v: k for k, v in SPEC_OF_BODY.items()}
 

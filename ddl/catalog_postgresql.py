@@ -874,6 +874,27 @@ class PostgresqlAdapter(BaseAdapter):
                 out.append((("pg_proc", int(row.oid)), self._proc_ref(row), qualifier, name))
         return out
 
+    def remote_dependents(self, far: Connection, ref: ObjectRef, link: str) -> list[Dependent]:
+        """Foreign tables of the far database that read ``ref`` through foreign server ``link``.
+
+        ``postgres_fdw`` keeps the remote name in the foreign table's options
+        (``schema_name`` defaults to the foreign table's own schema, ``table_name``
+        to its own name); the far side's catalog is the only place that knows.
+        """
+        rows = far.execute(text(
+            "SELECT c.relname, n.nspname, ft.ftoptions FROM pg_foreign_table ft "
+            "JOIN pg_class c ON c.oid = ft.ftrelid JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "JOIN pg_foreign_server s ON s.oid = ft.ftserver WHERE s.srvname = :l "
+            "ORDER BY n.nspname, c.relname"), {"l": link}).all()
+        out: list[Dependent] = []
+        for r in rows:
+            opts = dict(str(o).split("=", 1) for o in (r.ftoptions or []) if "=" in str(o))
+            if (opts.get("table_name", str(r.relname)) == ref.name
+                    and opts.get("schema_name", str(r.nspname)) == ref.schema):
+                out.append(Dependent(ObjectRef("foreign_table", str(r.relname), str(r.nspname),
+                                               link=link), ref, "pg_foreign_table on the far side"))
+        return out
+
     def search_callers(self, conn: Connection, ref: ObjectRef) -> CallerSearch:
         self.check_kind(ref)
         scopes = list(self.scopes(ref))

@@ -1039,7 +1039,7 @@ class DdlLoop:
             eng = far_adapter.engine(url)
             try:
                 with eng.connect() as far:
-                    if s.get("recompile", True):
+                    if s.get("recompile", True) and dep.kind in far_adapter.kinds:
                         st = far_adapter.recompile(far, dep)
                         if not st.ok:
                             out.append(Check(name, str(s["dependent"]), FAILED,
