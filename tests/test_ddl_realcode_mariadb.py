@@ -101,7 +101,7 @@ def other_user(mariadb_admin_url: URL, target: URL) -> Iterator[tuple[str, str]]
         admin.dispose()
 
 
-# --- 1. one definition per source ----------------------------------------------------------------
+# --- 1. one definition per source ----------
 
 
 def test_trailing_extra_statement_is_refused_at_plan(loop: DdlLoop, target: URL) -> None:
@@ -112,7 +112,7 @@ def test_trailing_extra_statement_is_refused_at_plan(loop: DdlLoop, target: URL)
                           "WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'x_extra'") == 0
 
 
-# --- 8. a smoke call that writes --------------------------------------------------------------------
+# --- 8. a smoke call that writes ----------
 
 
 def test_smoke_call_that_writes_is_refused_and_leaves_no_row(loop: DdlLoop, target: URL) -> None:
@@ -127,7 +127,7 @@ def test_smoke_call_that_writes_is_refused_and_leaves_no_row(loop: DdlLoop, targ
     assert scalar(target, "SELECT calc(1)") == 11  # compensated to the snapshot
 
 
-# --- 9. read back is not "valid" ----------------------------------------------------------------
+# --- 9. read back is not "valid" ----------
 
 
 def test_routines_that_are_only_read_back_are_unverified_not_valid(loop: DdlLoop,
@@ -141,7 +141,7 @@ def test_routines_that_are_only_read_back_are_unverified_not_valid(loop: DdlLoop
     assert verdicts["v_calc"][0] == "failed"  # CHECK TABLE does see the missing table
 
 
-# --- 11. a routine defined by another account -------------------------------------------------------
+# --- 11. a routine defined by another account ----------
 
 
 def test_capture_as_an_account_that_cannot_read_the_source_is_refused(
@@ -183,14 +183,14 @@ def test_an_account_that_may_not_set_the_definer_is_refused_at_plan(
         conn.exec_driver_sql(f"GRANT SELECT ON mysql.proc TO '{name}'@'%'",
                              execution_options={"no_parameters": True})
     admin.dispose()
-    with DdlLoop(target.set(username=name, password=password), store) as lp:
-        with pytest.raises(CapgateError) as exc:
-            lp.plan([Change(CALC_V1.replace("x + 10", "x + 40"))])
+    with DdlLoop(target.set(username=name, password=password), store) as lp, \
+            pytest.raises(CapgateError) as exc:
+        lp.plan([Change(CALC_V1.replace("x + 10", "x + 40"))])
     assert exc.value.code == "CG529"
     assert scalar(target, "SELECT calc(1)") == 11
 
 
-# --- 12. sql_mode is part of the signature ------------------------------------------------------------
+# --- 12. sql_mode is part of the signature ----------
 
 
 def test_a_routine_recreated_under_another_sql_mode_is_drift(loop: DdlLoop, target: URL) -> None:
@@ -201,7 +201,7 @@ def test_a_routine_recreated_under_another_sql_mode_is_drift(loop: DdlLoop, targ
     assert exc.value.code == "CG501"
 
 
-# --- 14. a merge proposal is valid source -------------------------------------------------------------
+# --- 14. a merge proposal is valid source ----------
 
 
 def test_the_merge_proposal_applies_as_it_is(loop: DdlLoop, target: URL) -> None:

@@ -114,7 +114,7 @@ def code_of(exc: pytest.ExceptionInfo[CapgateError]) -> str:
     return exc.value.code
 
 
-# --- 1. one definition per source -----------------------------------------------------------
+# --- 1. one definition per source ----------
 
 
 def test_trailing_extra_statement_is_refused_at_plan_and_never_runs(loop: DdlLoop,
@@ -207,7 +207,7 @@ def test_checker_false_positive_is_shown_at_plan_time_and_can_be_accepted(loop: 
     assert c.verdict == "warning" and "accepted on the row" in c.detail
 
 
-# --- 8. smoke calls --------------------------------------------------------------------------
+# --- 8. smoke calls ----------
 
 
 def test_smoke_call_that_returns_nothing_is_a_valid_result(loop: DdlLoop) -> None:
@@ -231,7 +231,7 @@ def test_smoke_call_that_writes_is_refused_by_a_read_only_transaction(loop: DdlL
     assert scalar(target, "SELECT count(*) FROM audit") == 0
 
 
-# --- 9. one verdict vocabulary -----------------------------------------------------------------
+# --- 9. one verdict vocabulary ----------
 
 
 def test_a_pre_existing_invalid_dependent_has_the_same_verdict_everywhere(loop: DdlLoop) -> None:
@@ -251,7 +251,7 @@ def test_a_pre_existing_invalid_dependent_has_the_same_verdict_everywhere(loop: 
     assert verdict(loop.verify_object("function:premium").to_dict()["checks"]) == "warning"
 
 
-# --- 10. --recompile ------------------------------------------------------------------------------
+# --- 10. --recompile ----------
 
 
 def test_recompile_requests_must_name_existing_objects_and_are_checked(loop: DdlLoop) -> None:
@@ -268,7 +268,7 @@ def test_recompile_requests_must_name_existing_objects_and_are_checked(loop: Ddl
     assert rec.object.endswith("tmp_report()") and rec.checked == "compiled"
 
 
-# --- 13. a view that gained a column --------------------------------------------------------------
+# --- 13. a view that gained a column ----------
 
 
 def test_a_view_that_gained_a_column_is_compensated(loop: DdlLoop, target: URL) -> None:
@@ -287,7 +287,7 @@ def test_a_view_that_gained_a_column_is_compensated(loop: DdlLoop, target: URL) 
     assert scalar(target, "SELECT has_table_privilege('public', 'v_base', 'SELECT')") is True
 
 
-# --- 15. capture: an aggregate, a misspelt name -----------------------------------------------------
+# --- 15. capture: an aggregate, a misspelt name ----------
 
 
 def test_an_aggregate_is_captured_and_a_misspelt_name_is_refused(loop: DdlLoop,
@@ -306,7 +306,7 @@ def test_an_aggregate_is_captured_and_a_misspelt_name_is_refused(loop: DdlLoop,
     assert len(store.history()) == before  # no "absent" snapshot
 
 
-# --- 16. a tampered snapshot -------------------------------------------------------------------
+# --- 16. a tampered snapshot ----------
 
 
 def test_a_tampered_snapshot_is_refused_at_plan_and_at_export(loop: DdlLoop, tmp_path: Path,

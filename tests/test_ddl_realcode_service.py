@@ -119,7 +119,7 @@ def schema_of(url: URL) -> str:
     return str(url.query["options"]).split("=", 1)[1]
 
 
-# --- 4, 5. the base of a plan ----------------------------------------------------------------------
+# --- 4, 5. the base of a plan ----------
 
 
 def test_a_to_b_to_a_plans_against_a_again(target: URL, tmp_path: Path) -> None:
@@ -154,7 +154,7 @@ def test_capgates_own_apply_is_the_base_of_the_next_plan(target: URL, tmp_path: 
             plan["objects"][0]["key"]]
 
 
-# --- 7. a checker false positive declared on the row -------------------------------------------------
+# --- 7. a checker false positive declared on the row ----------
 
 
 def test_a_false_positive_declared_on_the_row_lets_the_change_through(target: URL,
@@ -176,7 +176,7 @@ def test_a_false_positive_declared_on_the_row_lets_the_change_through(target: UR
         assert outcome.status == "applied_verified", outcome.to_dict()
 
 
-# --- 17. remote dependents through the gated path ----------------------------------------------------
+# --- 17. remote dependents through the gated path ----------
 
 
 @pytest.fixture
