@@ -582,36 +582,62 @@ class PostgresqlAdapter(BaseAdapter):
         plpgsql: list[tuple[ObjectRef, int, int, str]] = []
         for ref in refs:
             self.check_kind(ref)
-            if ref.kind in _PROC_KINDS:
-                row = self._proc_row(conn, ref)
-                if row is None:
-                    out[ref.key] = ObjectStatus(ref, MISSING, (), "pg_proc", CATALOG)
-                else:
-                    procs.append((ref, row))
-            elif ref.kind == "view":
-                vrow = self._view_row(conn, ref)
-                if vrow is None:
-                    out[ref.key] = ObjectStatus(ref, MISSING, (), "pg_class", CATALOG)
-                else:
-                    views.append((ref, f"SELECT 1 FROM {vrow.qs}.{vrow.qn} LIMIT 0"))
+        proc_refs = [r if r.args is not None and r.schema is not None else self.resolve(conn, r)
+                     for r in refs if r.kind in _PROC_KINDS]
+        found_procs = {str(row.k): row for row in conn.execute(text(
+            "SELECT r.k, p.oid, l.lanname, p.prokind, "
+            "p.prorettype = 'trigger'::regtype AS is_trigger, "
+            "p.prorettype = 'event_trigger'::regtype AS is_event_trigger, "
+            "(SELECT t.tgrelid FROM pg_trigger t WHERE t.tgfoid = p.oid AND NOT t.tgisinternal "
+            "ORDER BY t.oid LIMIT 1) AS relid "
+            "FROM unnest(CAST(:k AS text[]), CAST(:s AS text[]), CAST(:n AS text[]), "
+            "CAST(:a AS text[])) AS r(k, s, n, a) "
+            "JOIN pg_namespace ns ON ns.nspname = r.s "
+            "JOIN pg_proc p ON p.pronamespace = ns.oid AND p.proname = r.n "
+            "AND oidvectortypes(p.proargtypes) = r.a JOIN pg_language l ON l.oid = p.prolang"),
+            {"k": [r.key for r in proc_refs], "s": [r.schema for r in proc_refs],
+             "n": [r.name for r in proc_refs], "a": [r.args or "" for r in proc_refs]}).all()}
+        for orig, ref in zip([r for r in refs if r.kind in _PROC_KINDS], proc_refs, strict=True):
+            row = found_procs.get(ref.key)
+            if row is None:
+                out[orig.key] = ObjectStatus(orig, MISSING, (), "pg_proc", CATALOG)
             else:
-                trow = self._trigger_row(conn, ref)
-                if trow is None:
-                    out[ref.key] = ObjectStatus(ref, MISSING, (), "pg_trigger", CATALOG)
-                    continue
-                lang = conn.execute(text(
-                    "SELECT l.lanname FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang "
-                    "WHERE p.oid = :o"), {"o": int(trow.tgfoid)}).scalar()
-                if lang is None:
-                    out[ref.key] = ObjectStatus(ref, INVALID, ("trigger function is gone",),
-                                                "pg_trigger", CATALOG)
-                elif lang != "plpgsql":
-                    out[ref.key] = ObjectStatus(ref, UNCHECKED, (),
-                                                f"language {lang} has no compile check",
-                                                NOT_CHECKED)
-                else:
-                    plpgsql.append((ref, int(trow.tgfoid), int(trow.tgrelid),
-                                    "plpgsql_check_function_tb"))
+                procs.append((orig, row))
+        view_refs = [r if r.schema is not None else self.resolve(conn, r)
+                     for r in refs if r.kind == "view"]
+        found_views = {str(row.k): row for row in conn.execute(text(
+            "SELECT r.k, quote_ident(n.nspname) AS qs, quote_ident(c.relname) AS qn "
+            "FROM unnest(CAST(:k AS text[]), CAST(:s AS text[]), CAST(:n AS text[])) "
+            "AS r(k, s, n) JOIN pg_namespace n ON n.nspname = r.s "
+            "JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = r.n AND c.relkind = 'v'"),
+            {"k": [r.key for r in view_refs], "s": [r.schema for r in view_refs],
+             "n": [r.name for r in view_refs]}).all()}
+        for orig, ref in zip([r for r in refs if r.kind == "view"], view_refs, strict=True):
+            vrow = found_views.get(ref.key)
+            if vrow is None:
+                out[orig.key] = ObjectStatus(orig, MISSING, (), "pg_class", CATALOG)
+            else:
+                views.append((orig, f"SELECT 1 FROM {vrow.qs}.{vrow.qn} LIMIT 0"))
+        for ref in refs:
+            if ref.kind != "trigger":
+                continue
+            trow = self._trigger_row(conn, ref)
+            if trow is None:
+                out[ref.key] = ObjectStatus(ref, MISSING, (), "pg_trigger", CATALOG)
+                continue
+            lang = conn.execute(text(
+                "SELECT l.lanname FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang "
+                "WHERE p.oid = :o"), {"o": int(trow.tgfoid)}).scalar()
+            if lang is None:
+                out[ref.key] = ObjectStatus(ref, INVALID, ("trigger function is gone",),
+                                            "pg_trigger", CATALOG)
+            elif lang != "plpgsql":
+                out[ref.key] = ObjectStatus(ref, UNCHECKED, (),
+                                            f"language {lang} has no compile check",
+                                            NOT_CHECKED)
+            else:
+                plpgsql.append((ref, int(trow.tgfoid), int(trow.tgrelid),
+                                "plpgsql_check_function_tb"))
         sql_fns: list[tuple[ObjectRef, int]] = []
         for ref, row in procs:
             if row.prokind == "a":
@@ -624,15 +650,12 @@ class PostgresqlAdapter(BaseAdapter):
                     continue
                 relid = 0
                 if row.is_trigger:
-                    found = conn.execute(text(
-                        "SELECT tgrelid FROM pg_trigger WHERE tgfoid = :o AND NOT tgisinternal "
-                        "ORDER BY oid LIMIT 1"), {"o": int(row.oid)}).scalar()
-                    if found is None:
+                    if row.relid is None:
                         out[ref.key] = ObjectStatus(ref, UNCHECKED, (),
                                                     "trigger function not attached to any table",
                                                     NOT_CHECKED)
                         continue
-                    relid = int(found)
+                    relid = int(row.relid)
                 plpgsql.append((ref, int(row.oid), relid, "plpgsql_check_function_tb"))
             elif row.lanname == "sql":
                 sql_fns.append((ref, int(row.oid)))

@@ -1094,8 +1094,7 @@ class DdlLoop:
             refs = [d.object for d in self.adapter.dependents_many(conn, [ref], self.progress)]
             refs.sort()
             if refs:
-                now = self._statuses(conn, refs)
-                swept = self.adapter.sweep(conn, refs, now)
+                swept = self.adapter.sweep(conn, refs, before)
                 for i, dep in enumerate(refs, start=1):
                     if self.progress is not None:
                         self.progress(i, len(refs), dep.key)
