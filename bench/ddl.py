@@ -186,7 +186,8 @@ def bench_capture(pg: URL, maria: URL | None, lines: int, repeat: int,
                     t0 = time.perf_counter()
                     snap = lp.capture("package_body:big")
                     out["maria_capture"] = time.perf_counter() - t0
-                    assert snap.signature.lines == lines and str(snap.signature) == str(sig)
+                    # the signature covers sql_mode and definer too (recipe v2): same text
+                    assert sign(adapter.normalise(snap.object, snap.source)) == sig
             finally:
                 with admin.connect() as conn:
                     conn.exec_driver_sql(f"DROP DATABASE IF EXISTS `{db}`")
@@ -391,9 +392,12 @@ def report(cap: dict[str, Any], sw: dict[str, Any], repeat: int) -> tuple[str, l
         (f"`ddl verify` of a function with {n:,} dependents ({n // 2} views, "
          f"{n - n // 2} PL/pgSQL functions)", ms(sw["verify"]),
          f"{sw['verify'] / n * 1000:.2f} ms per dependent"),
+        (f"capgate `ddl plan` of the change, {n:,} dependents (in process)",
+         ms(sw["capgate_plan"]), "target < 2 s"),
+        (f"capgate `ddl apply` of the change, {n:,} dependents (in process)",
+         ms(sw["capgate_apply"]), "target < 2 s"),
         ("capgate plan + approve + apply (in process, SQLite ledger)", ms(sw["capgate"]),
-         f"{sw['capgate'] / sq:.1f}x sqitch; plan {ms(sw['capgate_plan'])}, apply "
-         f"{ms(sw['capgate_apply'])}"),
+         f"{sw['capgate'] / sq:.1f}x sqitch (target <= 3x)"),
         ("capgate `ddl plan` + `approve` + `ddl apply` (3 processes)", ms(sw["capgate_cli"]),
          f"{sw['capgate_cli'] / sq:.1f}x sqitch; one capgate process starts in "
          f"{ms(sw['cli_startup'])}"),
@@ -425,13 +429,19 @@ def write_results(rows: list[Row], repeat: int, args: argparse.Namespace) -> Non
         "",
         "What the two tools do for the same function change differs: sqitch runs the deploy "
         "script and then the verify script (one call of the function).  capgate's plan "
-        "snapshots the function, finds its dependents (pg_depend, and plpgsql_check over every "
-        "PL/pgSQL function in the schema), searches callers, checks the six prohibitions and "
-        "records the plan; the apply takes the session lock, re-reads the live signature "
-        "(preflight), applies, re-checks the function and every one of the dependents in the "
-        "same transaction, commits, and appends each boundary to the hash-chained ledger.  "
-        "Most of capgate's time is the dependent work, done twice (plan and apply) and linear "
-        "in the number of dependents.",
+        "parses the source (pglast), snapshots the function, renders and checks the new "
+        "source in a rolled-back savepoint, finds every dependent transitively (one "
+        "pg_depend query, one plpgsql_check dependency query over every PL/pgSQL function in "
+        "the schema, the LANGUAGE sql bodies parsed with pglast), checks the status of all of "
+        "them (one query per kind of check), searches callers, checks the six prohibitions "
+        "and records the plan; the apply takes the session lock, re-reads the live signature "
+        "(preflight), finds the dependents again, checks them before, applies, checks them "
+        "after in the same transaction, commits, records the applied object as the next "
+        "base and appends each boundary to the hash-chained ledger.  Before issue 15 every "
+        "dependent cost several round trips and a savepoint each (3.35 ms per dependent for "
+        "a verify); the checks are now batched, which is where the speed-up comes from.  The "
+        "3-process figure is dominated by Python start-up and imports of the capgate CLI, "
+        "paid three times.",
         "",
     ]
     text = RESULTS.read_text(encoding="utf-8") if RESULTS.exists() else "# Benchmark results\n"

@@ -19,6 +19,7 @@ from typing import Any, TextIO
 
 from capgate.api import open as open_executor
 from capgate.cli import caller, emit, parse_operation
+from ddl.catalog import ObjectRef
 from ddl.errors import MergeRequired, StaleExtract
 from ddl.prohibitions import PROHIBITIONS
 from ddl.results import SmokeCall, VerifyReport
@@ -228,6 +229,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _plan_text(plan: dict[str, Any]) -> str:
+    """The plan as an approver reads it: each source's diff against its base, the named
+    dependents (with their status and how it was checked) and callers, the checker's
+    findings on the new source, the prohibitions."""
     h = plan["plan_hash"]
     lines = [f"plan {h}",
              f"  {plan['operation_id']}@{plan['version']} on {plan['connector']} "
@@ -240,18 +244,38 @@ def _plan_text(plan: dict[str, Any]) -> str:
         lines.append(f"          {o['base_signature']} -> "
                      f"{o.get('expected_signature') or o['new_signature']}"
                      f"  (blocks changed: {blocks})")
+        diff = o.get("diff") or []
+        if diff:
+            lines.append("          source diff against the base:")
+            lines += [f"            {d}" for d in diff[:200]]
+            if len(diff) > 200:
+                lines.append(f"            ... {len(diff) - 200} more diff line(s) in --json")
+        else:
+            lines.append("          source diff against the base: none (same text)")
     deps = plan.get("dependents") or []
     lines.append(f"  dependents: {len(deps)}")
-    for d in deps[:20]:
-        st = (d.get("status_before") or {}).get("state", "-")
-        lines.append(f"    {d['key']}  via {d['via']}  ({st})")
-    if len(deps) > 20:
-        lines.append(f"    ... and {len(deps) - 20} more")
+    for d in deps[:50]:
+        st = d.get("status_before") or {}
+        how = f", {st['checked']}" if st.get("checked") else ""
+        via = f"via {d['via']}" + (f", uses {d['on']}" if int(d.get("depth", 1)) > 1 else "")
+        lines.append(f"    {d['key']}  {via}  ({st.get('state', '-')}{how})")
+    if len(deps) > 50:
+        lines.append(f"    ... and {len(deps) - 50} more (all of them in --json)")
     for s in plan.get("caller_search") or []:
         hits = s.get("hits") or []
+        objs = sorted({h["object"] for h in hits})
         lines.append(f"  callers of {s['object']}: {len(hits)} line(s) in "
-                     f"{len({h['object'] for h in hits})} object(s), {s['searched']} searched "
-                     f"({s['method']})")
+                     f"{len(objs)} object(s), {s['searched']} searched ({s['method']})")
+        for obj in objs[:50]:
+            first = next(h for h in hits if h["object"] == obj)
+            lines.append(f"    {obj}  line {first['line']}: {first['text'][:80]}")
+        if len(objs) > 50:
+            lines.append(f"    ... and {len(objs) - 50} more")
+    if plan.get("recompile_objects"):
+        keys = [ObjectRef.from_dict(r).key for r in plan["recompile_objects"]]
+        lines.append(f"  also recompiled and checked: {', '.join(keys)}")
+    for a in plan.get("accepted_warnings") or []:
+        lines.append(f"  accepted on the row: {a['object']}: {a['message']!r} ({a['reason']})")
     for w in plan.get("warnings") or []:
         lines.append(f"  warning: {w}")
     passed = [p for p in plan["prohibitions"] if p["passed"]]
@@ -275,6 +299,30 @@ def _print_merge(args: argparse.Namespace, merges: list[dict[str, Any]]) -> None
         print(m.get("merged", ""), file=sys.stderr)
 
 
+_MARK = {"passed": "ok  ", "warning": "warn", "unverified": "?   ", "failed": "FAIL"}
+
+
+def verify_lines(verify: dict[str, Any], indent: str = "  ", limit: int = 50) -> list[str]:
+    """One rendering of a verify report for apply, ``verify --plan`` and ``verify OBJECT``:
+    the count per verdict, then each check that is not a plain pass (and the passes, up to
+    ``limit`` lines), each with what was actually checked."""
+    checks = verify.get("checks") or []
+    counts = {v: 0 for v in _MARK}
+    for c in checks:
+        counts[c.get("verdict", "passed")] = counts.get(c.get("verdict", "passed"), 0) + 1
+    out = [f"{indent}verify: " + ", ".join(f"{n} {v}" for v, n in counts.items())
+           + f" ({len(checks)} checks)"]
+    ordered = sorted(checks, key=lambda c: ["failed", "warning", "unverified", "passed"].index(
+        c.get("verdict", "passed")))
+    for c in ordered[:limit]:
+        how = f" [{c['checked']}]" if c.get("checked") else ""
+        out.append(f"{indent}  {_MARK.get(c.get('verdict', 'passed'), '?   ')} {c['name']:<10} "
+                   f"{c['object']}{how}  {c['detail']}")
+    if len(ordered) > limit:
+        out.append(f"{indent}  ... and {len(ordered) - limit} more passed (all in --json)")
+    return out
+
+
 def _outcome_text(payload: dict[str, Any]) -> str:
     ev = payload.get("evidence") or {}
     replayed = " (recorded outcome, nothing executed)" if payload.get("replayed") else ""
@@ -286,26 +334,28 @@ def _outcome_text(payload: dict[str, Any]) -> str:
                      f"{o.get('applied_signature') or '(not applied)'}")
     verify = ev.get("verify")
     if verify:
-        checks = verify.get("checks") or []
-        failed = [c for c in checks if not c["passed"] and c.get("severity") == "error"]
-        kinds: dict[str, int] = {}
-        for c in checks:
-            kinds[c["name"].split(":")[0]] = kinds.get(c["name"].split(":")[0], 0) + 1
-        lines.append(f"  verify: {len(checks) - len(failed)}/{len(checks)} checks passed ("
-                     + ", ".join(f"{k} {n}" for k, n in kinds.items()) + ")")
-        for c in failed[:10]:
-            lines.append(f"    FAILED {c['name']} {c['object']}: {c['detail']}")
+        lines += verify_lines(verify)
     changed = [s for s in ev.get("statuses") or [] if s.get("before") != s.get("after")]
     for s in changed[:10]:
         lines.append(f"  status {s['object']}: {s.get('before')} -> {s.get('after')}")
+    for key, sid in (ev.get("new_bases") or {}).items():
+        lines.append(f"  new base of {key}: snapshot {sid}")
     comp = ev.get("compensation")
     if comp:
         lines.append(f"  compensation: {'restored' if comp.get('ok') else 'FAILED'}")
         for a in comp.get("actions") or []:
             lines.append(f"    {a['object']}: {a['action']}")
+            for note in a.get("notes") or []:
+                lines.append(f"      {note}")
+        for cause in comp.get("causes") or []:
+            lines.append(f"    cause: {cause}")
+        if comp.get("verify"):
+            lines += verify_lines(comp["verify"], indent="    ")
     if payload.get("reason"):
         err = payload["reason"]
-        lines.append(f"  reason: {err.get('code', '')} {err.get('message', '')}".rstrip())
+        text = f"{err.get('code', '')} {err.get('message', '')}".strip() or json.dumps(
+            {k: v for k, v in err.items() if k != "error"})[:300]
+        lines.append(f"  reason: {text}")
     return "\n".join(lines)
 
 
@@ -323,9 +373,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
 
 def _verify_text(what: str, report: VerifyReport) -> str:
     lines = [f"{'passed' if report.passed else 'FAILED'}: {what}"]
-    for c in report.checks:
-        mark = "ok " if c.passed else ("warn" if c.severity == "warning" else "FAIL")
-        lines.append(f"  {mark} {c.name:<10} {c.object}  {c.detail}")
+    lines += verify_lines(report.to_dict(), limit=10_000)
     return "\n".join(lines)
 
 
@@ -352,7 +400,9 @@ def cmd_compensate(args: argparse.Namespace) -> int:
     text = _outcome_text(record)
     text += f"\n  before: {result.before.classification}"
     if not result.ok:
-        text += "\n  ESCALATED: the live objects differ from the snapshots; do not apply again"
+        causes = (record.get("evidence") or {}).get("compensation", {}).get("causes") or []
+        text += ("\n  ESCALATED: " + ("; ".join(causes[:3]) or "see the evidence")
+                 + " -- do not apply again")
     emit(args, result.to_dict(), text)
     return EXIT_OK if result.ok else EXIT_UNKNOWN
 

@@ -27,6 +27,7 @@ from ddl import sqltext
 from ddl.errors import ApplyFailed, FeatureNotSupported, UnsupportedObjectType
 
 KINDS = (
+    "aggregate",
     "package",
     "package_body",
     "type",
@@ -35,7 +36,10 @@ KINDS = (
     "function",
     "view",
     "trigger",
+    "foreign_table",
 )
+"""``foreign_table`` only names a remote dependent (a PostgreSQL foreign table on the far
+side of a foreign server); no adapter changes one."""
 SPEC_OF_BODY = {"package_body": "package", "type_body": "type"}
 BODY_OF_SPEC = {v: k for k, v in SPEC_OF_BODY.items()}
 
@@ -164,6 +168,15 @@ INVALID = "invalid"
 MISSING = "missing"
 UNCHECKED = "unchecked"
 
+COMPILED = "compiled"
+"""The database validated the object against today's catalog (a compiler or checker ran)."""
+READ_BACK = "read back"
+"""Only stored and readable: the engine keeps no compile status (MariaDB routines)."""
+NOT_CHECKED = "not checked"
+"""No checker exists for it (a language PostgreSQL cannot check, an event trigger)."""
+CATALOG = "catalog"
+"""Looked up in the catalog only (to find it missing)."""
+
 
 @dataclass(frozen=True)
 class ObjectStatus:
@@ -175,6 +188,8 @@ class ObjectStatus:
     errors: tuple[str, ...] = ()
     method: str = ""
     """What was checked, in words, e.g. ``plpgsql_check_function_tb`` or ``ALL_OBJECTS.STATUS``."""
+    checked: str = COMPILED
+    """What the check actually did: ``compiled``, ``read back``, ``not checked``, ``catalog``."""
 
     @property
     def ok(self) -> bool:
@@ -186,17 +201,26 @@ class ObjectStatus:
             "state": self.state,
             "errors": list(self.errors),
             "method": self.method,
+            "checked": self.checked,
         }
+
+    @classmethod
+    def from_dict(cls, ref: ObjectRef, data: Mapping[str, Any]) -> ObjectStatus:
+        return cls(ref, str(data["state"]), tuple(str(e) for e in data.get("errors") or ()),
+                   str(data.get("method", "")), str(data.get("checked", COMPILED)))
 
 
 @dataclass(frozen=True)
 class Dependent:
-    """An object that depends on another one."""
+    """An object that depends on another one (directly, or through other dependents)."""
 
     object: ObjectRef
     on: ObjectRef
+    """The object it uses directly (a changed object, or another dependent)."""
     via: str
-    """Where it was found: pg_depend, plpgsql_check, ALL_DEPENDENCIES, source search, declared."""
+    """Where it was found: pg_depend, plpgsql_check, sql body, ALL_DEPENDENCIES, source search."""
+    depth: int = 1
+    """1 for a direct dependent, 2 for a dependent of a dependent, and so on."""
 
     @property
     def remote(self) -> bool:
@@ -208,6 +232,7 @@ class Dependent:
             "key": self.object.key,
             "on": self.on.key,
             "via": self.via,
+            "depth": self.depth,
             "remote": self.remote,
         }
 
@@ -217,6 +242,7 @@ class Dependent:
             object=ObjectRef.from_dict(data["object"]),
             on=ObjectRef.parse(str(data["on"])),
             via=str(data.get("via", "declared")),
+            depth=int(data.get("depth", 1)),
         )
 
 
@@ -255,6 +281,18 @@ class CallerSearch:
             "hits": [h.to_dict() for h in self.hits],
             "notes": list(self.notes),
         }
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What the plan learns by trying a new source without keeping it."""
+
+    rendered: str | None
+    """The normalised text the catalog will show; None when it cannot be predicted."""
+    status: ObjectStatus | None
+    """The checker's verdict on the new source (PostgreSQL); None where no check is possible."""
+    error: str | None
+    """The database's refusal of the source, if it refused."""
 
 
 # --- the protocol -----------------------------------------------------------------------
@@ -398,6 +436,11 @@ class BaseAdapter:
                 supported=sorted(self.kinds),
             )
 
+    def header(self, source: str) -> ObjectRef:
+        """What the source's ``CREATE`` header names (kind, schema, name), without a catalog."""
+        header = sqltext.parse_header(source, self.fold)
+        return ObjectRef(header.kind, header.name, header.schema)
+
     def identify(self, conn: Connection, source: str) -> ObjectRef:
         header = sqltext.parse_header(source, self.fold)
         ref = ObjectRef(header.kind, header.name, header.schema)
@@ -462,6 +505,114 @@ class BaseAdapter:
                 object=ref.key,
                 database_error=_first_line(exc.orig),
             ) from exc
+
+    # -- one definition per source ----------------------------------------------------------
+    sqlglot_dialect: ClassVar[str] = ""
+    """The sqlglot dialect whose tokenizer reads this engine's stored code."""
+
+    def plsql(self, attributes: Mapping[str, str]) -> bool:
+        """Whether stored code is PL/SQL-shaped here (Oracle; MariaDB in ``sql_mode=ORACLE``)."""
+        return False
+
+    def parse_definition(self, conn: Connection | None, ref: ObjectRef, source: str,
+                         attributes: Mapping[str, str]) -> None:
+        """Refuse a source that is more than the one definition of ``ref`` (ExtraStatements).
+
+        ``conn`` may be None (offline checks); engines that can parse on the
+        server without running anything (MariaDB ``PREPARE``) do so when given one.
+        """
+        from ddl import source as srcmod
+
+        srcmod.parse_blocks(source, ref.kind, self.sqlglot_dialect,
+                            plsql=self.plsql(attributes), what=ref.key)
+
+    def default_attributes(self, conn: Connection, ref: ObjectRef) -> dict[str, str]:
+        """Attributes of an object the plan creates (MariaDB: the definer it will get)."""
+        return {}
+
+    def preconditions(self, conn: Connection, ref: ObjectRef, source: str,
+                      attributes: Mapping[str, str], exists: bool) -> list[str]:
+        """Refuse (raise) what the apply could do but compensation could not undo; warnings."""
+        return []
+
+    # -- batches: the defaults ask one object at a time ---------------------------------------
+    def statuses(self, conn: Connection, refs: Sequence[ObjectRef]) -> dict[str, ObjectStatus]:
+        """The compile status of many objects (engines override this with one round trip)."""
+        return {r.key: self.status(conn, r) for r in refs}
+
+    def sweep(self, conn: Connection, refs: Sequence[ObjectRef],
+              before: Mapping[str, ObjectStatus]) -> dict[str, ObjectStatus]:
+        """Re-check (recompile where the engine has it) the dependents after a change."""
+        return {r.key: self.recompile(conn, r) for r in refs}
+
+    def dependents_many(self, conn: Connection, refs: Sequence[ObjectRef],
+                        progress: Progress | None = None) -> list[Dependent]:
+        """Every local object that uses one of ``refs``, directly or through others, nearest first.
+
+        A changed function changes what an aggregate over it computes, and so
+        every view over that aggregate: the sweep follows the chain.
+        """
+        seen = {r.key for r in refs}
+        out: list[Dependent] = []
+        frontier = list(refs)
+        depth = 0
+        while frontier:
+            depth += 1
+            nxt: list[ObjectRef] = []
+            for ref in frontier:
+                for d in self.dependents(conn, ref, progress):
+                    if d.remote or d.object.key in seen:
+                        continue
+                    seen.add(d.object.key)
+                    out.append(Dependent(d.object, d.on, d.via, depth))
+                    nxt.append(d.object)
+            frontier = nxt
+        return out
+
+    # -- signatures, merges, restores -----------------------------------------------------------
+    def signed_text(self, ref: ObjectRef, source: str, attributes: Mapping[str, str]) -> str:
+        """The text the signature is computed over: the normalised source, plus whatever
+        attribute changes behaviour on this engine (MariaDB ``sql_mode`` and definer;
+        Oracle editionability, compiler settings, a trigger's enabled state)."""
+        return self.normalise(ref, source)
+
+    def appliable(self, ref: ObjectRef, normalised: str) -> str:
+        """A normalised text made re-appliable (``CREATE OR REPLACE``), for merge proposals."""
+        return normalised
+
+    def restore(self, conn: Connection, ref: ObjectRef, source: str,
+                attributes: Mapping[str, str]) -> list[str]:
+        """Re-apply a snapshot (compensation); returns notes on anything beyond a plain apply."""
+        self.apply(conn, ref, source, attributes)
+        return []
+
+    @contextmanager
+    def ddl_session(self, conn: Connection, lock_timeout: float) -> Iterator[None]:
+        """Bound how long the DDL waits for locks (PostgreSQL ``lock_timeout``, MariaDB
+        ``lock_wait_timeout``, Oracle ``ddl_lock_timeout``): the row's ``lock_seconds``."""
+        yield
+
+    @contextmanager
+    def read_only(self, conn: Connection) -> Iterator[None]:
+        """A block in an engine-enforced read-only transaction, rolled back after (smoke calls)."""
+        raise FeatureNotSupported(f"{self.dialect} has no read-only transaction for smoke calls",
+                                  feature="read-only transaction")
+        yield  # pragma: no cover
+
+    def probe(self, conn: Connection,
+              items: Sequence[tuple[ObjectRef, str, Mapping[str, str]]]) -> list[Probe]:
+        """What the catalog will show after each source, and its checker findings, if knowable.
+
+        PostgreSQL applies every source in order in a savepoint that is rolled back;
+        others predict the text from the source (or cannot) and have no findings.
+        """
+        out: list[Probe] = []
+        for ref, source, _ in items:
+            try:
+                out.append(Probe(self.render(conn, ref, source), None, None))
+            except ApplyFailed as exc:
+                out.append(Probe(None, None, exc.message))
+        return out
 
     # -- what every dialect must provide
     def read(self, conn: Connection, ref: ObjectRef) -> LiveObject | None:

@@ -26,6 +26,16 @@
   triggers); a spec's body is always a dependent of the spec.
 * DDL commits implicitly: the loop records "apply started" first and
   compensates on a failed verify.  Lock: ``GET_LOCK`` (session scoped).
+* The signature covers what changes behaviour besides the text: the routine's
+  ``sql_mode`` and its ``DEFINER`` (``SQL SECURITY`` and ``DETERMINISTIC`` are
+  in the ``SHOW CREATE`` text already).  An apply keeps the live definer by
+  writing it into the applied text when the source names none -- which needs
+  ``SET USER`` (or ``SUPER``); without it the plan is refused (CG529), since
+  compensation could not put the definer back.
+* A source is one definition: the block structure over sqlglot's tokens, and
+  the server's own parser through ``PREPARE`` (which runs nothing); the
+  connection has no ``MULTI_STATEMENTS``, so the server never runs a second
+  statement either.  Smoke calls run in ``START TRANSACTION READ ONLY``.
 """
 
 from __future__ import annotations
@@ -40,10 +50,14 @@ from sqlalchemy import bindparam, text
 from sqlalchemy.engine import URL, Connection, Engine
 
 from ddl import signature as sigmod
+from ddl import source as srcmod
 from ddl import sqltext
 from ddl.catalog import (
+    CATALOG,
     INVALID,
     MISSING,
+    READ_BACK,
+    UNCHECKED,
     VALID,
     BaseAdapter,
     CallerHit,
@@ -56,7 +70,12 @@ from ddl.catalog import (
     first_line,
     register,
 )
-from ddl.errors import FeatureNotSupported
+from ddl.errors import (
+    DefinerCannotBeKept,
+    FeatureNotSupported,
+    SourceDoesNotParse,
+    SourceNotVisible,
+)
 
 ROUTINE_TYPE = {
     "package": "PACKAGE",
@@ -73,12 +92,121 @@ def _q(name: str, what: str = "identifier") -> str:
     return sqltext.quote(name, "mariadb", what)
 
 
+_DEFINER_CLAUSE = re.compile(r"\bDEFINER\s*=\s*(" + sqltext._DEFINER_PART + r"(?:\s*@\s*"
+                             + sqltext._DEFINER_PART + r")?|CURRENT_USER(?:\s*\(\s*\))?)",
+                             re.IGNORECASE)
+
+
+def definer_of(source: str) -> str | None:
+    """The ``DEFINER=`` of a ``CREATE`` header as ``user@host`` (quotes dropped), if any."""
+    m = sqltext.header_match(source)
+    if m is None:
+        return None
+    d = _DEFINER_CLAUSE.search(m.group("mods"))
+    if d is None:
+        return None
+    found = d.group(1)
+    if found.upper().startswith("CURRENT_USER"):
+        return "CURRENT_USER"
+    user, _, host = found.partition("@")
+    return user.strip().strip("`'\"") + "@" + host.strip().strip("`'\"")
+
+
+def _quoted_definer(definer: str) -> str:
+    user, _, host = definer.rpartition("@")
+    if "`" in definer or "\n" in definer:
+        raise FeatureNotSupported(f"definer {definer!r} cannot be written back")
+    return f"`{user}`@`{host}`"
+
+
 @register
 class MariadbAdapter(BaseAdapter):
     dialect = "mariadb"
     transactional_ddl = False
     kinds = frozenset({"package", "package_body", "procedure", "function", "view", "trigger"})
     fold = None
+    sqlglot_dialect = "mysql"
+
+    def plsql(self, attributes: Mapping[str, str]) -> bool:
+        return "ORACLE" in str(attributes.get("sql_mode", "")).upper().split(",")
+
+    def parse_definition(self, conn: Connection | None, ref: ObjectRef, source: str,
+                         attributes: Mapping[str, str]) -> None:
+        """The block structure over sqlglot's tokens, then the server's parser (``PREPARE``).
+
+        ``PREPARE`` parses the text as one statement under the routine's
+        ``sql_mode`` and runs nothing; a syntax error there (1064) means the text
+        is not one definition.  Other errors (a package body whose spec is created
+        in the same plan) leave the verdict to the token scan.
+        """
+        srcmod.parse_blocks(source, ref.kind, "mysql", plsql=self.plsql(attributes),
+                            what=ref.key)
+        if conn is None:
+            return
+        settings = {k: v for k, v in attributes.items() if k == "sql_mode"}
+        with self.session(conn, settings):
+            try:
+                conn.execute(text("PREPARE cg_ddl_parse FROM :s"),
+                             {"s": self.sql_source(ref, source)})
+            except sa.exc.DBAPIError as exc:
+                code = exc.orig.args[0] if exc.orig is not None and exc.orig.args else None
+                if code == 1064:
+                    raise SourceDoesNotParse(
+                        f"the source of {ref.key} does not parse as one MariaDB statement: "
+                        f"{first_line(exc.orig)}", object=ref.key,
+                        database_error=first_line(exc.orig)) from None
+                return
+            conn.execute(text("DEALLOCATE PREPARE cg_ddl_parse"))
+
+    def default_attributes(self, conn: Connection, ref: ObjectRef) -> dict[str, str]:
+        """A new object's definer is the applying account (``CURRENT_USER()``)."""
+        out = {"definer": str(conn.execute(text("SELECT CURRENT_USER()")).scalar())}
+        if ref.kind in ("package", "package_body"):
+            out["sql_mode"] = "ORACLE"
+        return out
+
+    def preconditions(self, conn: Connection, ref: ObjectRef, source: str,
+                      attributes: Mapping[str, str], exists: bool) -> list[str]:
+        """Refuse (CG529) an apply that would change the definer and could not be undone."""
+        if not exists:
+            return []
+        wanted = definer_of(source) or attributes.get("definer")
+        current = str(conn.execute(text("SELECT CURRENT_USER()")).scalar())
+        if not wanted or wanted in (current, "CURRENT_USER"):
+            return []
+        if self._may_set_definer(conn):
+            return [f"{ref.key}: keeps DEFINER={wanted} (the applying account {current} holds "
+                    "SET USER)"]
+        raise DefinerCannotBeKept(
+            f"{ref.key} is defined by {wanted}; the applying account {current} may not set "
+            "DEFINER (it needs SET USER or SUPER), so the apply would make it the definer and "
+            "compensation could not restore the old one -- grant SET USER or apply as the "
+            "definer", object=ref.key, definer=wanted, account=current)
+
+    def _may_set_definer(self, conn: Connection) -> bool:
+        current = str(conn.execute(text("SELECT CURRENT_USER()")).scalar())
+        user, _, host = current.rpartition("@")
+        grantees = conn.execute(text(
+            "SELECT GRANTEE FROM information_schema.USER_PRIVILEGES "
+            "WHERE PRIVILEGE_TYPE IN ('SET USER', 'SUPER')")).scalars().all()
+        return f"'{user}'@'{host}'" in {str(g) for g in grantees}
+
+    def signed_text(self, ref: ObjectRef, source: str, attributes: Mapping[str, str]) -> str:
+        """``sql_mode`` and definer lines in front of the normalised text (recipe v2)."""
+        head = ""
+        if ref.kind != "view" and attributes.get("sql_mode") is not None:
+            modes = ",".join(sorted(m for m in str(attributes["sql_mode"]).upper().split(",")
+                                    if m))
+            head += f"-- sql_mode: {modes}\n"
+        definer = definer_of(source) or attributes.get("definer")
+        if definer:
+            head += f"-- definer: {definer}\n"
+        return head + self.normalise(ref, source)
+
+    def appliable(self, ref: ObjectRef, normalised: str) -> str:
+        """Normalisation drops ``OR REPLACE``; a merge proposal must apply over the live object."""
+        return re.sub(r"^(\s*CREATE)\s+(?!OR\s+REPLACE\b)", r"\1 OR REPLACE ", normalised,
+                      count=1, flags=re.IGNORECASE)
 
     def engine(self, url: str | URL) -> Engine:
         return sa.create_engine(url, poolclass=sa.pool.NullPool, isolation_level="AUTOCOMMIT")
@@ -135,11 +263,19 @@ class MariadbAdapter(BaseAdapter):
         except sa.exc.DBAPIError:
             return None
         attributes: dict[str, str] = {}
-        if ref.kind == "view":
-            create = str(row[1])
-        else:
+        raw = row[1] if ref.kind == "view" else row[2]
+        if raw is None:
+            account = conn.execute(text("SELECT CURRENT_USER()")).scalar()
+            raise SourceNotVisible(
+                f"{account} cannot read the source of {ref.key}: MariaDB shows a routine's body "
+                "only to its definer or to an account with SELECT on mysql.proc; nothing was "
+                "captured", object=ref.key, account=account)
+        if ref.kind != "view":
             attributes["sql_mode"] = str(row[1])
-            create = str(row[2])
+        create = str(raw)
+        definer = definer_of(create)
+        if definer:
+            attributes["definer"] = definer
         create = re.sub(r"^\s*CREATE\s+(?!OR\s+REPLACE\b)", "CREATE OR REPLACE ", create,
                         count=1, flags=re.IGNORECASE)
         return LiveObject(ref, create, attributes)
@@ -208,7 +344,7 @@ class MariadbAdapter(BaseAdapter):
         ref = self.resolve(conn, ref)
         assert ref.schema is not None
         if self._stored_name(conn, ref, ref.schema) is None:
-            return ObjectStatus(ref, MISSING, (), "information_schema")
+            return ObjectStatus(ref, MISSING, (), "information_schema", CATALOG)
         if ref.kind == "view":
             rows = conn.execute(text(f"CHECK TABLE {_q(ref.schema)}.{_q(ref.name)}")).all()
             errors = tuple(str(r[3]) for r in rows if str(r[2]).lower() == "error"
@@ -216,14 +352,16 @@ class MariadbAdapter(BaseAdapter):
             return ObjectStatus(ref, INVALID if errors else VALID, errors, "CHECK TABLE")
         live = self.read(conn, ref)
         if live is None:
-            return ObjectStatus(ref, INVALID, ("SHOW CREATE could not read it",), "SHOW CREATE")
+            return ObjectStatus(ref, INVALID, ("SHOW CREATE could not read it",), "SHOW CREATE",
+                                READ_BACK)
         if ref.kind == "package_body":
             spec = ObjectRef("package", ref.name, ref.schema)
             if self._stored_name(conn, spec, ref.schema) is None:
-                return ObjectStatus(ref, INVALID, ("its package spec is missing",), "ROUTINES")
+                return ObjectStatus(ref, INVALID, ("its package spec is missing",), "ROUTINES",
+                                    CATALOG)
             return ObjectStatus(
-                ref, VALID, (), "stored and readable; the body was checked against its spec "
-                "at CREATE (MariaDB has no INVALID status)"
+                ref, UNCHECKED, (), "stored and readable next to its spec; MariaDB keeps no "
+                "compile status (a smoke call would execute it)", READ_BACK
             )
         if ref.kind == "trigger":
             table = conn.execute(
@@ -241,11 +379,14 @@ class MariadbAdapter(BaseAdapter):
                 {"s": ref.schema, "t": table},
             ).scalar()
             if not exists:
-                return ObjectStatus(ref, INVALID, (f"table {table} is missing",), "TRIGGERS")
-            return ObjectStatus(ref, VALID, (), "stored, readable, table present")
+                return ObjectStatus(ref, INVALID, (f"table {table} is missing",), "TRIGGERS",
+                                    CATALOG)
+            return ObjectStatus(ref, UNCHECKED, (), "stored and readable, its table present; "
+                                "MariaDB keeps no compile status", READ_BACK)
         return ObjectStatus(
-            ref, VALID, (), "stored and readable (MariaDB has no INVALID status; tables and "
-            "routines are resolved when the routine runs)"
+            ref, UNCHECKED, (), "stored and readable only: MariaDB keeps no compile status "
+            "(tables and routines are resolved when it runs; a smoke call would execute it)",
+            READ_BACK
         )
 
     def recompile(self, conn: Connection, ref: ObjectRef) -> ObjectStatus:
@@ -391,12 +532,49 @@ class MariadbAdapter(BaseAdapter):
     def apply(
         self, conn: Connection, ref: ObjectRef, source: str, attributes: Mapping[str, str]
     ) -> None:
+        """Apply under the object's ``sql_mode`` and in its database; keep its definer.
+
+        A source without ``DEFINER=`` would make the applying account the definer;
+        the attribute's definer is written into the header instead (the plan has
+        checked that the account may set it).
+        """
         self.check_kind(ref)
         settings = {k: v for k, v in attributes.items() if k == "sql_mode"}
         if ref.schema is not None:
             settings["database"] = ref.schema
+        definer = attributes.get("definer")
+        if definer and definer_of(source) is None:
+            current = str(conn.execute(text("SELECT CURRENT_USER()")).scalar())
+            if definer != current:
+                clause = _quoted_definer(definer)
+                source = re.sub(r"^(\s*CREATE(?:\s+OR\s+REPLACE)?)\s",
+                                lambda m: f"{m.group(1)} DEFINER={clause} ",
+                                source, count=1, flags=re.IGNORECASE)
         with self.session(conn, settings):
             self.execute_ddl(conn, ref, source)
+
+    @contextmanager
+    def read_only(self, conn: Connection) -> Iterator[None]:
+        """``START TRANSACTION READ ONLY`` ... ``ROLLBACK``: a smoke call that writes is refused
+        (1792, "Cannot execute statement in a READ ONLY transaction") and leaves nothing."""
+        conn.execute(text("START TRANSACTION READ ONLY"))
+        try:
+            yield
+        finally:
+            with suppress(sa.exc.DBAPIError):
+                conn.execute(text("ROLLBACK"))
+
+    @contextmanager
+    def ddl_session(self, conn: Connection, lock_timeout: float) -> Iterator[None]:
+        """``lock_wait_timeout`` (metadata locks) bounded by the row's lock seconds."""
+        prev = conn.execute(text("SELECT @@SESSION.lock_wait_timeout")).scalar()
+        conn.execute(text("SET SESSION lock_wait_timeout = :t"),
+                     {"t": max(1, round(lock_timeout))})
+        try:
+            yield
+        finally:
+            with suppress(sa.exc.DBAPIError):
+                conn.execute(text("SET SESSION lock_wait_timeout = :t"), {"t": prev})
 
     def drop(self, conn: Connection, ref: ObjectRef) -> None:
         ref = self.resolve(conn, ref)

@@ -24,13 +24,31 @@ when ``CAPGATE_TEST_ORACLE_DSN`` (or Docker) provides a server.
 * Lock: ``DBMS_LOCK.ALLOCATE_UNIQUE`` + ``DBMS_LOCK.REQUEST(..., release_on_commit
   => FALSE)``, which survives the commits DDL makes; needs ``EXECUTE`` on
   ``DBMS_LOCK``.
+* Snapshots keep what the source text alone does not say: ``EDITIONABLE`` /
+  ``NONEDITIONABLE`` (``ALL_OBJECTS.EDITIONABLE``, written into the source), a
+  trigger's enabled state (``ALL_TRIGGERS.STATUS``) and the PL/SQL compiler
+  settings (``ALL_PLSQL_OBJECT_SETTINGS``); all are in the signature (recipe
+  v2), and an apply or compensation recompiles with the snapshot's settings
+  (``ALTER ... COMPILE <settings> REUSE SETTINGS``) and disables a trigger that
+  was disabled.
+* The dependent sweep reads every dependent's status in one pass and
+  recompiles only the invalid ones, in dependency order (a dependent before
+  what depends on it), one ``ALTER ... COMPILE`` each -- recompiling a valid
+  object invalidates its own dependents and discards package state.
+* DDL waits for library-cache locks at most the row's ``lock_seconds``
+  (``ALTER SESSION SET ddl_lock_timeout``).  Smoke calls run after ``SET
+  TRANSACTION READ ONLY``.
+
+The SQL text sent by this module is kept in ``SQL`` so that an offline test
+parses every statement with sqlglot's Oracle dialect.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager, suppress
 from typing import Any
 
 import sqlalchemy as sa
@@ -53,7 +71,7 @@ from ddl.catalog import (
     first_line,
     register,
 )
-from ddl.errors import ApplyFailed, FeatureNotSupported, LockNotAcquired
+from ddl.errors import ApplyFailed, FeatureNotSupported, InvalidObjectName, LockNotAcquired
 
 OBJECT_TYPE = {
     "package": "PACKAGE",
@@ -82,6 +100,86 @@ def _q(name: str, what: str = "identifier") -> str:
     return sqltext.quote(name, "oracle", what)
 
 
+SQL = {
+    "current_schema": "SELECT SYS_CONTEXT('USERENV', 'CURRENT_SCHEMA') FROM dual",
+    "exists": "SELECT COUNT(*) FROM all_objects WHERE owner = :p_owner "
+              "AND object_name = :p_name AND object_type = :p_type",
+    "view_ddl": "SELECT DBMS_METADATA.GET_DDL('VIEW', :p_name, :p_owner) FROM dual",
+    "source": "SELECT text FROM all_source WHERE owner = :p_owner AND name = :p_name "
+              "AND type = :p_type ORDER BY line",
+    "editionable": "SELECT editionable FROM all_objects WHERE owner = :p_owner "
+                   "AND object_name = :p_name AND object_type = :p_type",
+    "trigger_status": "SELECT status FROM all_triggers WHERE owner = :p_owner "
+                      "AND trigger_name = :p_name",
+    "settings": "SELECT plsql_optimize_level, plsql_code_type, plsql_warnings, "
+                "nls_length_semantics, plsql_ccflags, plscope_settings "
+                "FROM all_plsql_object_settings WHERE owner = :p_owner AND name = :p_name "
+                "AND type = :p_type",
+    "errors": "SELECT line, position, text FROM all_errors WHERE owner = :p_owner "
+              "AND name = :p_name AND type = :p_type AND attribute = 'ERROR' ORDER BY sequence",
+    "status": "SELECT status FROM all_objects WHERE owner = :p_owner AND object_name = :p_name "
+              "AND object_type = :p_type",
+    "dependents": "SELECT owner, name, type FROM all_dependencies "
+                  "WHERE referenced_owner = :p_owner AND referenced_name = :p_name "
+                  "AND referenced_type = :p_type AND referenced_link_name IS NULL "
+                  "ORDER BY owner, name, type",
+    "edges": "SELECT owner, name, type, referenced_owner, referenced_name, referenced_type "
+             "FROM all_dependencies WHERE owner = :p_owner AND referenced_owner = :p_owner "
+             "AND referenced_link_name IS NULL",
+    "remote_dependents": "SELECT owner, name, type, referenced_link_name FROM all_dependencies "
+                         "WHERE referenced_name = :p_name AND referenced_owner = :p_owner "
+                         "AND referenced_link_name IS NOT NULL AND (UPPER(referenced_link_name) "
+                         "= UPPER(:p_link) OR UPPER(referenced_link_name) LIKE "
+                         "UPPER(:p_link) || '.%') ORDER BY owner, name, type",
+    "searched": "SELECT COUNT(*) FROM (SELECT DISTINCT owner, name, type FROM all_source "
+                "WHERE owner IN :p_scopes)",
+    "callers": "SELECT owner, name, type, line, text FROM all_source WHERE owner IN :p_scopes "
+               "AND UPPER(text) LIKE :p_pat ORDER BY owner, name, type, line",
+    "views": "SELECT owner, view_name, text_vc FROM all_views WHERE owner IN :p_scopes "
+             "ORDER BY owner, view_name",
+    "ddl_lock_timeout": "ALTER SESSION SET ddl_lock_timeout = {seconds}",
+    "read_only": "SET TRANSACTION READ ONLY",
+}
+"""Every SQL statement this adapter sends (PL/SQL blocks for DBMS_LOCK aside), by name."""
+
+_SETTING_NAMES = ("plsql_optimize_level", "plsql_code_type", "plsql_warnings",
+                  "nls_length_semantics", "plsql_ccflags", "plscope_settings")
+_PLSQL_KINDS = frozenset({"package", "package_body", "type", "type_body", "procedure",
+                          "function", "trigger"})
+_CODE_TYPES = frozenset({"INTERPRETED", "NATIVE"})
+_LENGTH_SEMANTICS = frozenset({"BYTE", "CHAR"})
+
+
+def compile_settings_clause(attributes: Mapping[str, str]) -> str:
+    """``PLSQL_OPTIMIZE_LEVEL = 2 PLSQL_CODE_TYPE = INTERPRETED ...`` from a snapshot's attributes.
+
+    Values come from the catalog, but are validated before they reach DDL text:
+    the level is an integer 0-3, the code type and length semantics are from
+    their fixed sets, and the free-text settings are quoted literals.
+    """
+    parts: list[str] = []
+    level = attributes.get("plsql_optimize_level")
+    if level:
+        if not re.fullmatch(r"[0-3]", level):
+            raise InvalidObjectName(f"plsql_optimize_level {level!r} is not 0-3")
+        parts.append(f"PLSQL_OPTIMIZE_LEVEL = {level}")
+    code = (attributes.get("plsql_code_type") or "").upper()
+    if code:
+        if code not in _CODE_TYPES:
+            raise InvalidObjectName(f"plsql_code_type {code!r} is not INTERPRETED or NATIVE")
+        parts.append(f"PLSQL_CODE_TYPE = {code}")
+    sem = (attributes.get("nls_length_semantics") or "").upper()
+    if sem:
+        if sem not in _LENGTH_SEMANTICS:
+            raise InvalidObjectName(f"nls_length_semantics {sem!r} is not BYTE or CHAR")
+        parts.append(f"NLS_LENGTH_SEMANTICS = {sem}")
+    for name in ("plsql_warnings", "plsql_ccflags", "plscope_settings"):
+        value = attributes.get(name)
+        if value:
+            parts.append(f"{name.upper()} = '" + value.replace("'", "''") + "'")
+    return " ".join(parts)
+
+
 @register
 class OracleAdapter(BaseAdapter):
     dialect = "oracle"
@@ -89,23 +187,21 @@ class OracleAdapter(BaseAdapter):
     kinds = frozenset(OBJECT_TYPE)
     fold = "upper"
     keep_semicolon = True
+    sqlglot_dialect = "oracle"
+
+    def plsql(self, attributes: Mapping[str, str]) -> bool:
+        return True
 
     # -- identity ------------------------------------------------------------------------------
     def default_schema(self, conn: Connection) -> str | None:
         return self._current_schema(conn)
 
     def _current_schema(self, conn: Connection) -> str:
-        return str(
-            conn.execute(text("SELECT SYS_CONTEXT('USERENV', 'CURRENT_SCHEMA') FROM dual"))
-            .scalar_one()
-        )
+        return str(conn.execute(text(SQL["current_schema"])).scalar_one())
 
     def _exists(self, conn: Connection, owner: str, name: str, kind: str) -> bool:
         v = conn.execute(
-            text(
-                "SELECT COUNT(*) FROM all_objects WHERE owner = :p_owner "
-                "AND object_name = :p_name AND object_type = :p_type"
-            ),
+            text(SQL["exists"]),
             {"p_owner": owner, "p_name": name, "p_type": OBJECT_TYPE[kind]},
         ).scalar()
         return bool(v)
@@ -134,23 +230,53 @@ class OracleAdapter(BaseAdapter):
             return None
         if ref.kind == "view":
             ddl = conn.execute(
-                text("SELECT DBMS_METADATA.GET_DDL('VIEW', :p_name, :p_owner) FROM dual"),
+                text(SQL["view_ddl"]),
                 {"p_name": ref.name, "p_owner": ref.schema},
             ).scalar()
             if ddl is None:
                 return None
             src = ddl.read() if hasattr(ddl, "read") else str(ddl)
             return LiveObject(ref, src.strip() + "\n", {})
-        lines = conn.execute(
-            text(
-                "SELECT text FROM all_source WHERE owner = :p_owner AND name = :p_name "
-                "AND type = :p_type ORDER BY line"
-            ),
-            {"p_owner": ref.schema, "p_name": ref.name, "p_type": OBJECT_TYPE[ref.kind]},
-        ).scalars().all()
+        binds = {"p_owner": ref.schema, "p_name": ref.name, "p_type": OBJECT_TYPE[ref.kind]}
+        lines = conn.execute(text(SQL["source"]), binds).scalars().all()
         if not lines:
             return None
-        return LiveObject(ref, "CREATE OR REPLACE " + "".join(str(t) for t in lines), {})
+        attributes = self._attributes(conn, ref)
+        word = {"Y": "EDITIONABLE ", "N": "NONEDITIONABLE "}.get(
+            attributes.get("editionable", ""), "")
+        return LiveObject(ref, f"CREATE OR REPLACE {word}" + "".join(str(t) for t in lines),
+                          attributes)
+
+    def _attributes(self, conn: Connection, ref: ObjectRef) -> dict[str, str]:
+        """Editionability, a trigger's enabled state and the PL/SQL compiler settings."""
+        binds = {"p_owner": ref.schema, "p_name": ref.name, "p_type": OBJECT_TYPE[ref.kind]}
+        out: dict[str, str] = {}
+        ed = conn.execute(text(SQL["editionable"]), binds).scalar()
+        if ed is not None:
+            out["editionable"] = str(ed)
+        if ref.kind == "trigger":
+            st = conn.execute(text(SQL["trigger_status"]),
+                              {"p_owner": ref.schema, "p_name": ref.name}).scalar()
+            if st is not None:
+                out["trigger_status"] = str(st).upper()
+        if ref.kind in _PLSQL_KINDS:
+            row = conn.execute(text(SQL["settings"]), binds).first()
+            if row is not None:
+                for name, value in zip(_SETTING_NAMES, row, strict=True):
+                    if value is not None:
+                        out[name] = str(value)
+        return out
+
+    def signed_text(self, ref: ObjectRef, source: str, attributes: Mapping[str, str]) -> str:
+        """Editionability, trigger state and compiler settings in front of the normalised text."""
+        head = "".join(f"-- {k}: {attributes[k]}\n"
+                       for k in ("editionable", "trigger_status", *_SETTING_NAMES)
+                       if attributes.get(k))
+        return head + self.normalise(ref, source)
+
+    def appliable(self, ref: ObjectRef, normalised: str) -> str:
+        return re.sub(r"^(\s*CREATE)\s+(?!OR\s+REPLACE\b)", r"\1 OR REPLACE ", normalised,
+                      count=1, flags=re.IGNORECASE)
 
     def cosmetic(self, ref: ObjectRef, text_: str) -> str:
         t = sqltext.strip_terminator(text_, keep_semicolon=self.keeps_semicolon(ref))
@@ -173,10 +299,7 @@ class OracleAdapter(BaseAdapter):
     # -- status ------------------------------------------------------------------------------------
     def _errors(self, conn: Connection, ref: ObjectRef) -> tuple[str, ...]:
         rows = conn.execute(
-            text(
-                "SELECT line, position, text FROM all_errors WHERE owner = :p_owner "
-                "AND name = :p_name AND type = :p_type AND attribute = 'ERROR' ORDER BY sequence"
-            ),
+            text(SQL["errors"]),
             {"p_owner": ref.schema, "p_name": ref.name, "p_type": OBJECT_TYPE[ref.kind]},
         ).all()
         return tuple(f"line {r[0]}, col {r[1]}: {str(r[2]).strip()}" for r in rows)
@@ -184,10 +307,7 @@ class OracleAdapter(BaseAdapter):
     def status(self, conn: Connection, ref: ObjectRef) -> ObjectStatus:
         ref = self.resolve(conn, ref)
         row = conn.execute(
-            text(
-                "SELECT status FROM all_objects WHERE owner = :p_owner AND object_name = :p_name "
-                "AND object_type = :p_type"
-            ),
+            text(SQL["status"]),
             {"p_owner": ref.schema, "p_name": ref.name, "p_type": OBJECT_TYPE[ref.kind]},
         ).first()
         if row is None:
@@ -207,17 +327,59 @@ class OracleAdapter(BaseAdapter):
             return ObjectStatus(ref, INVALID, (first_line(exc),), "ALTER ... COMPILE")
         return self.status(conn, ref)
 
+    def sweep(self, conn: Connection, refs: Sequence[ObjectRef],
+              before: Mapping[str, ObjectStatus]) -> dict[str, ObjectStatus]:
+        """Recompile only the invalid dependents, each after the dependents it uses.
+
+        Every status is read first; a valid dependent is left alone (recompiling
+        it would invalidate what depends on it and discard package state).  The
+        invalid ones are ordered by ``ALL_DEPENDENCIES`` among themselves, so a
+        package is recompiled before a procedure that calls it.
+        """
+        now = {r.key: self.status(conn, r) for r in refs}
+        invalid = [r for r in refs if now[r.key].state == INVALID]
+        for ref in recompile_order(invalid, self._edges(conn, invalid)):
+            now[ref.key] = self.recompile(conn, ref)
+        return now
+
+    def _edges(self, conn: Connection, refs: Sequence[ObjectRef]) -> list[tuple[str, str]]:
+        """(dependent key, what it uses) among ``refs``, from ``ALL_DEPENDENCIES``."""
+        keys = {(r.schema, r.name, OBJECT_TYPE[r.kind]): r.key for r in refs}
+        out: list[tuple[str, str]] = []
+        for owner in sorted({str(r.schema) for r in refs}):
+            for row in conn.execute(text(SQL["edges"]), {"p_owner": owner}).all():
+                a = keys.get((str(row[0]), str(row[1]), str(row[2])))
+                b = keys.get((str(row[3]), str(row[4]), str(row[5])))
+                if a and b and a != b:
+                    out.append((a, b))
+        return out
+
+    @contextmanager
+    def ddl_session(self, conn: Connection, lock_timeout: float) -> Iterator[None]:
+        """``ddl_lock_timeout``: DDL waits at most the row's lock seconds for library-cache
+        locks (0 would fail at once; Oracle's default waits not at all either)."""
+        seconds = min(max(math.ceil(lock_timeout), 0), 1_000_000)
+        self._raw_execute(conn, SQL["ddl_lock_timeout"].format(seconds=int(seconds)))
+        yield
+
+    @contextmanager
+    def read_only(self, conn: Connection) -> Iterator[None]:
+        """``SET TRANSACTION READ ONLY`` as the first statement of a transaction, rolled back."""
+        conn.rollback()
+        conn.execute(text(SQL["read_only"]))
+        try:
+            yield
+        finally:
+            with suppress(sa.exc.DBAPIError):
+                conn.rollback()
+
     # -- dependents and callers --------------------------------------------------------------------
     def dependents(
         self, conn: Connection, ref: ObjectRef, progress: Progress | None = None
     ) -> list[Dependent]:
         ref = self.resolve(conn, ref)
         rows = conn.execute(
-            text(
-                "SELECT owner, name, type FROM all_dependencies WHERE referenced_owner = :p_owner "
-                "AND referenced_name = :p_name AND referenced_type = :p_type "
-                "AND referenced_link_name IS NULL ORDER BY owner, name, type"
-            ),
+            text(SQL["dependents"]),
             {"p_owner": ref.schema, "p_name": ref.name, "p_type": OBJECT_TYPE[ref.kind]},
         ).all()
         out: list[Dependent] = []
@@ -234,13 +396,7 @@ class OracleAdapter(BaseAdapter):
 
     def remote_dependents(self, far: Connection, ref: ObjectRef, link: str) -> list[Dependent]:
         rows = far.execute(
-            text(
-                "SELECT owner, name, type, referenced_link_name FROM all_dependencies "
-                "WHERE referenced_name = :p_name AND referenced_owner = :p_owner "
-                "AND referenced_link_name IS NOT NULL AND (UPPER(referenced_link_name) = "
-                "UPPER(:p_link) OR UPPER(referenced_link_name) LIKE UPPER(:p_link) || '.%') "
-                "ORDER BY owner, name, type"
-            ),
+            text(SQL["remote_dependents"]),
             {"p_name": ref.name, "p_owner": ref.schema, "p_link": link},
         ).all()
         out: list[Dependent] = []
@@ -258,19 +414,13 @@ class OracleAdapter(BaseAdapter):
         scopes = list(self.scopes(ref))
         searched = int(
             conn.execute(
-                text(
-                    "SELECT COUNT(*) FROM (SELECT DISTINCT owner, name, type FROM all_source "
-                    "WHERE owner IN :p_scopes)"
-                ).bindparams(bindparam("p_scopes", expanding=True)),
+                text(SQL["searched"]).bindparams(bindparam("p_scopes", expanding=True)),
                 {"p_scopes": scopes},
             ).scalar()
             or 0
         )
         rows = conn.execute(
-            text(
-                "SELECT owner, name, type, line, text FROM all_source WHERE owner IN :p_scopes "
-                "AND UPPER(text) LIKE :p_pat ORDER BY owner, name, type, line"
-            ).bindparams(bindparam("p_scopes", expanding=True)),
+            text(SQL["callers"]).bindparams(bindparam("p_scopes", expanding=True)),
             {"p_scopes": scopes, "p_pat": f"%{ref.name.upper()}%"},
         ).all()
         hits: list[CallerHit] = []
@@ -284,10 +434,7 @@ class OracleAdapter(BaseAdapter):
             if sqltext.find_word(str(row[4]), ref.name):
                 hits.append(CallerHit(oref, int(row[3]), str(row[4]).strip()[:200]))
         views = conn.execute(
-            text(
-                "SELECT owner, view_name, text_vc FROM all_views WHERE owner IN :p_scopes "
-                "ORDER BY owner, view_name"
-            ).bindparams(bindparam("p_scopes", expanding=True)),
+            text(SQL["views"]).bindparams(bindparam("p_scopes", expanding=True)),
             {"p_scopes": scopes},
         ).all()
         for row in views:
@@ -331,6 +478,7 @@ class OracleAdapter(BaseAdapter):
                 object=ref.key,
                 database_error=first_line(exc),
             ) from exc
+        self._restore_settings(conn, ref, attributes)
         status = self.status(conn, ref)
         code = getattr(warning, "full_code", None)
         if code == "DPY-7000" or status.state != VALID:
@@ -342,6 +490,25 @@ class OracleAdapter(BaseAdapter):
                 status=status.state,
                 errors=list(status.errors or self._errors(conn, ref)),
             )
+
+    def _restore_settings(self, conn: Connection, ref: ObjectRef,
+                          attributes: Mapping[str, str]) -> None:
+        """Recompile with the snapshot's compiler settings; disable a trigger that was disabled.
+
+        ``CREATE OR REPLACE`` compiles with the session's settings, so a unit
+        captured at ``PLSQL_OPTIMIZE_LEVEL = 1`` or with ``PLSQL_CCFLAGS`` would
+        come back different; ``ALTER ... COMPILE <settings> REUSE SETTINGS``
+        puts them back (explicit values win over the reused ones).
+        """
+        assert ref.schema is not None
+        clause = compile_settings_clause(attributes) if ref.kind in _PLSQL_KINDS else ""
+        if clause:
+            word, how = _COMPILE[ref.kind]
+            how = how.replace(" REUSE SETTINGS", "")
+            self._raw_execute(conn, f"ALTER {word} {_q(ref.schema)}.{_q(ref.name)} {how} "
+                                    f"{clause} REUSE SETTINGS")
+        if ref.kind == "trigger" and attributes.get("trigger_status") == "DISABLED":
+            self._raw_execute(conn, f"ALTER TRIGGER {_q(ref.schema)}.{_q(ref.name)} DISABLE")
 
     def drop(self, conn: Connection, ref: ObjectRef) -> None:
         ref = self.resolve(conn, ref)
@@ -394,6 +561,31 @@ class OracleAdapter(BaseAdapter):
             ":r := DBMS_LOCK.RELEASE(h); END;",
             n=name,
         )
+
+
+def recompile_order(refs: Sequence[ObjectRef], edges: Sequence[tuple[str, str]]
+                    ) -> list[ObjectRef]:
+    """``refs`` with every object after the ones it uses (Kahn's order; ties by key).
+
+    ``edges`` are ``(dependent, used)`` key pairs; a cycle (possible between a
+    package and a body that call each other) keeps the remaining objects in key
+    order at the end.
+    """
+    by_key = {r.key: r for r in refs}
+    needs: dict[str, set[str]] = {k: set() for k in by_key}
+    for dep, used in edges:
+        if dep in needs and used in by_key:
+            needs[dep].add(used)
+    out: list[ObjectRef] = []
+    done: set[str] = set()
+    while len(done) < len(by_key):
+        ready = sorted(k for k in by_key if k not in done and needs[k] <= done)
+        if not ready:
+            ready = sorted(k for k in by_key if k not in done)
+        for k in ready:
+            done.add(k)
+            out.append(by_key[k])
+    return out
 
 
 def _oracle_error() -> type[Exception]:

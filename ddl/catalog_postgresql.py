@@ -1,4 +1,4 @@
-"""PostgreSQL catalog adapter: functions, procedures, views, triggers.
+"""PostgreSQL catalog adapter: functions, procedures, aggregates, views, triggers.
 
 * Source: ``pg_get_functiondef`` (functions, procedures), ``pg_get_viewdef``
   wrapped into ``CREATE OR REPLACE VIEW`` (views), ``pg_get_triggerdef`` as
@@ -12,10 +12,17 @@
   functions are checked against a table they are attached to),
   ``fmgr_sql_validator`` for SQL functions (re-validates the body against
   today's catalog), ``EXPLAIN`` for views.  Other languages are ``unchecked``.
-* Dependents: ``pg_depend`` (views through ``pg_rewrite``, SQL-standard
-  function bodies, triggers) plus a reverse scan of every PL/pgSQL function in
-  scope with ``plpgsql_show_dependency_tb`` (PL/pgSQL bodies are not in
-  ``pg_depend``).
+* Aggregates: ``pg_get_functiondef`` refuses them; their source is written
+  from ``pg_aggregate`` as ``CREATE OR REPLACE AGGREGATE`` (PostgreSQL 12+).
+* Dependents, transitively (a changed state function changes its aggregate
+  and every view over it): one graph per sweep from ``pg_depend`` (views
+  through ``pg_rewrite``, SQL-standard function bodies, aggregates, triggers),
+  ``plpgsql_show_dependency_tb`` over every PL/pgSQL function in scope in one
+  query (PL/pgSQL bodies are not in ``pg_depend``), and the string bodies of
+  ``LANGUAGE sql`` functions parsed with ``pglast`` (not in ``pg_depend``
+  either).  Statuses of many objects are checked in one round trip per kind.
+* One statement per source: ``pglast`` (PostgreSQL's parser) at plan time, and
+  the DDL is sent through the extended protocol, which runs one statement.
 * PostgreSQL has no "recompile": re-checking an object is the equivalent.
 * Lock: ``pg_advisory_lock`` on a key derived from the object, session scoped.
 """
@@ -25,17 +32,21 @@ from __future__ import annotations
 import hashlib
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
+from ddl import source as srcmod
 from ddl import sqltext
 from ddl.catalog import (
+    CATALOG,
     INVALID,
     MISSING,
+    NOT_CHECKED,
     UNCHECKED,
     VALID,
     BaseAdapter,
@@ -45,11 +56,18 @@ from ddl.catalog import (
     LiveObject,
     ObjectRef,
     ObjectStatus,
+    Probe,
     Progress,
     first_line,
     register,
 )
-from ddl.errors import ApplyFailed, InvalidObjectName, ObjectNotFound, PlpgsqlCheckMissing
+from ddl.errors import (
+    ApplyFailed,
+    InvalidObjectName,
+    ObjectNotFound,
+    PlpgsqlCheckMissing,
+    UnsupportedObjectType,
+)
 
 _RELOPTION_RE = re.compile(r"^[a-z_]+=[A-Za-z0-9_]+$")
 PROBE_LOCK_TIMEOUT = "2s"
@@ -63,12 +81,62 @@ def _q(name: str, what: str = "identifier") -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
+_PROKIND = {"p": "procedure", "a": "aggregate", "f": "function", "w": "function"}
+_PROC_KINDS = frozenset({"function", "procedure", "aggregate"})
+_VIEW_COLUMNS_CHANGED = "42P16"
+"""SQLSTATE of ``cannot drop columns from view`` (and renamed or retyped view columns)."""
+
+Node = tuple[str, int]
+"""A catalog object as ``(catalog, oid)``: ``pg_proc``, ``pg_class`` or ``pg_trigger``."""
+
+
+def _kind_of(prokind: str) -> str:
+    return _PROKIND.get(str(prokind), "function")
+
+
+def _ms(seconds: float) -> str:
+    return f"{max(int(seconds * 1000), 1)}ms"
+
+
+def _literal(value: str) -> str:
+    """A SQL string literal (quotes doubled) for text read from the catalog."""
+    return "'" + value.replace("'", "''") + "'"
+
+
+_DEP_FILTER = ("d.deptype IN ('n', 'a') AND d.refclassid IN ('pg_proc'::regclass, "
+               "'pg_class'::regclass) AND n.nspname = ANY(:s)")
+_PG_DEPEND_EDGES = (
+    # a view's rewrite rule uses functions, aggregates, views and tables
+    "SELECT DISTINCT 'pg_class' AS ncls, c.oid AS noid, 'view' AS kind, c.relname AS name, "
+    "n.nspname AS schema, NULL::text AS args, NULL::text AS parent, "
+    "d.refclassid::regclass::text AS rcls, d.refobjid AS roid FROM pg_depend d "
+    "JOIN pg_rewrite rw ON d.classid = 'pg_rewrite'::regclass AND rw.oid = d.objid "
+    "JOIN pg_class c ON c.oid = rw.ev_class AND c.relkind = 'v' "
+    "JOIN pg_namespace n ON n.oid = c.relnamespace "
+    f"WHERE {_DEP_FILTER} AND d.refobjid <> c.oid "
+    # an aggregate uses its state and final functions; a BEGIN ATOMIC body what it calls
+    "UNION SELECT DISTINCT 'pg_proc', p.oid, CASE p.prokind WHEN 'p' THEN 'procedure' "
+    "WHEN 'a' THEN 'aggregate' ELSE 'function' END, p.proname, n.nspname, "
+    "oidvectortypes(p.proargtypes), NULL, d.refclassid::regclass::text, d.refobjid "
+    "FROM pg_depend d JOIN pg_proc p ON d.classid = 'pg_proc'::regclass AND p.oid = d.objid "
+    "JOIN pg_namespace n ON n.oid = p.pronamespace "
+    f"WHERE {_DEP_FILTER} AND d.refobjid <> p.oid "
+    # a trigger uses its function
+    "UNION SELECT DISTINCT 'pg_trigger', t.oid, 'trigger', t.tgname, n.nspname, NULL, "
+    "c.relname, d.refclassid::regclass::text, d.refobjid FROM pg_depend d "
+    "JOIN pg_trigger t ON d.classid = 'pg_trigger'::regclass AND t.oid = d.objid "
+    "AND NOT t.tgisinternal JOIN pg_class c ON c.oid = t.tgrelid "
+    f"JOIN pg_namespace n ON n.oid = c.relnamespace WHERE {_DEP_FILTER}"
+)
+
+
 @register
 class PostgresqlAdapter(BaseAdapter):
     dialect = "postgresql"
     transactional_ddl = True
-    kinds = frozenset({"function", "procedure", "view", "trigger"})
+    kinds = frozenset({"function", "procedure", "aggregate", "view", "trigger"})
     fold = "lower"
+    sqlglot_dialect = "postgres"
 
     # -- identity ------------------------------------------------------------------------
     def default_schema(self, conn: Connection) -> str | None:
@@ -92,7 +160,7 @@ class PostgresqlAdapter(BaseAdapter):
     def resolve(self, conn: Connection, ref: ObjectRef) -> ObjectRef:
         self.check_kind(ref)
         schema = ref.schema or self._current_schema(conn)
-        if ref.kind in ("function", "procedure"):
+        if ref.kind in _PROC_KINDS:
             rows = self._procs(conn, schema, ref.name)
             if ref.args is not None:
                 oid = conn.execute(
@@ -114,8 +182,7 @@ class PostgresqlAdapter(BaseAdapter):
                     f"(e.g. {ref.kind}:{schema}.{ref.name}({rows[0].args}))",
                     candidates=[r.args for r in rows],
                 )
-            kind = "procedure" if row.prokind == "p" else "function"
-            return ObjectRef(kind, ref.name, schema, str(row.args))
+            return ObjectRef(_kind_of(row.prokind), ref.name, schema, str(row.args))
         if ref.kind == "trigger":
             rows = list(
                 conn.execute(
@@ -137,12 +204,50 @@ class PostgresqlAdapter(BaseAdapter):
             return ObjectRef("trigger", ref.name, schema, parent=parent)
         return ObjectRef(ref.kind, ref.name, schema)
 
+    def header(self, source: str) -> ObjectRef:
+        """What the source defines, by PostgreSQL's own parser (``pglast``); no catalog read.
+
+        The source must be exactly one definition (``ExtraStatements`` otherwise).
+        """
+        from pglast import parse_sql
+        from pglast.parser import ParseError
+
+        try:
+            stmts = parse_sql(source)
+        except ParseError:
+            stmts = ()
+        if not stmts:  # let parse_definition word the refusal
+            srcmod.parse_postgresql(source, "function", "the source")
+        stmt: Any = stmts[0].stmt
+        name = type(stmt).__name__
+        if name == "CreateFunctionStmt":
+            parts = [str(x.sval) for x in stmt.funcname]
+            kind = "procedure" if stmt.is_procedure else "function"
+            ref = ObjectRef(kind, parts[-1], parts[-2] if len(parts) > 1 else None)
+        elif name == "ViewStmt":
+            ref = ObjectRef("view", str(stmt.view.relname), stmt.view.schemaname)
+        elif name == "CreateTrigStmt":
+            ref = ObjectRef("trigger", str(stmt.trigname), stmt.relation.schemaname,
+                            parent=str(stmt.relation.relname))
+        elif name == "DefineStmt" and len(stmt.defnames or ()) >= 1:
+            parts = [str(x.sval) for x in stmt.defnames]
+            ref = ObjectRef("aggregate", parts[-1], parts[-2] if len(parts) > 1 else None)
+        else:
+            raise UnsupportedObjectType(
+                f"the source is a {name}, not a function, procedure, aggregate, view or trigger",
+                found=name, supported=sorted(self.kinds))
+        srcmod.parse_postgresql(source, ref.kind, ref.key)
+        return ref
+
+    def parse_definition(self, conn: Connection | None, ref: ObjectRef, source: str,
+                         attributes: Mapping[str, str]) -> None:
+        srcmod.parse_postgresql(source, ref.kind, ref.key)
+
     def identify(self, conn: Connection, source: str) -> ObjectRef:
-        header = sqltext.parse_header(source, self.fold)
-        ref = ObjectRef(header.kind, header.name, header.schema)
+        ref = self.header(source)  # parsed first: nothing but one definition is ever executed
         self.check_kind(ref)
         schema = ref.schema or self._current_schema(conn)
-        if ref.kind in ("function", "procedure"):
+        if ref.kind in _PROC_KINDS:
             # The argument types are what the server makes of the header: create it in a
             # savepoint, see which pg_proc row was written, roll back.
             before = {r.oid: r.xmin for r in self._procs(conn, schema, ref.name)}
@@ -159,17 +264,10 @@ class PostgresqlAdapter(BaseAdapter):
                     f"could not tell which {ref.kind} the source creates",
                     object=ref.key,
                 )
-            kind = "procedure" if written[0].prokind == "p" else "function"
-            return ObjectRef(kind, ref.name, schema, str(written[0].args))
+            return ObjectRef(_kind_of(written[0].prokind), ref.name, schema,
+                             str(written[0].args))
         if ref.kind == "trigger":
-            masked = sqltext.mask(source, strings=False)
-            m = re.search(r"\bON\s+(" + sqltext._Q + r"(?:\s*\.\s*" + sqltext._Q + r")?)",
-                          masked[header.end :], re.IGNORECASE)
-            parent = None
-            if m:
-                parts = re.findall(sqltext._Q, m.group(1))
-                parent, _ = sqltext.unquote(parts[-1], self.fold)
-            return ObjectRef("trigger", ref.name, schema, parent=parent)
+            return ObjectRef("trigger", ref.name, schema, parent=ref.parent)
         return ObjectRef(ref.kind, ref.name, schema)
 
     # -- reading ---------------------------------------------------------------------------
@@ -180,7 +278,8 @@ class PostgresqlAdapter(BaseAdapter):
                 return None
         return conn.execute(
             text(
-                "SELECT p.oid, pg_get_functiondef(p.oid) AS src, l.lanname, p.prokind, "
+                "SELECT p.oid, CASE WHEN p.prokind = 'a' THEN NULL "
+                "ELSE pg_get_functiondef(p.oid) END AS src, l.lanname, p.prokind, "
                 "p.prorettype = 'trigger'::regtype AS is_trigger, "
                 "p.prorettype = 'event_trigger'::regtype AS is_event_trigger, "
                 "CAST(CAST(p.oid AS regprocedure) AS text) AS signature "
@@ -214,16 +313,78 @@ class PostgresqlAdapter(BaseAdapter):
             {"s": ref.schema, "n": ref.name, "p": ref.parent},
         ).first()
 
+    def _aggregate_source(self, conn: Connection, oid: int) -> str:
+        """``CREATE OR REPLACE AGGREGATE`` written from ``pg_aggregate`` (no functiondef exists)."""
+        a = conn.execute(text(
+            "SELECT quote_ident(n.nspname) AS qs, quote_ident(p.proname) AS qn, "
+            "pg_get_function_arguments(p.oid) AS args, a.aggkind, p.proparallel, "
+            "a.aggtransfn::regproc::text AS sfunc, format_type(a.aggtranstype, NULL) AS stype, "
+            "a.aggtransspace, NULLIF(a.aggfinalfn, 0)::regproc::text AS finalfunc, "
+            "a.aggfinalextra, a.aggfinalmodify, "
+            "NULLIF(a.aggcombinefn, 0)::regproc::text AS combinefunc, "
+            "NULLIF(a.aggserialfn, 0)::regproc::text AS serialfunc, "
+            "NULLIF(a.aggdeserialfn, 0)::regproc::text AS deserialfunc, a.agginitval, "
+            "NULLIF(a.aggmtransfn, 0)::regproc::text AS msfunc, "
+            "NULLIF(a.aggminvtransfn, 0)::regproc::text AS minvfunc, "
+            "CASE WHEN a.aggmtranstype = 0 THEN NULL "
+            "ELSE format_type(a.aggmtranstype, NULL) END AS mstype, a.aggmtransspace, "
+            "NULLIF(a.aggmfinalfn, 0)::regproc::text AS mfinalfunc, a.aggmfinalextra, "
+            "a.aggmfinalmodify, a.aggminitval, "
+            "CASE WHEN a.aggsortop = 0 THEN NULL ELSE a.aggsortop::regoperator::text END "
+            "AS sortop "
+            "FROM pg_aggregate a JOIN pg_proc p ON p.oid = a.aggfnoid "
+            "JOIN pg_namespace n ON n.oid = p.pronamespace WHERE a.aggfnoid = :o"
+        ), {"o": oid}).one()
+        modify = {"r": "READ_ONLY", "s": "SHAREABLE", "w": "READ_WRITE"}
+        default_modify = "w" if a.aggkind in ("o", "h") else "r"
+        opts = [f"SFUNC = {a.sfunc}", f"STYPE = {a.stype}"]
+        if a.aggtransspace:
+            opts.append(f"SSPACE = {int(a.aggtransspace)}")
+        if a.finalfunc:
+            opts.append(f"FINALFUNC = {a.finalfunc}")
+            if a.aggfinalextra:
+                opts.append("FINALFUNC_EXTRA")
+            if a.aggfinalmodify != default_modify:
+                opts.append(f"FINALFUNC_MODIFY = {modify[a.aggfinalmodify]}")
+        for key, value in (("COMBINEFUNC", a.combinefunc), ("SERIALFUNC", a.serialfunc),
+                           ("DESERIALFUNC", a.deserialfunc)):
+            if value:
+                opts.append(f"{key} = {value}")
+        if a.agginitval is not None:
+            opts.append("INITCOND = " + _literal(str(a.agginitval)))
+        if a.msfunc:
+            opts += [f"MSFUNC = {a.msfunc}", f"MINVFUNC = {a.minvfunc}", f"MSTYPE = {a.mstype}"]
+            if a.aggmtransspace:
+                opts.append(f"MSSPACE = {int(a.aggmtransspace)}")
+            if a.mfinalfunc:
+                opts.append(f"MFINALFUNC = {a.mfinalfunc}")
+                if a.aggmfinalextra:
+                    opts.append("MFINALFUNC_EXTRA")
+                if a.aggmfinalmodify != default_modify:
+                    opts.append(f"MFINALFUNC_MODIFY = {modify[a.aggmfinalmodify]}")
+            if a.aggminitval is not None:
+                opts.append("MINITCOND = " + _literal(str(a.aggminitval)))
+        if a.sortop:
+            opts.append(f"SORTOP = {a.sortop.split('(')[0]}")
+        if a.proparallel != "u":
+            opts.append("PARALLEL = " + {"s": "SAFE", "r": "RESTRICTED"}[a.proparallel])
+        if a.aggkind == "h":
+            opts.append("HYPOTHETICAL")
+        body = ",\n    ".join(opts)
+        return f"CREATE OR REPLACE AGGREGATE {a.qs}.{a.qn}({a.args}) (\n    {body}\n)\n"
+
     def read(self, conn: Connection, ref: ObjectRef) -> LiveObject | None:
         self.check_kind(ref)
-        if ref.schema is None or (ref.kind in ("function", "procedure") and ref.args is None):
+        if ref.schema is None or (ref.kind in _PROC_KINDS and ref.args is None):
             ref = self.resolve(conn, ref)
-        if ref.kind in ("function", "procedure"):
+        if ref.kind in _PROC_KINDS:
             row = self._proc_row(conn, ref)
             if row is None:
                 return None
-            kind = "procedure" if row.prokind == "p" else "function"
-            resolved = ObjectRef(kind, ref.name, ref.schema, ref.args)
+            resolved = ObjectRef(_kind_of(row.prokind), ref.name, ref.schema, ref.args)
+            if row.prokind == "a":
+                return LiveObject(resolved, self._aggregate_source(conn, int(row.oid)),
+                                  {"language": "aggregate"})
             return LiveObject(resolved, str(row.src), {"language": str(row.lanname)})
         if ref.kind == "view":
             row = self._view_row(conn, ref)
@@ -240,20 +401,70 @@ class PostgresqlAdapter(BaseAdapter):
         return LiveObject(ObjectRef("trigger", ref.name, ref.schema, parent=str(row.relname)), src)
 
     def render(self, conn: Connection, ref: ObjectRef, source: str) -> str | None:
-        """Apply ``source`` in a savepoint, read the catalog's rendering, roll back.
+        """Apply ``source`` in a savepoint, read the catalog's rendering, roll back."""
+        (probe,) = self.probe(conn, [(ref, source, {})])
+        if probe.error is not None:
+            raise ApplyFailed(f"postgresql refused the DDL for {ref.key}: {probe.error}",
+                              object=ref.key, database_error=probe.error)
+        return probe.rendered
 
-        The savepoint holds the object's lock for the few milliseconds this takes
+    def probe(self, conn: Connection,
+              items: Sequence[tuple[ObjectRef, str, Mapping[str, str]]]) -> list[Probe]:
+        """Apply every source in order in one savepoint, read and check each, roll back.
+
+        The savepoint holds the objects' locks for the few milliseconds this takes
         (a view's or a trigger's table lock included), and waits at most
-        ``PROBE_LOCK_TIMEOUT`` for it; a timeout is reported as a failed render.
+        ``PROBE_LOCK_TIMEOUT`` for them; a timeout is reported as the source's error.
+        The check is the same as verify's, so a checker's complaint about the new
+        source (a ``plpgsql_check`` false positive among them) is known at plan time.
         """
+        out: list[Probe] = []
         with conn.begin_nested() as sp:
             try:
                 conn.execute(text(f"SET LOCAL lock_timeout = '{PROBE_LOCK_TIMEOUT}'"))
-                self.execute_ddl(conn, ref, source)
-                live = self.read(conn, ref)
+                for ref, source, _ in items:
+                    with conn.begin_nested() as one:
+                        try:
+                            self.execute_ddl(conn, ref, source)
+                        except ApplyFailed as exc:
+                            one.rollback()
+                            out.append(Probe(None, None, str(exc.details.get("database_error")
+                                                             or exc.message)))
+                            continue
+                        live = self.read(conn, ref)
+                        rendered = None if live is None else self.normalise(ref, live.source)
+                        status = None if live is None else self.statuses(conn, [live.object])[
+                            live.object.key]
+                        out.append(Probe(rendered, status, None))
             finally:
                 sp.rollback()
-        return None if live is None else self.normalise(ref, live.source)
+        return out
+
+    def execute_ddl(self, conn: Connection, ref: ObjectRef, source: str) -> None:
+        """Send the DDL through the extended protocol, which runs exactly one statement.
+
+        psycopg uses the simple protocol (where ``;`` separates statements) for a
+        query without parameters; ``prepare=True`` makes it Parse/Bind/Execute, so
+        whatever the plan-time parse might have missed, the server refuses a
+        second statement ("cannot insert multiple commands into a prepared
+        statement") instead of running it.
+        """
+        import psycopg
+
+        dbapi: Any = conn.connection.dbapi_connection
+        assert dbapi is not None
+        cur = dbapi.cursor()
+        try:
+            cur.execute(self.sql_source(ref, source), prepare=True)
+        except psycopg.Error as exc:
+            raise ApplyFailed(
+                f"{self.dialect} refused the DDL for {ref.key}: {first_line(exc)}",
+                object=ref.key,
+                database_error=first_line(exc),
+                sqlstate=getattr(exc, "sqlstate", None),
+            ) from exc
+        finally:
+            cur.close()
 
     # -- status ------------------------------------------------------------------------------
     def _ext_schema(self, conn: Connection) -> str | None:
@@ -285,111 +496,217 @@ class PostgresqlAdapter(BaseAdapter):
         assert schema is not None
         return _q(schema, "extension schema")
 
-    def _trigger_relid(self, conn: Connection, fn_oid: int) -> int | None:
-        v = conn.execute(
-            text(
-                "SELECT tgrelid FROM pg_trigger WHERE tgfoid = :o AND NOT tgisinternal "
-                "ORDER BY oid LIMIT 1"
-            ),
-            {"o": fn_oid},
-        ).scalar()
-        return None if v is None else int(v)
+    def _plpgsql_errors(self, conn: Connection, pairs: Sequence[tuple[int, int]]
+                        ) -> dict[tuple[int, int], tuple[str, ...] | str]:
+        """``plpgsql_check_function_tb`` for many (function, table) pairs in one query.
 
-    def _check_function(
-        self, conn: Connection, ref: ObjectRef, row: Any, relid: int | None = None
-    ) -> ObjectStatus:
-        lang = str(row.lanname)
-        if lang == "plpgsql":
-            if row.is_event_trigger:
-                return ObjectStatus(ref, UNCHECKED, (), "event trigger functions are not checked")
-            if relid is None:
-                relid = 0
-            if row.is_trigger and relid == 0:
-                found = self._trigger_relid(conn, int(row.oid))
-                if found is None:
-                    return ObjectStatus(
-                        ref, UNCHECKED, (), "trigger function not attached to any table"
-                    )
-                relid = found
-            ext = self._ext(conn)
+        A pair whose check raises (instead of reporting) is re-run alone; its
+        value is then the error text (the function cannot be checked at all).
+        """
+        if not pairs:
+            return {}
+        ext = self._ext(conn)
+        sql = text(
+            "SELECT c.o, c.r, x.level, x.message, x.lineno FROM "
+            "unnest(CAST(:o AS oid[]), CAST(:r AS oid[])) AS c(o, r) CROSS JOIN LATERAL "
+            f"{ext}.plpgsql_check_function_tb(CAST(c.o AS regprocedure), "
+            "CAST(c.r AS regclass)) AS x"
+        )
+        out: dict[tuple[int, int], tuple[str, ...] | str] = {p: () for p in pairs}
+        try:
             with conn.begin_nested() as sp:
-                try:
-                    rows = list(
-                        conn.execute(
-                            text(
-                                "SELECT level, message, lineno FROM "
-                                f"{ext}.plpgsql_check_function_tb("
-                                "CAST(CAST(:o AS oid) AS regprocedure), "
-                                "CAST(CAST(:r AS oid) AS regclass))"
-                            ),
-                            {"o": int(row.oid), "r": relid},
-                        )
-                    )
-                except sa.exc.DBAPIError as exc:
-                    sp.rollback()
-                    return ObjectStatus(
-                        ref, INVALID, (first_line(exc.orig),), "plpgsql_check_function_tb"
-                    )
+                rows = conn.execute(sql, {"o": [p[0] for p in pairs],
+                                          "r": [p[1] for p in pairs]}).all()
                 sp.rollback()
-            errors = tuple(
-                f"line {r.lineno}: {r.message}" for r in rows if str(r.level) == "error"
-            )
-            return ObjectStatus(
-                ref, INVALID if errors else VALID, errors, "plpgsql_check_function_tb"
-            )
-        if lang == "sql":
+        except sa.exc.DBAPIError as exc:
+            if len(pairs) == 1:
+                return {pairs[0]: first_line(exc.orig)}
+            half = len(pairs) // 2
+            return {**self._plpgsql_errors(conn, pairs[:half]),
+                    **self._plpgsql_errors(conn, pairs[half:])}
+        for r in rows:
+            if str(r.level) == "error":
+                key = (int(r.o), int(r.r))
+                prev = out[key]
+                assert isinstance(prev, tuple)
+                out[key] = (*prev, f"line {r.lineno}: {r.message}")
+        return out
+
+    def _validate_sql(self, conn: Connection, oids: Sequence[int]) -> dict[int, str | None]:
+        """``fmgr_sql_validator`` over many SQL functions; bisects to find the ones that fail."""
+        if not oids:
+            return {}
+        sql = text("SELECT fmgr_sql_validator(o) FROM unnest(CAST(:o AS oid[])) AS o")
+        try:
             with conn.begin_nested() as sp:
-                try:
-                    conn.execute(
-                        text("SELECT fmgr_sql_validator(CAST(:o AS oid))"), {"o": int(row.oid)}
-                    )
-                except sa.exc.DBAPIError as exc:
-                    sp.rollback()
-                    return ObjectStatus(ref, INVALID, (first_line(exc.orig),), "fmgr_sql_validator")
+                conn.execute(sql, {"o": list(oids)}).all()
                 sp.rollback()
-            return ObjectStatus(ref, VALID, (), "fmgr_sql_validator")
-        return ObjectStatus(ref, UNCHECKED, (), f"language {lang} has no compile check")
+        except sa.exc.DBAPIError as exc:
+            if len(oids) == 1:
+                return {oids[0]: first_line(exc.orig)}
+            half = len(oids) // 2
+            return {**self._validate_sql(conn, oids[:half]),
+                    **self._validate_sql(conn, oids[half:])}
+        return dict.fromkeys(oids)
+
+    def _explain(self, conn: Connection, queries: Sequence[str]) -> list[str | None]:
+        """Plan many ``SELECT``s in one ``EXPLAIN``; bisect to the failing ones."""
+        if not queries:
+            return []
+        sql = "EXPLAIN " + " UNION ALL ".join(f"(SELECT 1 FROM ({q}) AS x)" for q in queries)
+        try:
+            with conn.begin_nested() as sp:
+                conn.exec_driver_sql(sql, execution_options={"no_parameters": True}).all()
+                sp.rollback()
+        except sa.exc.DBAPIError as exc:
+            if len(queries) == 1:
+                return [first_line(exc.orig)]
+            half = len(queries) // 2
+            return self._explain(conn, queries[:half]) + self._explain(conn, queries[half:])
+        return [None] * len(queries)
 
     def status(self, conn: Connection, ref: ObjectRef) -> ObjectStatus:
-        self.check_kind(ref)
-        if ref.kind in ("function", "procedure"):
-            row = self._proc_row(conn, ref)
+        return self.statuses(conn, [ref])[ref.key]
+
+    def statuses(self, conn: Connection, refs: Sequence[ObjectRef]) -> dict[str, ObjectStatus]:
+        """Check many objects with one query per kind of check (not one per object).
+
+        PL/pgSQL functions and trigger functions (against their table):
+        ``plpgsql_check_function_tb``; SQL functions: ``fmgr_sql_validator``;
+        views and aggregates: planned in one ``EXPLAIN``; other languages:
+        ``unchecked``.  Bisection finds the failing ones when a batch fails.
+        """
+        out: dict[str, ObjectStatus] = {}
+        procs: list[tuple[ObjectRef, Any]] = []
+        views: list[tuple[ObjectRef, str]] = []
+        plpgsql: list[tuple[ObjectRef, int, int, str]] = []
+        for ref in refs:
+            self.check_kind(ref)
+        proc_refs = [r if r.args is not None and r.schema is not None else self.resolve(conn, r)
+                     for r in refs if r.kind in _PROC_KINDS]
+        found_procs = {str(row.k): row for row in conn.execute(text(
+            "SELECT r.k, p.oid, l.lanname, p.prokind, "
+            "p.prorettype = 'trigger'::regtype AS is_trigger, "
+            "p.prorettype = 'event_trigger'::regtype AS is_event_trigger, "
+            "(SELECT t.tgrelid FROM pg_trigger t WHERE t.tgfoid = p.oid AND NOT t.tgisinternal "
+            "ORDER BY t.oid LIMIT 1) AS relid "
+            "FROM unnest(CAST(:k AS text[]), CAST(:s AS text[]), CAST(:n AS text[]), "
+            "CAST(:a AS text[])) AS r(k, s, n, a) "
+            "JOIN pg_namespace ns ON ns.nspname = r.s "
+            "JOIN pg_proc p ON p.pronamespace = ns.oid AND p.proname = r.n "
+            "AND oidvectortypes(p.proargtypes) = r.a JOIN pg_language l ON l.oid = p.prolang"),
+            {"k": [r.key for r in proc_refs], "s": [r.schema for r in proc_refs],
+             "n": [r.name for r in proc_refs], "a": [r.args or "" for r in proc_refs]}).all()}
+        for orig, ref in zip([r for r in refs if r.kind in _PROC_KINDS], proc_refs, strict=True):
+            row = found_procs.get(ref.key)
             if row is None:
-                return ObjectStatus(ref, MISSING, (), "pg_proc")
-            return self._check_function(conn, ref, row)
-        if ref.kind == "view":
-            vrow = self._view_row(conn, ref)
+                out[orig.key] = ObjectStatus(orig, MISSING, (), "pg_proc", CATALOG)
+            else:
+                procs.append((orig, row))
+        view_refs = [r if r.schema is not None else self.resolve(conn, r)
+                     for r in refs if r.kind == "view"]
+        found_views = {str(row.k): row for row in conn.execute(text(
+            "SELECT r.k, quote_ident(n.nspname) AS qs, quote_ident(c.relname) AS qn "
+            "FROM unnest(CAST(:k AS text[]), CAST(:s AS text[]), CAST(:n AS text[])) "
+            "AS r(k, s, n) JOIN pg_namespace n ON n.nspname = r.s "
+            "JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = r.n AND c.relkind = 'v'"),
+            {"k": [r.key for r in view_refs], "s": [r.schema for r in view_refs],
+             "n": [r.name for r in view_refs]}).all()}
+        for orig, ref in zip([r for r in refs if r.kind == "view"], view_refs, strict=True):
+            vrow = found_views.get(ref.key)
             if vrow is None:
-                return ObjectStatus(ref, MISSING, (), "pg_class")
-            with conn.begin_nested() as sp:
-                try:
-                    conn.execute(text(f"EXPLAIN SELECT * FROM {vrow.qs}.{vrow.qn}"))
-                except sa.exc.DBAPIError as exc:
-                    sp.rollback()
-                    return ObjectStatus(ref, INVALID, (first_line(exc.orig),), "EXPLAIN")
-                sp.rollback()
-            return ObjectStatus(ref, VALID, (), "EXPLAIN")
-        trow = self._trigger_row(conn, ref)
-        if trow is None:
-            return ObjectStatus(ref, MISSING, (), "pg_trigger")
-        frow = conn.execute(
-            text(
-                "SELECT p.oid, l.lanname, true AS is_trigger, false AS is_event_trigger "
-                "FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang WHERE p.oid = :o"
-            ),
-            {"o": int(trow.tgfoid)},
-        ).first()
-        if frow is None:
-            return ObjectStatus(ref, INVALID, ("trigger function is gone",), "pg_trigger")
-        return self._check_function(conn, ref, frow, relid=int(trow.tgrelid))
+                out[orig.key] = ObjectStatus(orig, MISSING, (), "pg_class", CATALOG)
+            else:
+                views.append((orig, f"SELECT 1 FROM {vrow.qs}.{vrow.qn} LIMIT 0"))
+        for ref in refs:
+            if ref.kind != "trigger":
+                continue
+            trow = self._trigger_row(conn, ref)
+            if trow is None:
+                out[ref.key] = ObjectStatus(ref, MISSING, (), "pg_trigger", CATALOG)
+                continue
+            lang = conn.execute(text(
+                "SELECT l.lanname FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang "
+                "WHERE p.oid = :o"), {"o": int(trow.tgfoid)}).scalar()
+            if lang is None:
+                out[ref.key] = ObjectStatus(ref, INVALID, ("trigger function is gone",),
+                                            "pg_trigger", CATALOG)
+            elif lang != "plpgsql":
+                out[ref.key] = ObjectStatus(ref, UNCHECKED, (),
+                                            f"language {lang} has no compile check",
+                                            NOT_CHECKED)
+            else:
+                plpgsql.append((ref, int(trow.tgfoid), int(trow.tgrelid),
+                                "plpgsql_check_function_tb"))
+        sql_fns: list[tuple[ObjectRef, int]] = []
+        for ref, row in procs:
+            if row.prokind == "a":
+                views.append((ref, self._aggregate_probe(conn, int(row.oid))))
+            elif row.lanname == "plpgsql":
+                if row.is_event_trigger:
+                    out[ref.key] = ObjectStatus(ref, UNCHECKED, (),
+                                                "event trigger functions are not checked",
+                                                NOT_CHECKED)
+                    continue
+                relid = 0
+                if row.is_trigger:
+                    if row.relid is None:
+                        out[ref.key] = ObjectStatus(ref, UNCHECKED, (),
+                                                    "trigger function not attached to any table",
+                                                    NOT_CHECKED)
+                        continue
+                    relid = int(row.relid)
+                plpgsql.append((ref, int(row.oid), relid, "plpgsql_check_function_tb"))
+            elif row.lanname == "sql":
+                sql_fns.append((ref, int(row.oid)))
+            else:
+                out[ref.key] = ObjectStatus(ref, UNCHECKED, (),
+                                            f"language {row.lanname} has no compile check",
+                                            NOT_CHECKED)
+        found_errors = self._plpgsql_errors(conn, [(o, r) for _, o, r, _ in plpgsql])
+        for ref, o, r, method in plpgsql:
+            errs = found_errors[(o, r)]
+            errors = (errs,) if isinstance(errs, str) else errs
+            out[ref.key] = ObjectStatus(ref, INVALID if errors else VALID, errors, method)
+        validated = self._validate_sql(conn, [o for _, o in sql_fns])
+        for ref, o in sql_fns:
+            err = validated[o]
+            out[ref.key] = ObjectStatus(ref, INVALID if err else VALID,
+                                        (err,) if err else (), "fmgr_sql_validator")
+        planned = self._explain(conn, [q for _, q in views])
+        for (ref, _), err in zip(views, planned, strict=True):
+            method = "EXPLAIN of a call" if ref.kind == "aggregate" else "EXPLAIN"
+            out[ref.key] = ObjectStatus(ref, INVALID if err else VALID,
+                                        (err,) if err else (), method)
+        return out
+
+    def _aggregate_probe(self, conn: Connection, oid: int) -> str:
+        """A call of the aggregate with typed NULLs, for EXPLAIN (ordered-set ones included)."""
+        row = conn.execute(text(
+            "SELECT quote_ident(n.nspname) || '.' || quote_ident(p.proname) AS qname, "
+            "a.aggkind, a.aggnumdirectargs, "
+            "ARRAY(SELECT format_type(t, NULL) FROM unnest(p.proargtypes) t) AS types "
+            "FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
+            "JOIN pg_aggregate a ON a.aggfnoid = p.oid WHERE p.oid = :o"), {"o": oid}).one()
+        nulls = [f"NULL::{t}" for t in row.types]
+        if row.aggkind in ("o", "h"):
+            direct = nulls[: row.aggnumdirectargs]
+            ordered = nulls[row.aggnumdirectargs:] or nulls[-1:]
+            return (f"SELECT {row.qname}({', '.join(direct)}) WITHIN GROUP "
+                    f"(ORDER BY {', '.join(ordered)}) LIMIT 0")
+        return f"SELECT {row.qname}({', '.join(nulls)}) LIMIT 0"
 
     def recompile(self, conn: Connection, ref: ObjectRef) -> ObjectStatus:
         """PostgreSQL compiles on use; re-checking the one object is the equivalent."""
         return self.status(conn, ref)
 
+    def sweep(self, conn: Connection, refs: Sequence[ObjectRef],
+              before: Mapping[str, ObjectStatus]) -> dict[str, ObjectStatus]:
+        return self.statuses(conn, refs)
+
     # -- dependents and callers ---------------------------------------------------------
-    def _target_oid(self, conn: Connection, ref: ObjectRef) -> tuple[str, int] | None:
-        if ref.kind in ("function", "procedure"):
+    def _target_node(self, conn: Connection, ref: ObjectRef) -> Node | None:
+        if ref.kind in _PROC_KINDS:
             row = self._proc_row(conn, ref)
             return None if row is None else ("pg_proc", int(row.oid))
         if ref.kind == "view":
@@ -398,114 +715,207 @@ class PostgresqlAdapter(BaseAdapter):
         return None
 
     def _proc_ref(self, row: Any) -> ObjectRef:
-        kind = "procedure" if row.prokind == "p" else "function"
-        return ObjectRef(kind, str(row.proname), str(row.nspname), str(row.args))
+        return ObjectRef(_kind_of(row.prokind), str(row.proname), str(row.nspname),
+                         str(row.args))
 
     def dependents(
         self, conn: Connection, ref: ObjectRef, progress: Progress | None = None
     ) -> list[Dependent]:
-        self.check_kind(ref)
-        target = self._target_oid(conn, ref)
-        if target is None:
-            return []
-        refclass, oid = target
-        found: dict[str, Dependent] = {}
-        deps = conn.execute(
-            text(
-                "SELECT d.classid::regclass::text AS cls, d.objid FROM pg_depend d "
-                "WHERE d.refclassid = CAST(:rc AS regclass) AND d.refobjid = :o "
-                "AND d.deptype IN ('n', 'a') ORDER BY d.classid, d.objid"
-            ),
-            {"rc": refclass, "o": oid},
-        ).all()
-        for dep in deps:
-            dref: ObjectRef | None = None
-            if dep.cls == "pg_rewrite":
-                row = conn.execute(
-                    text(
-                        "SELECT c.oid, c.relname, c.relkind, n.nspname FROM pg_rewrite r "
-                        "JOIN pg_class c ON c.oid = r.ev_class "
-                        "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE r.oid = :o"
-                    ),
-                    {"o": int(dep.objid)},
-                ).first()
-                if row is not None and row.relkind == "v" and int(row.oid) != oid:
-                    dref = ObjectRef("view", str(row.relname), str(row.nspname))
-            elif dep.cls == "pg_proc":
-                row = conn.execute(
-                    text(
-                        "SELECT p.proname, n.nspname, oidvectortypes(p.proargtypes) AS args, "
-                        "p.prokind FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
-                        "WHERE p.oid = :o AND p.prokind IN ('f', 'p')"
-                    ),
-                    {"o": int(dep.objid)},
-                ).first()
-                if row is not None:
-                    dref = self._proc_ref(row)
-            elif dep.cls == "pg_trigger":
-                row = conn.execute(
-                    text(
-                        "SELECT t.tgname, c.relname, n.nspname FROM pg_trigger t "
-                        "JOIN pg_class c ON c.oid = t.tgrelid JOIN pg_namespace n "
-                        "ON n.oid = c.relnamespace WHERE t.oid = :o AND NOT t.tgisinternal"
-                    ),
-                    {"o": int(dep.objid)},
-                ).first()
-                if row is not None:
-                    dref = ObjectRef("trigger", str(row.tgname), str(row.nspname),
-                                     parent=str(row.relname))
-            if dref is not None and dref.key not in found:
-                found[dref.key] = Dependent(dref, ref, "pg_depend")
-        for dep_ref in self._plpgsql_dependents(conn, ref, oid, progress):
-            if dep_ref.key not in found:
-                found[dep_ref.key] = Dependent(dep_ref, ref, "plpgsql_check")
-        return list(found.values())
+        """Direct dependents only (``dependents_many`` follows the chain)."""
+        return [d for d in self.dependents_many(conn, [ref], progress) if d.depth == 1]
 
-    def _plpgsql_dependents(
-        self, conn: Connection, ref: ObjectRef, oid: int, progress: Progress | None
-    ) -> list[ObjectRef]:
-        candidates = conn.execute(
-            text(
-                "SELECT p.oid, p.proname, n.nspname, oidvectortypes(p.proargtypes) AS args, "
-                "p.prokind, p.prorettype = 'trigger'::regtype AS is_trigger, "
-                "p.prorettype = 'event_trigger'::regtype AS is_event_trigger, "
-                "(SELECT t.tgrelid FROM pg_trigger t WHERE t.tgfoid = p.oid "
-                " AND NOT t.tgisinternal ORDER BY t.oid LIMIT 1) AS relid "
-                "FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
-                "JOIN pg_language l ON l.oid = p.prolang "
-                "WHERE l.lanname = 'plpgsql' AND n.nspname = ANY(:scopes) AND p.oid <> :o "
-                "ORDER BY n.nspname, p.proname, p.oid"
-            ),
-            {"scopes": list(self.scopes(ref)), "o": oid},
-        ).all()
-        if not candidates:
+    def dependents_many(self, conn: Connection, refs: Sequence[ObjectRef],
+                        progress: Progress | None = None) -> list[Dependent]:
+        """Every object in scope that uses one of ``refs``, transitively, nearest first.
+
+        One graph is read per sweep: the ``pg_depend`` edges of views, functions,
+        aggregates and triggers in scope; ``plpgsql_show_dependency_tb`` of every
+        PL/pgSQL function in scope, in one query; and the string bodies of
+        ``LANGUAGE sql`` functions parsed by ``pglast`` (names matched in scope).
+        """
+        targets: dict[Node, ObjectRef] = {}
+        for ref in refs:
+            self.check_kind(ref)
+            node = self._target_node(conn, ref)
+            if node is not None:
+                targets[node] = ref
+        if not targets:
             return []
+        scopes = sorted({s for r in refs for s in self.scopes(r)})
+        rev: dict[Node, list[tuple[Node, ObjectRef, str]]] = {}
+        names: dict[Node, ObjectRef] = dict(targets)
+
+        def edge(dep: Node, dep_ref: ObjectRef, on: Node, via: str) -> None:
+            if dep != on:
+                rev.setdefault(on, []).append((dep, dep_ref, via))
+                names.setdefault(dep, dep_ref)
+
+        for row in conn.execute(text(_PG_DEPEND_EDGES), {"s": scopes}).all():
+            if row.kind == "view":
+                dref = ObjectRef("view", str(row.name), str(row.schema))
+            elif row.kind == "trigger":
+                dref = ObjectRef("trigger", str(row.name), str(row.schema),
+                                 parent=str(row.parent))
+            else:
+                dref = ObjectRef(str(row.kind), str(row.name), str(row.schema), str(row.args))
+            edge((str(row.ncls), int(row.noid)), dref, (str(row.rcls), int(row.roid)),
+                 "pg_depend")
+        plpgsql_edges, unreadable = self._plpgsql_edges(conn, scopes)
+        for dep, dref, on in plpgsql_edges:
+            edge(dep, dref, on, "plpgsql_check")
+        sql_refs = [(n, r, q, name, "sql body") for n, r, q, name in
+                    self._sql_body_refs(conn, scopes)]
+        # a PL/pgSQL body the checker cannot read (a broken one) is matched by its words
+        for node, pref, src in unreadable:
+            for word in sorted(set(re.findall(r"[a-z_][a-z0-9_$]*", src.lower()))):
+                sql_refs.append((node, pref, None, word, "source search (unreadable body)"))
+        out: list[Dependent] = []
+        seen: set[Node] = set(targets)
+        frontier = list(targets)
+        depth = 0
+        while frontier:
+            depth += 1
+            nxt: list[Node] = []
+            for node in frontier:
+                on_ref = names[node]
+                found = list(rev.get(node, ()))
+                for (sql_node, sql_ref, qualifier, name, how) in sql_refs:
+                    if name == on_ref.name and (qualifier is None or qualifier == on_ref.schema):
+                        found.append((sql_node, sql_ref, how))
+                for dep, dref, via in found:
+                    if dep in seen:
+                        continue
+                    seen.add(dep)
+                    names.setdefault(dep, dref)
+                    out.append(Dependent(dref, on_ref, via, depth))
+                    if dep[0] != "pg_trigger":
+                        nxt.append(dep)
+            frontier = nxt
+        if progress is not None:
+            for i, d in enumerate(out, start=1):
+                progress(i, len(out), d.object.key)
+        return out
+
+    def _plpgsql_edges(self, conn: Connection, scopes: Sequence[str]
+                       ) -> tuple[list[tuple[Node, ObjectRef, Node]],
+                                  list[tuple[Node, ObjectRef, str]]]:
+        """(function, its ref, what it uses) for every PL/pgSQL function in scope, one query;
+        and the functions whose body the checker could not read at all."""
+        cands = conn.execute(text(
+            "SELECT p.oid, p.proname, n.nspname, oidvectortypes(p.proargtypes) AS args, "
+            "p.prokind, COALESCE((SELECT t.tgrelid FROM pg_trigger t WHERE t.tgfoid = p.oid "
+            "AND NOT t.tgisinternal ORDER BY t.oid LIMIT 1), 0) AS relid, "
+            "p.prorettype = 'trigger'::regtype AS is_trigger, p.prosrc "
+            "FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
+            "JOIN pg_language l ON l.oid = p.prolang "
+            "WHERE l.lanname = 'plpgsql' AND n.nspname = ANY(:s) "
+            "AND p.prorettype <> 'event_trigger'::regtype"), {"s": list(scopes)}).all()
+        cands = [c for c in cands if not (c.is_trigger and not c.relid)]
+        if not cands:
+            return [], []
         ext = self._ext(conn)
-        wanted = {"FUNCTION", "PROCEDURE"} if ref.kind in ("function", "procedure") else {
-            "RELATION"
-        }
-        out: list[ObjectRef] = []
-        total = len(candidates)
-        for i, cand in enumerate(candidates, start=1):
-            if progress is not None:
-                progress(i, total, f"{cand.nspname}.{cand.proname}")
-            if cand.is_event_trigger or (cand.is_trigger and cand.relid is None):
+        sql = text(
+            "SELECT c.o, d.type, d.oid AS ref FROM unnest(CAST(:o AS oid[]), "
+            "CAST(:r AS oid[])) AS c(o, r) CROSS JOIN LATERAL "
+            f"{ext}.plpgsql_show_dependency_tb(CAST(c.o AS regprocedure), "
+            "CAST(c.r AS regclass)) AS d")
+        by_oid = {int(c.oid): c for c in cands}
+
+        unreadable: list[Any] = []
+
+        def scan(batch: list[Any]) -> list[Any]:
+            try:
+                with conn.begin_nested() as sp:
+                    rows = conn.execute(sql, {"o": [int(c.oid) for c in batch],
+                                              "r": [int(c.relid) for c in batch]}).all()
+                    sp.rollback()
+            except sa.exc.DBAPIError:
+                if len(batch) == 1:
+                    unreadable.append(batch[0])  # e.g. it reads a table that is gone
+                    return []
+                half = len(batch) // 2
+                return scan(batch[:half]) + scan(batch[half:])
+            return list(rows)
+
+        out: list[tuple[Node, ObjectRef, Node]] = []
+        rows = scan(cands)
+        listed = {int(r.o) for r in rows}
+        # no dependency listed: the checker could not resolve the body (it reads a table that
+        # is gone, say) -- such a function is matched by the words of its body instead
+        unreadable += [c for c in cands if int(c.oid) not in listed and c not in unreadable]
+        for row in rows:
+            cand = by_oid[int(row.o)]
+            kind = str(row.type).upper()
+            if kind in ("FUNCTION", "PROCEDURE"):
+                on: Node = ("pg_proc", int(row.ref))
+            elif kind == "RELATION":
+                on = ("pg_class", int(row.ref))
+            else:
                 continue
-            with conn.begin_nested() as sp:
-                try:
-                    rows = conn.execute(
-                        text(
-                            f"SELECT type, oid FROM {ext}.plpgsql_show_dependency_tb("
-                            "CAST(CAST(:o AS oid) AS regprocedure), "
-                            "CAST(CAST(:r AS oid) AS regclass))"
-                        ),
-                        {"o": int(cand.oid), "r": int(cand.relid or 0)},
-                    ).all()
-                except sa.exc.DBAPIError:
-                    rows = []
-                sp.rollback()
-            if any(str(r.type) in wanted and int(r.oid) == oid for r in rows):
-                out.append(self._proc_ref(cand))
+            out.append((("pg_proc", int(cand.oid)), self._proc_ref(cand), on))
+        return out, [(("pg_proc", int(c.oid)), self._proc_ref(c), str(c.prosrc))
+                     for c in unreadable]
+
+    def _sql_body_refs(self, conn: Connection, scopes: Sequence[str]
+                       ) -> list[tuple[Node, ObjectRef, str | None, str]]:
+        """Names used by ``LANGUAGE sql`` functions with string bodies (not in ``pg_depend``).
+
+        Each body is parsed with ``pglast``; function calls and relations are kept
+        as ``(qualifier, name)`` and matched by name against the objects of the
+        sweep.  Overloads are not told apart (every overload's callers are swept).
+        """
+        from pglast import parse_sql
+        from pglast.parser import ParseError
+        from pglast.visitors import Visitor
+
+        rows = conn.execute(text(
+            "SELECT p.oid, p.proname, n.nspname, oidvectortypes(p.proargtypes) AS args, "
+            "p.prokind, p.prosrc FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
+            "JOIN pg_language l ON l.oid = p.prolang WHERE l.lanname = 'sql' "
+            "AND p.prosqlbody IS NULL AND n.nspname = ANY(:s)"), {"s": list(scopes)}).all()
+
+        class _Names(Visitor):
+            def __init__(self) -> None:
+                self.found: set[tuple[str | None, str]] = set()
+
+            def visit_FuncCall(self, ancestors: Any, node: Any) -> None:
+                parts = [str(x.sval) for x in node.funcname]
+                self.found.add((parts[-2] if len(parts) > 1 else None, parts[-1]))
+
+            def visit_RangeVar(self, ancestors: Any, node: Any) -> None:
+                self.found.add((node.schemaname, str(node.relname)))
+
+        out: list[tuple[Node, ObjectRef, str | None, str]] = []
+        for row in rows:
+            try:
+                tree = parse_sql(str(row.prosrc))
+            except ParseError:
+                continue
+            names = _Names()
+            names(tree)
+            for qualifier, name in sorted(names.found, key=lambda x: (x[0] or "", x[1])):
+                out.append((("pg_proc", int(row.oid)), self._proc_ref(row), qualifier, name))
+        return out
+
+    def remote_dependents(self, far: Connection, ref: ObjectRef, link: str) -> list[Dependent]:
+        """Foreign tables of the far database that read ``ref`` through foreign server ``link``.
+
+        ``postgres_fdw`` keeps the remote name in the foreign table's options
+        (``schema_name`` defaults to the foreign table's own schema, ``table_name``
+        to its own name); the far side's catalog is the only place that knows.
+        """
+        rows = far.execute(text(
+            "SELECT c.relname, n.nspname, ft.ftoptions FROM pg_foreign_table ft "
+            "JOIN pg_class c ON c.oid = ft.ftrelid JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "JOIN pg_foreign_server s ON s.oid = ft.ftserver WHERE s.srvname = :l "
+            "ORDER BY n.nspname, c.relname"), {"l": link}).all()
+        out: list[Dependent] = []
+        for r in rows:
+            opts = dict(str(o).split("=", 1) for o in (r.ftoptions or []) if "=" in str(o))
+            if (opts.get("table_name", str(r.relname)) == ref.name
+                    and opts.get("schema_name", str(r.nspname)) == ref.schema):
+                out.append(Dependent(ObjectRef("foreign_table", str(r.relname), str(r.nspname),
+                                               link=link), ref, "pg_foreign_table on the far side"))
         return out
 
     def search_callers(self, conn: Connection, ref: ObjectRef) -> CallerSearch:
@@ -580,11 +990,11 @@ class PostgresqlAdapter(BaseAdapter):
 
     def drop(self, conn: Connection, ref: ObjectRef) -> None:
         self.check_kind(ref)
-        if ref.kind in ("function", "procedure"):
+        if ref.kind in _PROC_KINDS:
             row = self._proc_row(conn, ref)
             if row is None:
                 return
-            word = "PROCEDURE" if row.prokind == "p" else "FUNCTION"
+            word = {"p": "PROCEDURE", "a": "AGGREGATE"}.get(str(row.prokind), "FUNCTION")
             # regprocedure's text output is the server's own quoting of name and types.
             conn.exec_driver_sql(
                 f"DROP {word} {row.signature}", execution_options={"no_parameters": True}
@@ -603,6 +1013,109 @@ class PostgresqlAdapter(BaseAdapter):
         conn.execute(
             text(f"DROP TRIGGER {_q(ref.name)} ON {_q(ref.schema)}.{_q(str(trow.relname))}")
         )
+
+    def restore(self, conn: Connection, ref: ObjectRef, source: str,
+                attributes: Mapping[str, str]) -> list[str]:
+        """Re-apply a snapshot; a view whose columns changed is dropped and re-created.
+
+        ``CREATE OR REPLACE VIEW`` cannot remove the column a change added
+        (``cannot drop columns from view``).  Then, in the compensation's own
+        transaction, the view and the views built on it are dropped and
+        re-created from their definitions, with their owners, grants and
+        comments; anything else built on them (a function body, a materialized
+        view, a trigger, column grants) is refused rather than lost.
+        """
+        if ref.kind != "view":
+            self.apply(conn, ref, source, attributes)
+            return []
+        with conn.begin_nested() as sp:
+            try:
+                self.apply(conn, ref, source, attributes)
+                return []
+            except ApplyFailed as exc:
+                sp.rollback()
+                if exc.details.get("sqlstate") != _VIEW_COLUMNS_CHANGED:
+                    raise
+        return self._recreate_view(conn, ref, source)
+
+    def _recreate_view(self, conn: Connection, ref: ObjectRef, source: str) -> list[str]:
+        vrow = self._view_row(conn, ref)
+        if vrow is None:
+            self.apply(conn, ref, source, {})
+            return []
+        views = [ref] + [d.object for d in self.dependents_many(conn, [ref])]
+        blockers = [r.key for r in views if r.kind != "view"]
+        if blockers:
+            raise ApplyFailed(
+                f"{ref.key} changed its columns and cannot be replaced in place; dropping and "
+                f"re-creating it would drop {', '.join(blockers)} too -- restore by hand",
+                object=ref.key, blockers=blockers)
+        saved: list[tuple[ObjectRef, str, list[str]]] = []
+        for view in views:
+            row = self._view_row(conn, view)
+            live = self.read(conn, view)
+            assert row is not None and live is not None
+            extra = self._view_extras(conn, int(row.oid), f"{row.qs}.{row.qn}")
+            saved.append((view, live.source, extra))
+        conn.execute(text(f"DROP VIEW {vrow.qs}.{vrow.qn} CASCADE"))
+        self.apply(conn, ref, source, {})
+        for view, src, _ in saved[1:]:
+            self.apply(conn, view, src, {})
+        for _, _, extra in saved:
+            for stmt in extra:
+                conn.exec_driver_sql(stmt, execution_options={"no_parameters": True})
+        names = ", ".join(v.key for v, _, _ in saved[1:]) or "none"
+        return [f"dropped and re-created {ref.key} (CREATE OR REPLACE cannot remove columns); "
+                f"re-created dependent views: {names}; owners, grants and comments restored"]
+
+    def _view_extras(self, conn: Connection, oid: int, qname: str) -> list[str]:
+        """Owner, grants and comments of a view, as statements that restore them."""
+        if conn.execute(text("SELECT count(*) FROM pg_attribute WHERE attrelid = :o "
+                             "AND attacl IS NOT NULL"), {"o": oid}).scalar():
+            raise ApplyFailed(f"view {qname} has column grants; re-creating it would lose "
+                              "them -- restore by hand", object=qname)
+        out = [str(conn.execute(text(
+            "SELECT format('ALTER VIEW %s OWNER TO %I', CAST(:q AS text), "
+            "pg_get_userbyid(relowner)) FROM pg_class WHERE oid = :o"),
+            {"q": qname, "o": oid}).scalar_one())]
+        out += [str(r[0]) for r in conn.execute(text(
+            "SELECT format('GRANT %s ON %s TO %s%s', a.privilege_type, CAST(:q AS text), "
+            "CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(pg_get_userbyid(a.grantee)) "
+            "END, CASE WHEN a.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END) "
+            "FROM pg_class c CROSS JOIN LATERAL aclexplode(c.relacl) a "
+            "WHERE c.oid = :o AND a.grantee <> c.relowner"), {"q": qname, "o": oid})]
+        out += [str(r[0]) for r in conn.execute(text(
+            "SELECT format('COMMENT ON VIEW %s IS %L', CAST(:q AS text), d.description) "
+            "FROM pg_description d WHERE d.objoid = :o AND d.classoid = 'pg_class'::regclass "
+            "AND d.objsubid = 0 UNION ALL "
+            "SELECT format('COMMENT ON COLUMN %s.%I IS %L', CAST(:q AS text), a.attname, "
+            "d.description) FROM pg_description d JOIN pg_attribute a ON a.attrelid = d.objoid "
+            "AND a.attnum = d.objsubid WHERE d.objoid = :o "
+            "AND d.classoid = 'pg_class'::regclass AND d.objsubid > 0"), {"q": qname, "o": oid})]
+        return out
+
+    @contextmanager
+    def ddl_session(self, conn: Connection, lock_timeout: float) -> Iterator[None]:
+        """``SET LOCAL lock_timeout``: the DDL waits at most the row's lock seconds."""
+        conn.execute(text(f"SET LOCAL lock_timeout = '{_ms(lock_timeout)}'"))
+        yield
+
+    @contextmanager
+    def read_only(self, conn: Connection) -> Iterator[None]:
+        """A savepoint made read-only (``SET LOCAL transaction_read_only``), always rolled back.
+
+        PostgreSQL lets a transaction that already wrote become read-only (only the
+        opposite is refused), so a smoke call inside the apply's transaction sees
+        the new code and still cannot write: an ``INSERT`` in the function raises
+        ``cannot execute INSERT in a read-only transaction``.
+        """
+        with conn.begin_nested() as sp:
+            try:
+                conn.execute(text("SET LOCAL transaction_read_only = on"))
+                yield
+            finally:
+                if sp.is_active:
+                    sp.rollback()
 
     # -- locks -----------------------------------------------------------------------------
     @staticmethod

@@ -16,7 +16,8 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import sqlalchemy as sa
@@ -143,6 +144,20 @@ class SqliteAdapter(BaseAdapter):
 
     def recompile(self, conn: Connection, ref: ObjectRef) -> ObjectStatus:
         return self.status(conn, ref)
+
+    sqlglot_dialect = "sqlite"
+
+    @contextmanager
+    def read_only(self, conn: Connection) -> Iterator[None]:
+        """``PRAGMA query_only`` in a savepoint: SQLite refuses every write meanwhile."""
+        with conn.begin_nested() as sp:
+            conn.exec_driver_sql("PRAGMA query_only = ON")
+            try:
+                yield
+            finally:
+                conn.exec_driver_sql("PRAGMA query_only = OFF")
+                if sp.is_active:
+                    sp.rollback()
 
     def has_compile_status(self, conn: Connection, *, check: bool = False) -> bool:
         return True

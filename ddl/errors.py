@@ -210,6 +210,66 @@ class ObjectOutOfScope(DdlError, code="CG526"):
     """
 
 
+class SnapshotTampered(DdlError, code="CG515"):
+    """A stored snapshot no longer matches its content address.
+
+    A snapshot's id is the hash of its dialect, object, source, attributes and
+    signature, and its signature is recomputed from the stored blocks; a row
+    edited in the store fails both.  It is refused wherever it is read -- as
+    the base of a plan, in an apply, in ``ddl export`` -- because compensation
+    would restore whatever the edited row now says.  ``details`` name the
+    snapshot and what did not match.  Restore the store from a backup or
+    capture the object again; never plan against a tampered snapshot.
+    """
+
+
+class ExtraStatements(DdlError, code="CG527"):
+    """The source holds more than the definition of the object it names.
+
+    A ``ddl`` row applies exactly one object's ``CREATE`` per source: the
+    source is parsed (PostgreSQL's own grammar through ``pglast``; MariaDB's
+    server parses it with ``PREPARE``, which runs nothing; PL/SQL through
+    sqlglot's tokenizer and its block structure) and anything after the
+    definition -- a ``CREATE TABLE``, a ``GRANT``, a second function -- is
+    refused at plan time, before anything is rendered or applied.
+    ``details`` give the line and the start of the extra text.  Put each
+    object in its own source file under the row that covers it.
+    """
+
+
+class SourceDoesNotParse(DdlError, code="CG528"):
+    """The new source is not a valid definition, or would fail when applied.
+
+    Found at plan time, so nothing is approved that cannot apply: the parser
+    (or the database, in a savepoint that is rolled back, or ``PREPARE``)
+    refused it, or it ``CREATE``s without ``OR REPLACE`` an object that
+    exists.  ``details`` carry the database's message and line.
+    """
+
+
+class DefinerCannotBeKept(DdlError, code="CG529"):
+    """Applying the source would change a MariaDB routine's DEFINER, which compensation cannot undo.
+
+    MariaDB runs a ``SQL SECURITY DEFINER`` routine with its definer's
+    privileges and gives every ``CREATE`` without a ``DEFINER`` clause the
+    applying account as definer.  capgate keeps the live definer by writing
+    it into the applied text -- which needs the ``SET USER`` (or ``SUPER``)
+    privilege -- and refuses at plan time when the applying account lacks it.
+    Grant ``SET USER`` to the connector's account, or apply as the definer.
+    """
+
+
+class SourceNotVisible(DdlError, code="CG530"):
+    """The connector's account cannot read the object's source.
+
+    MariaDB shows a routine's body only to its definer or to an account with
+    ``SELECT`` on ``mysql.proc`` (``SHOW CREATE ROUTINE`` from 11.3); any
+    other account reads ``NULL``.  Nothing was stored: a snapshot without the
+    source could never be restored.  Grant the privilege (docs/ddl.md lists
+    what each engine needs) or capture as an account that may read it.
+    """
+
+
 def error_details(exc: BaseException) -> dict[str, Any]:
     """A JSON-ready description of any exception (ours or the driver's)."""
     to_dict = getattr(exc, "to_dict", None)

@@ -25,6 +25,7 @@ snapshots in a ``SnapshotStore`` and reports every boundary to a
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
@@ -34,9 +35,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 
 from ddl import events as ev
-from ddl import prohibitions
+from ddl import prohibitions, sqltext
 from ddl.catalog import (
-    MISSING,
     BaseAdapter,
     Dependent,
     LiveObject,
@@ -56,6 +56,7 @@ from ddl.errors import (
     ObjectNotFound,
     PlanTampered,
     SchemaWideRecompile,
+    SourceDoesNotParse,
     VerifyFailed,
     error_details,
 )
@@ -63,9 +64,14 @@ from ddl.events import DdlEventSink, NullSink
 from ddl.merge import MergeProposal, propose
 from ddl.results import (
     APPLIED_VERIFIED,
+    COMPARED,
     COMPENSATED,
     COMPENSATION_FAILED,
+    EXECUTED,
+    FAILED,
+    PASSED,
     ROLLED_BACK,
+    WARNING,
     Change,
     Check,
     CompensationReport,
@@ -78,6 +84,8 @@ from ddl.results import (
     SmokeCall,
     StatusChange,
     VerifyReport,
+    accepted_reason,
+    judge,
 )
 from ddl.signature import RECIPE, Signature, diff, sign
 from ddl.snapshots import Snapshot, SnapshotStore
@@ -86,8 +94,8 @@ from registry.canonical import canonical_hash
 PLAN_FORMAT = "capgate.ddl.plan/1"
 _PLAN_KEYS = frozenset({
     "format", "dialect", "target", "recipe", "transactional_ddl", "objects", "dependents",
-    "caller_search", "far_side_steps", "smoke", "recompile", "warnings", "approval",
-    "prohibitions", "plan_hash",
+    "caller_search", "far_side_steps", "smoke", "recompile", "recompile_objects", "warnings",
+    "approval", "prohibitions", "plan_hash", "accepted_warnings",
 })
 OnApplyStarted = Callable[[list[str]], None]
 
@@ -162,6 +170,13 @@ def _same(value: Any, expect: Any) -> bool:
     return str(value) == str(expect)
 
 
+def _unified(base: str, new: str, key: str) -> list[str]:
+    """The source diff against the base, as the approver reads it (unified, 3 lines of context)."""
+    return [line.rstrip("\n") for line in difflib.unified_diff(
+        base.splitlines(keepends=True), new.splitlines(keepends=True),
+        fromfile=f"{key} (base)", tofile=f"{key} (new)", n=3)]
+
+
 def _redacted(url: URL) -> str:
     return url.render_as_string(hide_password=True)
 
@@ -225,7 +240,32 @@ class DdlLoop:
     def _signature(self, ref: ObjectRef, live: LiveObject | None) -> Signature:
         if live is None:
             return Signature.absent()
-        return sign(self.adapter.normalise(ref, live.source))
+        return sign(self.adapter.signed_text(ref, live.source, live.attributes))
+
+    def snapshot_signature(self, snap: Snapshot) -> Signature:
+        """The snapshot's signature by today's recipe (an older recipe is re-signed from the
+        stored source and attributes, so a recipe change never looks like drift)."""
+        if snap.signature.recipe == RECIPE:
+            return snap.signature
+        if not snap.exists:
+            return Signature.absent()
+        return sign(self.adapter.signed_text(snap.object, snap.source, snap.attributes))
+
+    def live_signature(self, conn: Connection, ref: ObjectRef) -> Signature:
+        return self._live(conn, ref)[1]
+
+    def base_for(self, conn: Connection, ref: ObjectRef) -> Snapshot | None:
+        """The base of a plan that names none: the latest snapshot whose signature matches the
+        live object (A -> B -> A plans against A again); when none matches, the latest one --
+        so that a save made since that capture is refused as a stale extract."""
+        history = self.store.history(ref, self.dialect)
+        if not history:
+            return None
+        live = str(self.live_signature(conn, ref))
+        for snap in reversed(history):
+            if str(self.snapshot_signature(snap)) == live:
+                return snap
+        return history[-1]
 
     def _live(self, conn: Connection, ref: ObjectRef) -> tuple[LiveObject | None, Signature]:
         live = self.adapter.read(conn, ref)
@@ -241,7 +281,7 @@ class DdlLoop:
         )
 
     def _status(self, conn: Connection, ref: ObjectRef) -> ObjectStatus:
-        return self.adapter.status(conn, ref)
+        return self.adapter.statuses(conn, [ref])[ref.key]
 
     @contextmanager
     def _locked(self, refs: Sequence[ObjectRef]) -> Iterator[None]:
@@ -270,8 +310,13 @@ class DdlLoop:
             conn.close()
 
     # -- capture -------------------------------------------------------------------------------
-    def capture(self, obj: ObjectRef | str) -> Snapshot:
-        """Read the object, store its snapshot (a no-op if identical) and return it."""
+    def capture(self, obj: ObjectRef | str, *, allow_absent: bool = False) -> Snapshot:
+        """Read the object, store its snapshot (a no-op if identical) and return it.
+
+        An object that does not exist is refused (``ObjectNotFound``), so that a
+        misspelt name is an error rather than an "absent" snapshot;
+        ``allow_absent=True`` records the absence (a plan that creates the object).
+        """
         ref = ObjectRef.parse(obj) if isinstance(obj, str) else obj
         with self.engine.connect() as conn:
             ref = self.adapter.resolve(conn, ref)
@@ -279,6 +324,10 @@ class DdlLoop:
             if live is not None:
                 ref = live.object
             conn.rollback()
+        if live is None and not allow_absent:
+            raise ObjectNotFound(
+                f"{ref.key} does not exist on {self.target}; check the kind and the name "
+                "(nothing was captured)", object=ref.key)
         snap = self._snapshot(ref, live)
         new = self.store.put(snap)
         self._emit(ev.CAPTURED, {"snapshot_id": snap.id, "object": ref.key,
@@ -307,6 +356,7 @@ class DdlLoop:
         render: bool = True,
         refuse: bool = True,
         bind: Mapping[str, Any] | None = None,
+        accepted_warnings: Sequence[Mapping[str, Any]] = (),
     ) -> dict[str, Any]:
         """Make the plan for ``changes``; raise the first prohibition it violates (``refuse``).
 
@@ -317,6 +367,9 @@ class DdlLoop:
         fields to the plan, covered by its hash (the executor binds the row's
         ``operation_id``, ``version``, ``row_hash``, connector and environment,
         so an approval of the hash is an approval of that row on that target).
+        ``accepted_warnings`` are the row's declared checker false positives
+        (``{"object": "function:f", "message": ..., "reason": ...}``): shown in
+        the plan, and a verify finding them reports a warning, not a failure.
         """
         if not changes:
             raise ValueError("a plan needs at least one change")
@@ -328,8 +381,11 @@ class DdlLoop:
         searches: list[dict[str, Any]] = []
         merges: list[dict[str, Any]] = []
         deps: dict[str, dict[str, Any]] = {}
+        accepted = [dict(a) for a in accepted_warnings]
         with self.engine.connect() as conn:
             refs: list[ObjectRef] = []
+            prepared: list[tuple[Change, ObjectRef, LiveObject | None, Signature, Snapshot,
+                                 dict[str, str]]] = []
             for ch in changes:
                 if ch.object is not None:
                     ref = self.adapter.resolve(conn, ch.object)
@@ -353,24 +409,47 @@ class DdlLoop:
                     self._emit(ev.CAPTURED, {"snapshot_id": base.id, "object": ref.key,
                                              "signature": str(base.signature),
                                              "exists": base.exists, "new": new})
-                attributes = {**self._default_attributes(ref), **base.attributes,
+                attributes = {**self.adapter.default_attributes(conn, ref), **base.attributes,
                               **dict(ch.attributes)}
+                # one definition per source, refused before anything is rendered or applied
+                self.adapter.parse_definition(conn, ref, ch.source, attributes)
+                self._refuse_create_over_existing(ref, ch.source, live)
+                warnings += self.adapter.preconditions(conn, ref, ch.source, attributes,
+                                                       live is not None)
+                prepared.append((ch, ref, live, live_sig, base, attributes))
+            probes = self.adapter.probe(conn, [(ref, ch.source, attrs)
+                                               for ch, ref, _, _, _, attrs in prepared]) \
+                if render else [None] * len(prepared)
+            for (ch, ref, live, live_sig, base, attributes), probe in zip(
+                    prepared, probes, strict=True):
+                base_sig = self.snapshot_signature(base)
                 new_norm = self.adapter.normalise(ref, ch.source)
-                new_sig = sign(new_norm)
+                new_sig = sign(self.adapter.signed_text(ref, ch.source, attributes))
                 expected: str | None = None
                 entry: dict[str, Any] = {}
                 rendered: str | None = None
-                if render:
-                    try:
-                        rendered = self.adapter.render(conn, ref, ch.source)
-                    except ApplyFailed as exc:
-                        warnings.append(f"{ref.key}: the new source does not apply: "
-                                        f"{exc.message}")
-                        entry["render_error"] = exc.message
+                if probe is not None:
+                    if probe.error is not None:
+                        raise SourceDoesNotParse(
+                            f"{ref.key}: the new source does not apply: {probe.error} (tried "
+                            "in a savepoint that was rolled back; nothing was planned)",
+                            object=ref.key, database_error=probe.error)
+                    rendered = probe.rendered
                     if rendered is not None:
-                        expected = str(sign(rendered))
+                        expected = str(sign(self.adapter.signed_text(
+                            ref, self.adapter.appliable(ref, rendered), attributes)))
                         if rendered != new_norm:
                             entry["rendered_source"] = rendered
+                    if probe.status is not None and probe.status.errors:
+                        findings = [{"error": e, "accepted": accepted_reason(ref, e, accepted)}
+                                    for e in probe.status.errors]
+                        entry["checker_findings"] = findings
+                        for f in findings:
+                            why = (f"accepted on the row ({f['accepted']})" if f["accepted"]
+                                   else "NOT accepted on the row: the apply will fail unless "
+                                   "ddl.accepted_warnings declares it")
+                            warnings.append(f"{ref.key}: {probe.status.method} reports for the "
+                                            f"new source: {f['error']} -- {why}")
                 status_before = self._status(conn, ref) if live is not None else None
                 state = self.adapter.holds_state(ref, live.source if live else "")
                 state += [s for s in self.adapter.holds_state(ref, ch.source) if s not in state]
@@ -380,19 +459,23 @@ class DdlLoop:
                         "replacing it discards that state in every session using it "
                         "(Oracle ORA-04068)"
                     )
-                to_sig = sign(rendered) if rendered is not None else new_sig
+                to_sig = new_sig if rendered is None else sign(self.adapter.signed_text(
+                    ref, self.adapter.appliable(ref, rendered), attributes))
+                base_text = self.adapter.normalise(ref, base.source) if base.exists else ""
                 entry.update({
                     "key": ref.key,
                     "object": ref.to_dict(),
                     "change": "replace" if live is not None else "create",
                     "base_snapshot_id": base.id,
-                    "base_signature": str(base.signature),
+                    "base_signature": str(base_sig),
                     "live_signature": str(live_sig),
                     "new_source": ch.source,
                     "new_signature": str(new_sig),
                     "expected_signature": expected,
-                    "changed_blocks": [c.to_dict() for c in diff(base.signature, to_sig).changed]
-                    if base.signature.exists else [],
+                    "changed_blocks": [c.to_dict() for c in diff(base_sig, to_sig).changed]
+                    if base_sig.exists else [],
+                    "diff": _unified(base_text, rendered if rendered is not None else new_norm,
+                                     ref.key),
                     "attributes": attributes,
                     "status_before": None if status_before is None else status_before.to_dict(),
                     "holds_state": state,
@@ -401,19 +484,22 @@ class DdlLoop:
                     body = ref.body()
                     assert body is not None
                     entry["body_exists"] = self.adapter.read(conn, body) is not None
-                if str(base.signature) != str(live_sig):
+                if str(base_sig) != str(live_sig):
                     merges.append(self._merge(ref, base, ch.source, live,
-                                              entry.get("rendered_source")).to_dict())
+                                              entry.get("rendered_source"),
+                                              attributes).to_dict())
                 objects.append(entry)
             plan_keys = {r.key for r in refs}
-            for ref in refs:
-                for d in self.adapter.dependents(conn, ref, self.progress):
-                    if d.object.key in plan_keys or d.object.key in deps:
-                        continue
-                    row = d.to_dict()
-                    row["status_before"] = self._status(conn, d.object).to_dict()
-                    deps[d.object.key] = row
-                if search_callers:
+            found = [d for d in self.adapter.dependents_many(conn, refs, self.progress)
+                     if d.object.key not in plan_keys]
+            before = self.adapter.statuses(conn, [d.object for d in found])
+            for d in found:
+                row = d.to_dict()
+                row["status_before"] = before[d.object.key].to_dict()
+                deps.setdefault(d.object.key, row)
+            recompile_objects = self._recompile_objects(conn, recompile)
+            if search_callers:
+                for ref in refs:
                     searches.append(self.adapter.search_callers(conn, ref).to_dict())
             conn.rollback()
         for d in list(remote_dependents) + self._far_dependents(refs):
@@ -423,8 +509,12 @@ class DdlLoop:
                 deps[d.object.key] = row
         for s in searches:
             if s["hits"]:
+                callers = sorted({h["object"] for h in s["hits"]})
                 warnings.append(f"{s['object']}: {len(s['hits'])} caller line(s) found in "
-                                f"{len({h['object'] for h in s['hits']})} object(s); review them")
+                                f"{len(callers)} object(s): {', '.join(callers[:10])}"
+                                f"{' ...' if len(callers) > 10 else ''}; review them")
+            for note in s.get("notes") or []:
+                warnings.append(f"{s['object']}: caller search: {note}")
         plan: dict[str, Any] = {
             "format": PLAN_FORMAT,
             "dialect": self.dialect,
@@ -432,11 +522,14 @@ class DdlLoop:
             "recipe": RECIPE,
             "transactional_ddl": self.adapter.transactional_ddl,
             "objects": [objects[i] for i in _order(refs)],
-            "dependents": sorted(deps.values(), key=lambda d: str(d["key"])),
+            "dependents": sorted(deps.values(), key=lambda d: (int(d.get("depth", 1)),
+                                                               str(d["key"]))),
             "caller_search": searches if search_callers else None,
             "far_side_steps": [s.to_dict() for s in far_side_steps],
             "smoke": [s.to_dict() for s in smoke],
             "recompile": list(recompile),
+            "recompile_objects": [r.to_dict() for r in recompile_objects],
+            "accepted_warnings": accepted,
             "warnings": warnings,
             "approval": {"required": True, "reason": "DDL rows are gated: a person approves "
                          "this plan hash before it is applied"},
@@ -458,10 +551,40 @@ class DdlLoop:
                 raise
         return plan
 
-    def _default_attributes(self, ref: ObjectRef) -> dict[str, str]:
-        if self.dialect == "mariadb" and ref.kind in ("package", "package_body"):
-            return {"sql_mode": "ORACLE"}
-        return {}
+    def _refuse_create_over_existing(self, ref: ObjectRef, source: str,
+                                     live: LiveObject | None) -> None:
+        """A ``CREATE`` without ``OR REPLACE`` of an existing object can only fail: say so now."""
+        if live is None:
+            return
+        m = sqltext.header_match(source)
+        if m is not None and not m.group("replace") and self.dialect != "sqlite":
+            raise SourceDoesNotParse(
+                f"{ref.key} exists, and the source creates it without OR REPLACE: the apply "
+                "would fail -- write CREATE OR REPLACE", object=ref.key)
+
+    def _recompile_objects(self, conn: Connection, requests: Sequence[str]) -> list[ObjectRef]:
+        """The objects named by ``--recompile``, each resolved and required to exist.
+
+        A request that covers a schema (``*``, ``DBMS_UTILITY.COMPILE_SCHEMA(...)``, ...)
+        is left to the schema-wide-recompile prohibition; anything else must name
+        one existing object.
+        """
+        out: list[ObjectRef] = []
+        for req in requests:
+            if prohibitions.is_schema_wide(str(req)):
+                continue
+            try:
+                ref = ObjectRef.parse(str(req))
+            except ValueError as exc:
+                raise ObjectNotFound(f"recompile request {req!r} does not name one object: "
+                                     f"{exc}", request=req) from None
+            ref = self.adapter.resolve(conn, ref)
+            live = self.adapter.read(conn, ref)
+            if live is None:
+                raise ObjectNotFound(f"recompile request {req!r}: {ref.key} does not exist on "
+                                     f"{self.target}", request=req, object=ref.key)
+            out.append(live.object)
+        return out
 
     def _far_dependents(self, refs: Sequence[ObjectRef]) -> list[Dependent]:
         out: list[Dependent] = []
@@ -478,15 +601,23 @@ class DdlLoop:
 
     def _merge(
         self, ref: ObjectRef, base: Snapshot, new_source: str, live: LiveObject | None,
-        rendered: str | None = None,
+        rendered: str | None = None, attributes: Mapping[str, str] | None = None,
     ) -> MergeProposal:
+        """A three-way merge whose merged text applies as it is (``CREATE OR REPLACE``)."""
         norm = self.adapter.normalise
+        attrs = dict(attributes if attributes is not None else base.attributes)
+        ours_text = rendered if rendered is not None else norm(ref, new_source)
+        ours_sig = sign(self.adapter.signed_text(ref, self.adapter.appliable(ref, ours_text),
+                                                 attrs))
         return propose(
             ref.key,
             base.id,
             norm(ref, base.source) if base.exists else "",
-            rendered if rendered is not None else norm(ref, new_source),
+            ours_text,
             norm(ref, live.source) if live is not None else "",
+            signatures=(str(self.snapshot_signature(base)), str(ours_sig),
+                        str(self._signature(ref, live))),
+            appliable=lambda text: self.adapter.appliable(ref, text),
         )
 
     # -- preflight ----------------------------------------------------------------------------
@@ -502,7 +633,7 @@ class DdlLoop:
             live_sigs[it.key] = str(sig)
             if str(sig) != it.base_signature:
                 proposals.append(self._merge(it.ref, snaps[it.key], it.new_source, live,
-                                             rendered.get(it.key)))
+                                             rendered.get(it.key), it.attributes))
         return PreflightResult(not proposals, live_sigs, tuple(proposals))
 
     def preflight(self, plan: Mapping[str, Any]) -> PreflightResult:
@@ -568,35 +699,62 @@ class DdlLoop:
             if not d.get("remote"):
                 ref = ObjectRef.from_dict(d["object"])
                 found.setdefault(ref.key, ref)
-        for it in items:
-            for d in self.adapter.dependents(conn, it.ref, self.progress):
-                found.setdefault(d.object.key, d.object)
+        for d in self.adapter.dependents_many(conn, [it.ref for it in items], self.progress):
+            found.setdefault(d.object.key, d.object)
         return [r for k, r in sorted(found.items()) if k not in keys]
 
     def _statuses(self, conn: Connection, refs: Sequence[ObjectRef]) -> dict[str, ObjectStatus]:
-        return {r.key: self._status(conn, r) for r in refs}
+        return self.adapter.statuses(conn, refs) if refs else {}
 
     def _apply_items(
         self, conn: Connection, items: Sequence[_Item], plan_hash_: str
     ) -> tuple[list[ObjectApply], ApplyFailed | None]:
         done: list[ObjectApply] = []
-        for it in items:
-            try:
-                self.adapter.apply(conn, it.ref, it.new_source, it.attributes)
-            except ApplyFailed as exc:
-                self._emit(ev.APPLY_FAILED, {"plan_hash": plan_hash_, "object": it.key,
-                                             "error": exc.to_dict()})
+        with self.adapter.ddl_session(conn, self.lock_timeout):
+            for it in items:
+                try:
+                    self.adapter.apply(conn, it.ref, it.new_source, it.attributes)
+                except ApplyFailed as exc:
+                    self._emit(ev.APPLY_FAILED, {"plan_hash": plan_hash_, "object": it.key,
+                                                 "error": exc.to_dict()})
+                    done.append(ObjectApply(it.key, it.base_snapshot_id, it.base_signature,
+                                            it.expected_signature, None))
+                    return done, exc
+                _, sig = self._live(conn, it.ref)
                 done.append(ObjectApply(it.key, it.base_snapshot_id, it.base_signature,
-                                        it.expected_signature, None))
-                return done, exc
-            _, sig = self._live(conn, it.ref)
-            done.append(ObjectApply(it.key, it.base_snapshot_id, it.base_signature,
-                                    it.expected_signature, str(sig)))
-            self._emit(ev.OBJECT_APPLIED, {"plan_hash": plan_hash_, "object": it.key,
-                                           "snapshot_id": it.base_snapshot_id,
-                                           "applied_signature": str(sig),
-                                           "expected_signature": it.expected_signature})
+                                        it.expected_signature, str(sig)))
+                self._emit(ev.OBJECT_APPLIED, {"plan_hash": plan_hash_, "object": it.key,
+                                               "snapshot_id": it.base_snapshot_id,
+                                               "applied_signature": str(sig),
+                                               "expected_signature": it.expected_signature})
         return done, None
+
+    def _record_bases(self, items: Sequence[_Item], plan: Mapping[str, Any],
+                      before: Mapping[str, ObjectStatus]) -> dict[str, str]:
+        """Snapshot what capgate just applied: the base of the next plan of these objects.
+
+        The statuses found before the apply are kept too (where the store keeps
+        them), so that ``verify OBJECT`` later judges a dependent as this apply did.
+        """
+        record = getattr(self.store, "record_baseline", None)
+        if callable(record):
+            statuses = {k: v.to_dict() for k, v in before.items()}
+            for it in items:
+                record(self.target, it.key, str(plan["plan_hash"]), statuses)
+        out: dict[str, str] = {}
+        with self.engine.connect() as conn:
+            for it in items:
+                live, _ = self._live(conn, it.ref)
+                if live is None:
+                    continue
+                snap = self._snapshot(live.object, live)
+                new = self.store.put(snap)
+                out[it.key] = snap.id
+                self._emit(ev.CAPTURED, {"snapshot_id": snap.id, "object": it.key,
+                                         "signature": str(snap.signature), "exists": True,
+                                         "new": new, "reason": "applied by capgate"})
+            conn.rollback()
+        return out
 
     def _execute_transactional(
         self, plan: Mapping[str, Any], items: list[_Item], snaps: Mapping[str, Snapshot],
@@ -620,7 +778,8 @@ class DdlLoop:
                 return self._finish(self._outcome(ROLLED_BACK, plan, applied, items, dep_refs,
                                                   before, after, report, None, error, restored))
             self._emit(ev.VERIFIED, {"plan_hash": ph,
-                                     "checks": len(report.checks) if report else 0})
+                                     "checks": len(report.checks) if report else 0,
+                                     "counts": report.counts() if report else {}})
             conn.commit()
             self._emit(ev.COMMITTED, {"plan_hash": ph})
         far = self._far_side_checks(plan)
@@ -632,8 +791,9 @@ class DdlLoop:
                                             applied, report, error)
         if far:
             report = VerifyReport((report.checks if report else ()) + tuple(far))
+        bases = self._record_bases(items, plan, before)
         return self._finish(self._outcome(APPLIED_VERIFIED, plan, applied, items, dep_refs,
-                                          before, after, report, None, None, None))
+                                          before, after, report, None, None, None, bases))
 
     def _start_apply(
         self, conn: Connection, plan: Mapping[str, Any], items: list[_Item],
@@ -653,7 +813,9 @@ class DdlLoop:
             raise self._refuse_merge(plan, pre)
         self._emit(ev.PREFLIGHT, {"plan_hash": ph, "live": dict(pre.live), "ok": True})
         dep_refs = self._dependent_refs(conn, plan, items)
-        before = self._statuses(conn, [it.ref for it in items] + dep_refs)
+        extra = [ObjectRef.from_dict(r) for r in plan.get("recompile_objects") or []]
+        before = self._statuses(conn, [it.ref for it in items] + dep_refs + [
+            r for r in extra if r.key not in {d.key for d in dep_refs}])
         snapshot_ids = [it.base_snapshot_id for it in items]
         if on_apply_started is not None:
             on_apply_started(snapshot_ids)
@@ -704,9 +866,11 @@ class DdlLoop:
         if error is not None:
             return self._compensate_outcome(plan, items, snaps, dep_refs, before, after,
                                             applied, report, error)
-        self._emit(ev.VERIFIED, {"plan_hash": ph, "checks": len(report.checks) if report else 0})
+        self._emit(ev.VERIFIED, {"plan_hash": ph, "checks": len(report.checks) if report else 0,
+                                 "counts": report.counts() if report else {}})
+        bases = self._record_bases(items, plan, before)
         return self._finish(self._outcome(APPLIED_VERIFIED, plan, applied, items, dep_refs,
-                                          before, after, report, None, None, None))
+                                          before, after, report, None, None, None, bases))
 
     def _compensate_outcome(
         self, plan: Mapping[str, Any], items: list[_Item], snaps: Mapping[str, Snapshot],
@@ -719,11 +883,13 @@ class DdlLoop:
             return self._finish(self._outcome(COMPENSATED, plan, applied, items, dep_refs,
                                               before, after, report, comp, error, True))
         failed = CompensationFailed(
-            "compensation did not restore the snapshot(s); escalate -- do not apply again",
+            "compensation did not restore the snapshot(s): " + "; ".join(comp.causes[:5])
+            + " -- escalate, do not apply again",
             plan_hash=plan["plan_hash"],
             snapshot_ids=dict(comp.snapshot_ids),
             live_signatures=dict(comp.live_signatures),
             snapshot_signatures=dict(comp.snapshot_signatures),
+            causes=list(comp.causes),
             cause=error_details(error),
         )
         return self._finish(self._outcome(COMPENSATION_FAILED, plan, applied, items, dep_refs,
@@ -732,7 +898,8 @@ class DdlLoop:
     def _finish(self, outcome: DdlOutcome) -> DdlOutcome:
         self._emit(ev.OUTCOME, {"plan_hash": outcome.plan_hash, "outcome": outcome.outcome,
                                 "restored": outcome.restored,
-                                "error": None if outcome.error is None else dict(outcome.error)})
+                                "error": None if outcome.error is None else dict(outcome.error),
+                                "new_bases": dict(outcome.new_bases)})
         return outcome
 
     def _outcome(
@@ -741,13 +908,14 @@ class DdlLoop:
         before: Mapping[str, ObjectStatus], after: Mapping[str, ObjectStatus],
         report: VerifyReport | None, comp: CompensationReport | None,
         error: DdlErrorLike | None, restored: bool | None,
+        new_bases: Mapping[str, str] | None = None,
     ) -> DdlOutcome:
         statuses = tuple(
             StatusChange(r.key, role, before.get(r.key), after.get(r.key))
             for role, refs in (("changed", [it.ref for it in items]), ("dependent", dep_refs))
             for r in refs
         )
-        result = DdlOutcome(
+        return DdlOutcome(
             outcome=outcome,
             plan_hash=str(plan["plan_hash"]),
             dialect=self.dialect,
@@ -757,13 +925,13 @@ class DdlLoop:
             compensation=comp,
             error=None if error is None else error_details(error),
             restored=restored,
+            new_bases=dict(new_bases or {}),
         )
-        return result
 
     def _restored(self, items: Sequence[_Item], snaps: Mapping[str, Snapshot]) -> bool:
         with self.engine.connect() as conn:
-            ok = all(str(self._live(conn, it.ref)[1]) == str(snaps[it.key].signature)
-                     for it in items)
+            ok = all(str(self._live(conn, it.ref)[1]) == str(self.snapshot_signature(
+                snaps[it.key])) for it in items)
             conn.rollback()
         return ok
 
@@ -771,52 +939,50 @@ class DdlLoop:
     def _verify(
         self, conn: Connection, plan: Mapping[str, Any], items: Sequence[_Item],
         dep_refs: Sequence[ObjectRef], before: Mapping[str, ObjectStatus], *, smoke: bool,
-        far_side: bool,
+        far_side: bool, restoring: bool = False,
     ) -> tuple[VerifyReport, dict[str, ObjectStatus]]:
+        """Every check of a plan, with one verdict rule (``results.judge``).
+
+        ``restoring`` (a compensation): a restored object that is exactly as
+        invalid as it was before the apply is a warning, not a failure -- the
+        compensation's job is to bring back what was, checker false positives
+        included.
+        """
         checks: list[Check] = []
-        after: dict[str, ObjectStatus] = {}
+        accepted = list(plan.get("accepted_warnings") or [])
+        after = self._statuses(conn, [it.ref for it in items])
         for it in items:
-            st = self._status(conn, it.ref)
-            after[it.key] = st
-            checks.append(Check("compile", it.key, st.ok,
-                                f"{st.state} ({st.method})" + (f": {'; '.join(st.errors)}"
-                                                               if st.errors else "")))
+            checks.append(judge("compile", it.key, after.get(it.key), before.get(it.key),
+                                accepted, same_as_before_is_fine=restoring))
             _, sig = self._live(conn, it.ref)
             if it.expected_signature is not None:
-                checks.append(Check("landed", it.key, str(sig) == it.expected_signature,
-                                    f"live {sig}, planned {it.expected_signature}"))
+                checks.append(Check.of("landed", it.key, str(sig) == it.expected_signature,
+                                       f"live {sig}, planned {it.expected_signature}",
+                                       COMPARED))
             else:
                 matches = self.adapter.source_matches(conn, it.ref, it.new_source)
                 if matches is None:
-                    checks.append(Check("landed", it.key, True,
+                    checks.append(Check("landed", it.key, WARNING,
                                         f"live {sig}; the catalog re-renders this object, "
-                                        "its text cannot be compared", severity="warning"))
+                                        "its text cannot be compared", COMPARED))
                 else:
                     word = "matches" if matches else "differs from"
-                    checks.append(Check("landed", it.key, matches,
-                                        f"live {sig}; the stored body {word} the new source"))
-        total = len(dep_refs)
+                    checks.append(Check.of("landed", it.key, matches,
+                                           f"live {sig}; the stored body {word} the new source",
+                                           COMPARED))
+        swept = self.adapter.sweep(conn, dep_refs, before) if dep_refs else {}
+        after.update(swept)
         for i, ref in enumerate(dep_refs, start=1):
             if self.progress is not None:
-                self.progress(i, total, ref.key)
-            st = self.adapter.recompile(conn, ref)
-            after[ref.key] = st
-            prior = before.get(ref.key)
-            was_ok = prior is None or prior.ok
-            if st.ok:
-                checks.append(Check("dependent", ref.key, True, f"{st.state} ({st.method})"))
-            elif st.state == MISSING and prior is not None and prior.state == MISSING:
-                checks.append(Check("dependent", ref.key, True, "missing before and after",
-                                    severity="warning"))
-            elif not was_ok:
-                checks.append(Check("dependent", ref.key, False,
-                                    f"{st.state} after, already {prior.state if prior else '?'} "
-                                    "before the apply", severity="warning"))
-            else:
-                checks.append(Check("dependent", ref.key, False,
-                                    f"{st.state} after the apply, "
-                                    f"{prior.state if prior else 'unknown'} before"
-                                    + (f": {'; '.join(st.errors)}" if st.errors else "")))
+                self.progress(i, len(dep_refs), ref.key)
+            checks.append(judge("dependent", ref.key, swept.get(ref.key), before.get(ref.key),
+                                accepted))
+        extra = [ObjectRef.from_dict(r) for r in plan.get("recompile_objects") or []]
+        if extra:
+            rec = self.adapter.sweep(conn, extra, before)
+            for ref in extra:
+                checks.append(judge("recompile", ref.key, rec.get(ref.key), before.get(ref.key),
+                                    accepted))
         if smoke:
             checks += self._smoke(conn, plan)
         if far_side:
@@ -824,27 +990,39 @@ class DdlLoop:
         return VerifyReport(tuple(checks)), after
 
     def _smoke(self, conn: Connection, plan: Mapping[str, Any]) -> list[Check]:
+        """Each smoke call in an engine-enforced read-only transaction, rolled back after.
+
+        A call that writes fails (the engine refuses the write) and leaves nothing;
+        a call that returns no rows (or no result set, like ``CALL``) is a result like
+        any other -- it passes unless the call declared an ``expect``.
+        """
         out: list[Check] = []
         for s in plan.get("smoke") or []:
             name = f"smoke:{s['name']}"
             binds = dict(s.get("binds") or {})
+            expect = s.get("expect")
             try:
-                with self.adapter.session(conn, dict(s.get("session") or {})):
-                    if self.adapter.transactional_ddl:
-                        with conn.begin_nested() as sp:
-                            try:
-                                value = conn.execute(sa.text(s["sql"]), binds).scalar()
-                            finally:
-                                if sp.is_active:
-                                    sp.rollback()
-                    else:
-                        value = conn.execute(sa.text(s["sql"]), binds).scalar()
+                with self.adapter.session(conn, dict(s.get("session") or {})), \
+                        self.adapter.read_only(conn):
+                    result = conn.execute(sa.text(s["sql"]), binds)
+                    row = result.first() if result.returns_rows else None
             except sa.exc.DBAPIError as exc:
-                out.append(Check(name, str(s["name"]), False, f"error: {first_line(exc.orig)}"))
+                out.append(Check(name, str(s["name"]), FAILED,
+                                 f"error: {first_line(exc.orig)}", EXECUTED))
                 continue
-            ok = s.get("expect") is None or _same(value, s.get("expect"))
-            out.append(Check(name, str(s["name"]), ok,
-                             f"returned {value!r}, expected {s.get('expect')!r}"))
+            except sa.exc.SQLAlchemyError as exc:
+                out.append(Check(name, str(s["name"]), FAILED, f"error: {exc}", EXECUTED))
+                continue
+            if row is None:
+                ok = expect is None
+                detail = "returned no rows" + ("" if ok else f", expected {expect!r}")
+            else:
+                value = row[0]
+                ok = expect is None or _same(value, expect)
+                detail = f"returned {value!r}" + ("" if expect is None
+                                                   else f", expected {expect!r}")
+            out.append(Check(name, str(s["name"]), PASSED if ok else FAILED,
+                             detail + " (read-only transaction)", EXECUTED))
         return out
 
     def _far_side_checks(self, plan: Mapping[str, Any]) -> list[Check]:
@@ -853,42 +1031,49 @@ class DdlLoop:
             name = f"far_side:{s['name']}"
             url = self.far_side.get(str(s["link"]))
             if url is None:
-                out.append(Check(name, str(s["dependent"]), False,
-                                 f"no connection configured for link {s['link']}"))
+                out.append(Check(name, str(s["dependent"]), FAILED,
+                                 f"no connection configured for link {s['link']}", ""))
                 continue
             far_adapter = adapter_for(url)
             dep = ObjectRef.from_dict({**s["dependent_object"], "link": None})
             eng = far_adapter.engine(url)
             try:
                 with eng.connect() as far:
-                    if s.get("recompile", True):
+                    if s.get("recompile", True) and dep.kind in far_adapter.kinds:
                         st = far_adapter.recompile(far, dep)
                         if not st.ok:
-                            out.append(Check(name, str(s["dependent"]), False,
-                                             f"far-side recompile: {st.state} {st.errors}"))
+                            out.append(Check(name, str(s["dependent"]), FAILED,
+                                             f"far-side recompile: {st.state} {st.errors}",
+                                             st.checked))
                             continue
-                    value = far.execute(sa.text(s["assertion"])).scalar()
+                    with far_adapter.read_only(far):
+                        result = far.execute(sa.text(s["assertion"]))
+                        row = result.first() if result.returns_rows else None
+                    value = None if row is None else row[0]
                     ok = _same(value, s.get("expect"))
-                    out.append(Check(name, str(s["dependent"]), ok,
-                                     f"assertion returned {value!r}, expected {s.get('expect')!r}"))
+                    out.append(Check(name, str(s["dependent"]), PASSED if ok else FAILED,
+                                     f"assertion returned {value!r}, expected "
+                                     f"{s.get('expect')!r} (read-only transaction)", EXECUTED))
                     far.rollback()
             except sa.exc.DBAPIError as exc:
-                out.append(Check(name, str(s["dependent"]), False,
-                                 f"error: {first_line(exc.orig)}"))
+                out.append(Check(name, str(s["dependent"]), FAILED,
+                                 f"error: {first_line(exc.orig)}", EXECUTED))
             finally:
                 eng.dispose()
             self._emit(ev.FAR_SIDE, {"plan_hash": plan["plan_hash"], "step": s["name"],
                                      "passed": out[-1].passed, "detail": out[-1].detail})
         return out
 
-    def verify_object(self, obj: ObjectRef | str) -> VerifyReport:
+    def verify_object(self, obj: ObjectRef | str,
+                      before: Mapping[str, ObjectStatus] | None = None) -> VerifyReport:
         """Check one live object outside any plan: its compile status and the dependent sweep.
 
-        Every local dependent is re-checked one by one (``progress`` is called per
-        dependent); an invalid dependent fails the report, since no status from
-        before a change is known here.  Nothing is changed on PostgreSQL and
-        MariaDB (a re-check); Oracle recompiles each dependent (``ALTER ...
-        COMPILE``), never the schema.
+        The verdicts are the apply's (``results.judge``).  ``before`` is the
+        last known status of each object (the service passes the statuses
+        recorded before the object's last apply), so a dependent that was
+        already invalid then is a ``warning`` here as it was in that apply;
+        without one, an invalid dependent ``failed``.  Nothing is changed on
+        PostgreSQL and MariaDB (a re-check); Oracle recompiles only what is invalid.
         """
         ref = ObjectRef.parse(obj) if isinstance(obj, str) else obj
         checks: list[Check] = []
@@ -900,33 +1085,38 @@ class DdlLoop:
                 raise ObjectNotFound(f"{ref.key} does not exist on {self.target}",
                                      object=ref.key)
             ref = live.object
+            if before is None:
+                before = self._baseline(ref)
             st = self._status(conn, ref)
-            checks.append(Check("compile", ref.key, st.ok,
-                                f"{st.state} ({st.method}); live {sig}"
-                                + (f": {'; '.join(st.errors)}" if st.errors else "")))
-            deps = self.adapter.dependents(conn, ref, self.progress)
-            seen: set[str] = {ref.key}
-            refs = []
-            for d in deps:
-                if d.object.key not in seen and not d.remote:
-                    seen.add(d.object.key)
-                    refs.append(d.object)
+            c = judge("compile", ref.key, st, before.get(ref.key))
+            checks.append(Check(c.name, c.object, c.verdict, f"{c.detail}; live {sig}",
+                                c.checked))
+            refs = [d.object for d in self.adapter.dependents_many(conn, [ref], self.progress)]
             refs.sort()
-            for i, dep in enumerate(refs, start=1):
-                if self.progress is not None:
-                    self.progress(i, len(refs), dep.key)
-                st = self.adapter.recompile(conn, dep)
-                checks.append(Check("dependent", dep.key, st.ok, f"{st.state} ({st.method})"
-                                    + (f": {'; '.join(st.errors)}" if st.errors else "")))
+            if refs:
+                swept = self.adapter.sweep(conn, refs, before)
+                for i, dep in enumerate(refs, start=1):
+                    if self.progress is not None:
+                        self.progress(i, len(refs), dep.key)
+                    checks.append(judge("dependent", dep.key, swept.get(dep.key),
+                                        before.get(dep.key)))
             conn.rollback()
         return VerifyReport(tuple(checks))
+
+    def _baseline(self, ref: ObjectRef) -> dict[str, ObjectStatus]:
+        """The statuses found before the latest apply of ``ref`` (none if the store keeps none)."""
+        get = getattr(self.store, "baseline", None)
+        found = get(self.target, ref.key) if callable(get) else None
+        if not found:
+            return {}
+        return {k: ObjectStatus.from_dict(ObjectRef.parse(k) if ":" in k else ref, v)
+                for k, v in found.items()}
 
     def verify(self, plan: Mapping[str, Any]) -> VerifyReport:
         """Check the live state against the plan: compile status, landed text, dependents, smoke."""
         check_plan(plan)
         items = [_Item.from_plan(o) for o in plan["objects"]]
-        before = {str(d["key"]): _status_from(d) for d in plan.get("dependents") or []
-                  if d.get("status_before")}
+        before = _plan_before(plan)
         with self.engine.connect() as conn:
             dep_refs = self._dependent_refs(conn, plan, items)
             report, _ = self._verify(conn, plan, items, dep_refs, before, smoke=True,
@@ -944,50 +1134,60 @@ class DdlLoop:
         self._emit(ev.COMPENSATION_STARTED, {"plan_hash": ph, "snapshot_ids": snapshot_ids})
         actions: list[dict[str, Any]] = []
         live_sigs: dict[str, str] = {}
-        snap_sigs = {it.key: str(snaps[it.key].signature) for it in items}
+        snap_sigs = {it.key: str(self.snapshot_signature(snaps[it.key])) for it in items}
         report: VerifyReport | None = None
         with self.engine.connect() as conn:
             self.adapter.begin(conn)
-            for it in items:  # spec before body: re-creating a MariaDB spec drops the body
-                snap = snaps[it.key]
-                _, sig = self._live(conn, it.ref)
-                if str(sig) == str(snap.signature):
-                    actions.append({"object": it.key, "action": "none",
-                                    "reason": "live equals snapshot"})
-                    continue
-                try:
-                    if snap.exists:
-                        self.adapter.apply(conn, it.ref, snap.source, snap.attributes)
-                        actions.append({"object": it.key, "action": "re-applied snapshot",
-                                        "snapshot_id": snap.id})
-                    else:
-                        self.adapter.drop(conn, it.ref)
-                        actions.append({"object": it.key, "action": "dropped",
-                                        "snapshot_id": snap.id,
-                                        "reason": "it did not exist before"})
-                except (ApplyFailed, sa.exc.DBAPIError) as exc:
-                    actions.append({"object": it.key, "action": "failed",
-                                    "snapshot_id": snap.id, "error": error_details(exc)})
-                    if self.adapter.transactional_ddl:
-                        conn.rollback()
-                        break
+            with self.adapter.ddl_session(conn, self.lock_timeout):
+                for it in items:  # spec before body: re-creating a MariaDB spec drops the body
+                    snap = snaps[it.key]
+                    _, sig = self._live(conn, it.ref)
+                    if str(sig) == snap_sigs[it.key]:
+                        actions.append({"object": it.key, "action": "none",
+                                        "reason": "live equals snapshot"})
+                        continue
+                    try:
+                        if snap.exists:
+                            notes = self.adapter.restore(conn, it.ref, snap.source,
+                                                         snap.attributes)
+                            actions.append({"object": it.key, "action": "re-applied snapshot",
+                                            "snapshot_id": snap.id, "notes": notes})
+                        else:
+                            self.adapter.drop(conn, it.ref)
+                            actions.append({"object": it.key, "action": "dropped",
+                                            "snapshot_id": snap.id,
+                                            "reason": "it did not exist before"})
+                    except (ApplyFailed, sa.exc.DBAPIError) as exc:
+                        actions.append({"object": it.key, "action": "failed",
+                                        "snapshot_id": snap.id, "error": error_details(exc)})
+                        if self.adapter.transactional_ddl:
+                            conn.rollback()
+                            break
             if self.adapter.transactional_ddl and all(a["action"] != "failed" for a in actions):
                 conn.commit()
             for it in items:
                 live_sigs[it.key] = str(self._live(conn, it.ref)[1])
             plain = {**plan, "smoke": [], "far_side_steps": []}
             report, _ = self._verify(conn, plain, [
-                _Item(it.ref, it.base_snapshot_id, it.base_signature, snaps[it.key].source,
-                      it.base_signature, it.base_signature if snaps[it.key].exists else None,
+                _Item(it.ref, it.base_snapshot_id, snap_sigs[it.key], snaps[it.key].source,
+                      snap_sigs[it.key], snap_sigs[it.key] if snaps[it.key].exists else None,
                       it.attributes)
                 for it in items if snaps[it.key].exists
-            ], dep_refs, before, smoke=False, far_side=False)
+            ], dep_refs, before, smoke=False, far_side=False, restoring=True)
             if self.adapter.transactional_ddl:
                 conn.rollback()
-        ok = (all(a["action"] != "failed" for a in actions)
-              and all(live_sigs[k] == snap_sigs[k] for k in snap_sigs)
-              and report.passed)
-        comp = CompensationReport(ok, snapshot_ids, tuple(actions), live_sigs, snap_sigs, report)
+        causes: list[str] = []
+        for a in actions:
+            if a["action"] == "failed":
+                causes.append(f"{a['object']}: re-applying snapshot {a['snapshot_id']} failed: "
+                              f"{a['error'].get('message', '')}")
+        for k in snap_sigs:
+            if live_sigs[k] != snap_sigs[k]:
+                causes.append(f"{k}: live {live_sigs[k]} differs from snapshot {snap_sigs[k]}")
+        causes += [f"{c.name} {c.object}: {c.detail}" for c in report.failures]
+        ok = not causes
+        comp = CompensationReport(ok, snapshot_ids, tuple(actions), live_sigs, snap_sigs, report,
+                                  tuple(causes))
         self._emit(ev.COMPENSATED if ok else ev.COMPENSATION_FAILED,
                    {"plan_hash": ph, **comp.to_dict()})
         return comp
@@ -996,12 +1196,13 @@ class DdlLoop:
         """Restore every object of the plan from its snapshot (where it differs), then verify.
 
         For a case resumed as ``partly_applied``; each snapshot is applied at most once.
+        The restored objects and the dependents are judged against their statuses
+        before the apply (recorded in the plan).
         """
         check_plan(plan)
         items = [_Item.from_plan(o) for o in plan["objects"]]
         snaps = {it.key: self.store.get(it.base_snapshot_id) for it in items}
-        before = {str(d["key"]): _status_from(d) for d in plan.get("dependents") or []
-                  if d.get("status_before")}
+        before = _plan_before(plan)
         with self._locked([it.ref for it in items]):
             with self.engine.connect() as conn:
                 dep_refs = self._dependent_refs(conn, plan, items)
@@ -1079,6 +1280,14 @@ def _failure_text(report: VerifyReport) -> str:
 
 
 def _status_from(d: Mapping[str, Any]) -> ObjectStatus:
-    st = d["status_before"]
-    return ObjectStatus(ObjectRef.from_dict(d["object"]), str(st["state"]),
-                        tuple(st.get("errors") or ()), str(st.get("method", "")))
+    return ObjectStatus.from_dict(ObjectRef.from_dict(d["object"]), d["status_before"])
+
+
+def _plan_before(plan: Mapping[str, Any]) -> dict[str, ObjectStatus]:
+    """The statuses a plan recorded before the change: its objects' and its dependents'."""
+    out = {str(d["key"]): _status_from(d) for d in plan.get("dependents") or []
+           if d.get("status_before")}
+    for o in plan.get("objects") or []:
+        if o.get("status_before"):
+            out[str(o["key"])] = _status_from(o)
+    return out

@@ -5,6 +5,7 @@ Base = the snapshot, ours = the new source, theirs = the live object.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,9 +75,17 @@ class MergeProposal:
 
 
 def propose(
-    object_key: str, base_snapshot_id: str, base: str, ours: str, theirs: str
+    object_key: str, base_snapshot_id: str, base: str, ours: str, theirs: str,
+    *, signatures: tuple[str, str, str] | None = None,
+    appliable: Callable[[str], str] | None = None,
 ) -> MergeProposal:
-    """Merge three normalised texts with ``merge3``; conflicts are marked, never resolved."""
+    """Merge three normalised texts with ``merge3``; conflicts are marked, never resolved.
+
+    ``signatures`` are the objects' own (base, ours, theirs) signatures when the
+    caller has them (they cover attributes the texts do not show);
+    ``appliable`` turns the merged normalised text back into a source that
+    applies over the live object (MariaDB's normalisation drops ``OR REPLACE``).
+    """
     b, o, t = (s.splitlines(keepends=True) for s in (base, ours, theirs))
     m = merge3.Merge3(b, o, t)
     merged_lines = list(
@@ -107,13 +116,16 @@ def propose(
                 MergeRegion("conflict", tuple(group[1]), tuple(group[2]), tuple(group[3]))
             )
     merged = "".join(merged_lines)
+    if appliable is not None:
+        merged = appliable(merged)
     base_sig, ours_sig, theirs_sig = sign(base), sign(ours), sign(theirs)
+    names = signatures or (str(base_sig), str(ours_sig), str(theirs_sig))
     return MergeProposal(
         object=object_key,
         base_snapshot_id=base_snapshot_id,
-        base_signature=str(base_sig),
-        ours_signature=str(ours_sig),
-        theirs_signature=str(theirs_sig),
+        base_signature=names[0],
+        ours_signature=names[1],
+        theirs_signature=names[2],
         merged=merged,
         conflicts=conflicts,
         regions=tuple(regions),

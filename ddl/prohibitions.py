@@ -139,11 +139,18 @@ def check_spec_without_body(plan: Plan) -> list[dict[str, Any]]:
 _WILDCARDS = {"*", "all", "schema", "invalid", "all_invalid"}
 
 
+def is_schema_wide(request: str) -> bool:
+    """Whether a recompile request covers a schema: a wildcard, ``schema:``, ``%``, or a call
+    such as ``DBMS_UTILITY.COMPILE_SCHEMA(...)`` / ``UTL_RECOMP`` anywhere in its text."""
+    text = request.strip().lower()
+    return (text in _WILDCARDS or text.endswith(".*") or text.startswith("schema:")
+            or "%" in text or "*" in text or sqltext.schema_wide_recompile_in(request) is not None)
+
+
 def check_schema_wide_recompile(plan: Plan) -> list[dict[str, Any]]:
     out = []
     for item in plan.get("recompile") or []:
-        text = str(item).strip().lower()
-        if text in _WILDCARDS or text.endswith(".*") or text.startswith("schema:") or "%" in text:
+        if is_schema_wide(str(item)):
             out.append({"message": f"recompile request {item!r} covers a whole schema",
                         "request": item})
     texts: list[tuple[str, str]] = [(str(o["key"]), str(o.get("new_source", "")))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,20 +74,46 @@ class SmokeCall:
 # --- results -------------------------------------------------------------------------------
 
 
+PASSED = "passed"
+"""Checked, and fine."""
+FAILED = "failed"
+"""Checked, and broken by (or not restored by) this change: the verify fails."""
+WARNING = "warning"
+"""Not fine, but not this change's doing: already so before it, or an accepted checker warning."""
+UNVERIFIED = "unverified"
+"""Nothing could prove it works: read back only (MariaDB), or no checker for its language."""
+VERDICTS = (PASSED, WARNING, UNVERIFIED, FAILED)
+
+EXECUTED = "executed"
+COMPARED = "compared"
+
+
 @dataclass(frozen=True)
 class Check:
-    """One verification check and its result."""
+    """One verification check and its verdict -- the same words for apply, ``verify --plan``
+    and ``verify OBJECT``."""
 
     name: str
     object: str
-    passed: bool
+    verdict: str
+    """``passed`` | ``warning`` | ``unverified`` | ``failed`` (see ``VERDICTS``)."""
     detail: str = ""
-    severity: str = "error"
-    """``error`` fails the verify; ``warning`` is reported only (e.g. already invalid before)."""
+    checked: str = ""
+    """What was actually done: ``compiled``, ``executed`` (a smoke call), ``read back``,
+    ``compared`` (signatures), ``not checked``, ``catalog``."""
+
+    @property
+    def passed(self) -> bool:
+        """False only for ``failed``; warnings and unverified checks do not fail a verify."""
+        return self.verdict != FAILED
+
+    @classmethod
+    def of(cls, name: str, obj: str, ok: bool, detail: str = "", checked: str = "") -> Check:
+        return cls(name, obj, PASSED if ok else FAILED, detail, checked)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "object": self.object, "passed": self.passed,
-                "detail": self.detail, "severity": self.severity}
+        return {"name": self.name, "object": self.object, "verdict": self.verdict,
+                "passed": self.passed, "checked": self.checked, "detail": self.detail}
 
 
 @dataclass(frozen=True)
@@ -96,14 +122,69 @@ class VerifyReport:
 
     @property
     def passed(self) -> bool:
-        return all(c.passed for c in self.checks if c.severity == "error")
+        return all(c.passed for c in self.checks)
 
     @property
     def failures(self) -> tuple[Check, ...]:
-        return tuple(c for c in self.checks if not c.passed and c.severity == "error")
+        return tuple(c for c in self.checks if c.verdict == FAILED)
+
+    def counts(self) -> dict[str, int]:
+        out = dict.fromkeys(VERDICTS, 0)
+        for c in self.checks:
+            out[c.verdict] = out.get(c.verdict, 0) + 1
+        return out
 
     def to_dict(self) -> dict[str, Any]:
-        return {"passed": self.passed, "checks": [c.to_dict() for c in self.checks]}
+        return {"passed": self.passed, "counts": self.counts(),
+                "checks": [c.to_dict() for c in self.checks]}
+
+
+def judge(name: str, key: str, after: ObjectStatus | None, before: ObjectStatus | None,
+          accepted: Sequence[Mapping[str, Any]] = (), *, same_as_before_is_fine: bool = True
+          ) -> Check:
+    """The one verdict rule for a compiled object (a changed object, a dependent, a recompile).
+
+    * valid -- ``passed``; ``unchecked`` -- ``unverified`` (what was done is in ``checked``);
+    * invalid with only errors the row accepts -- ``warning`` (the reason is shown);
+    * invalid or missing as it already was before -- ``warning`` when
+      ``same_as_before_is_fine`` (dependents, a compensation's restored objects),
+      else ``failed`` (a changed object must compile after its own apply);
+    * anything else -- ``failed``.
+    """
+    if after is None:
+        return Check(name, key, FAILED, "not checked: the object could not be read", "")
+    detail = f"{after.state} ({after.method})"
+    if after.errors:
+        detail += ": " + "; ".join(after.errors)
+    if after.state == "valid":
+        return Check(name, key, PASSED, detail, after.checked)
+    if after.state == "unchecked":
+        return Check(name, key, UNVERIFIED, detail, after.checked)
+    if after.state == "invalid" and after.errors:
+        reasons = [accepted_reason(after.object, e, accepted) for e in after.errors]
+        if all(reasons):
+            why = "; ".join(sorted({str(r) for r in reasons}))
+            return Check(name, key, WARNING, f"{detail} -- accepted on the row: {why}",
+                         after.checked)
+    if before is not None and before.state == after.state and same_as_before_is_fine:
+        same = set(after.errors) <= set(before.errors) or after.state == "missing"
+        if same:
+            return Check(name, key, WARNING,
+                         f"{detail} -- already {before.state} before the change, with the same "
+                         "errors", after.checked)
+    was = before.state if before is not None else "unknown"
+    return Check(name, key, FAILED, f"{detail} -- {was} before", after.checked)
+
+
+def accepted_reason(ref: ObjectRef, error: str, accepted: Sequence[Mapping[str, Any]]
+                    ) -> str | None:
+    """The reason a row gives for accepting ``error`` on ``ref`` (``ddl.accepted_warnings``)."""
+    for a in accepted:
+        kind, _, name = str(a.get("object", "")).partition(":")
+        if kind == ref.kind and name.casefold() == ref.name.casefold() and str(
+                a.get("message", "")) in error:
+            return str(a.get("reason") or "accepted")
+    return None
 
 
 @dataclass(frozen=True)
@@ -164,10 +245,14 @@ class CompensationReport:
     live_signatures: Mapping[str, str]
     snapshot_signatures: Mapping[str, str]
     verify: VerifyReport | None
+    causes: tuple[str, ...] = ()
+    """Why it failed, in words: the action that failed, the object whose live signature
+    differs from its snapshot's, or the check that failed (empty when ok)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "ok": self.ok,
+            "causes": list(self.causes),
             "snapshot_ids": dict(self.snapshot_ids),
             "actions": [dict(a) for a in self.actions],
             "live_signatures": dict(self.live_signatures),
@@ -198,6 +283,9 @@ class DdlOutcome:
     """The ApplyFailed / VerifyFailed / CompensationFailed that explains a non-success."""
     restored: bool | None = None
     """After a rollback or compensation: whether every live signature equals its snapshot's."""
+    new_bases: Mapping[str, str] = field(default_factory=dict)
+    """After ``applied_verified``: object key -> the snapshot of what was applied, the base of
+    the next plan (capgate's own change is never "theirs")."""
 
     @property
     def ok(self) -> bool:
@@ -214,6 +302,7 @@ class DdlOutcome:
             "compensation": None if self.compensation is None else self.compensation.to_dict(),
             "error": None if self.error is None else dict(self.error),
             "restored": self.restored,
+            "new_bases": dict(self.new_bases),
         }
 
     def raise_for_outcome(self) -> None:

@@ -58,11 +58,10 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import URL, Connection
 
 from ddl import events as ev
-from ddl import sqltext
-from ddl.catalog import SPEC_OF_BODY, ObjectRef, Progress
+from ddl.catalog import SPEC_OF_BODY, Dependent, ObjectRef, Progress
 from ddl.errors import (
     MergeRequired,
     ObjectOutOfScope,
@@ -79,6 +78,7 @@ from ddl.results import (
     ROLLED_BACK,
     Change,
     DdlOutcome,
+    FarSideStep,
     PreflightResult,
     RecoveryReport,
     SmokeCall,
@@ -272,14 +272,53 @@ class DdlService:
     # -- wiring ----------------------------------------------------------------------------------
     @contextlib.contextmanager
     def loop(self, connector: str | ConnectorConfig, *, row: Row | None = None,
-             sink: ev.DdlEventSink | None = None) -> Iterator[DdlLoop]:
-        """A DDL loop on the connector's database, its snapshots in the ledger store."""
+             sink: ev.DdlEventSink | None = None,
+             far_side: Mapping[str, str | URL] | None = None) -> Iterator[DdlLoop]:
+        """A DDL loop on the connector's database, its snapshots in the ledger store.
+
+        ``far_side`` maps a link name to the URL of the far database (from the
+        row's ``ddl.far_side`` connectors); the row's ``lock_seconds`` bound the
+        session lock wait and the DDL's own lock wait.
+        """
         cfg = connector if isinstance(connector, ConnectorConfig) else \
             self.executor.connectors.config(connector)
+        if far_side is None and row is not None:
+            far_side = self._far_side(row)
         lock = row.timeout.lock_seconds if row is not None else None
         with DdlLoop(normalise_url(cfg.url), self.store, sink=sink, progress=self.progress,
-                     lock_timeout=float(lock or DEFAULT_LOCK_TIMEOUT)) as lp:
+                     lock_timeout=float(lock or DEFAULT_LOCK_TIMEOUT),
+                     far_side=dict(far_side or {})) as lp:
             yield lp
+
+    # -- the far side of database links, as the row declares it ---------------------------------
+    def _far_side(self, row: Row) -> dict[str, str | URL]:
+        """link name -> URL of the far connector, for every ``ddl.far_side`` entry of the row."""
+        out: dict[str, str | URL] = {}
+        for f in (row.ddl.far_side if row.ddl else ()):
+            cfg = self.executor.connectors.config(f.connector)
+            out[f.link] = normalise_url(cfg.url)
+        return out
+
+    @staticmethod
+    def _far_side_steps(row: Row) -> list[FarSideStep]:
+        out: list[FarSideStep] = []
+        for f in (row.ddl.far_side if row.ddl else ()):
+            for st in f.steps:
+                dep = ObjectRef.parse(st.dependent)
+                dep = ObjectRef(dep.kind, dep.name, dep.schema, dep.args, dep.parent, f.link)
+                out.append(FarSideStep(st.name, f.link, dep, st.assertion, st.expect,
+                                       st.recompile))
+        return out
+
+    @staticmethod
+    def _declared_remote(row: Row, on: ObjectRef) -> list[Dependent]:
+        out: list[Dependent] = []
+        for f in (row.ddl.far_side if row.ddl else ()):
+            for key in f.dependents:
+                dep = ObjectRef.parse(key)
+                out.append(Dependent(ObjectRef(dep.kind, dep.name, dep.schema, dep.args,
+                                               dep.parent, f.link), on, "declared on the row"))
+        return out
 
     def resolve_row(self, operation_id: str, version: int | None = None
                     ) -> tuple[Row, ConnectorConfig]:
@@ -392,8 +431,8 @@ class DdlService:
         with self.loop(cfg, row=row, sink=sink) as lp:
             # the header names the object: refuse out-of-scope sources before the catalog
             for source in sources:
-                header = sqltext.parse_header(source, lp.adapter.fold)
-                check_scope(row, ObjectRef(header.kind, header.name, header.schema), None)
+                head = lp.adapter.header(source)
+                check_scope(row, ObjectRef(head.kind, head.name, head.schema), None)
             named = {}
             for sid in bases:
                 snap = self.store.get(sid)
@@ -406,8 +445,8 @@ class DdlService:
                     check_scope(row, ref, default)
                     base = named.pop(ref.key, None)
                     if base is None and not fresh:
-                        history = self.store.history(ref, lp.dialect)
-                        base = history[-1].id if history else None
+                        found = lp.base_for(conn, ref)
+                        base = None if found is None else found.id
                     changes.append(Change(source, object=ref, base_snapshot_id=base))
                 conn.rollback()
             if named:
@@ -426,8 +465,16 @@ class DdlService:
                                   "approver_roles": list(row.authorization.approver_roles),
                                   "four_eyes": row.authorization.four_eyes},
             }
+            scope = row.ddl
             try:
-                plan = lp.plan(changes, smoke=smoke, recompile=recompile, bind=bind)
+                plan = lp.plan(changes, smoke=smoke, recompile=recompile, bind=bind,
+                               accepted_warnings=[a.to_dict() for a in scope.accepted_warnings]
+                               if scope else [],
+                               far_side_steps=self._far_side_steps(row),
+                               remote_dependents=self._declared_remote(row, next(
+                                   (c.object for c in changes if c.object is not None
+                                    and not c.object.is_body), changes[0].object or ObjectRef(
+                                       "function", "?"))))
                 with lp.engine.connect() as conn:
                     self._scope_objects(lp, conn, row, plan)
                     conn.rollback()
@@ -669,9 +716,13 @@ class DdlService:
             }, intent_id=intent_id)
             comp = lp.compensate(plan)
         status = COMPENSATED if comp.ok else COMPENSATION_FAILED
-        reason = None if comp.ok else {"kind": "compensation_failed",
-                                       "snapshot_ids": dict(comp.snapshot_ids),
-                                       "live_signatures": dict(comp.live_signatures)}
+        reason = None if comp.ok else {
+            "kind": "compensation_failed", "code": "CG512",
+            "message": "compensation did not restore the snapshot(s): "
+                       + "; ".join(comp.causes[:5]),
+            "causes": list(comp.causes),
+            "snapshot_ids": dict(comp.snapshot_ids),
+            "live_signatures": dict(comp.live_signatures)}
         record = _outcome(case, intent_id, row, cfg, str(plan["plan_hash"]), status,
                           {"compensation": comp.to_dict(), "before": before.to_dict(),
                            "by": who}, reason)

@@ -1,4 +1,13 @@
-"""Normalised source and its block-hash content signature (recipe ``v1``).
+"""Normalised source and its block-hash content signature (recipe ``v2``).
+
+Recipe ``v2`` is ``v1`` plus one rule: before signing, an adapter may put in
+front of the normalised text the attributes that change what the code does
+on its engine (``CatalogAdapter.signed_text``: MariaDB ``sql_mode`` and
+``DEFINER``; Oracle editionability, PL/SQL compiler settings and a trigger's
+enabled state) -- so a routine re-created under another ``sql_mode`` is drift,
+not "the same".  A ``v1`` snapshot is re-signed by recipe ``v2`` from its stored
+source and attributes when it is compared, so the new recipe never looks like
+drift.
 
 Recipe ``v1``, applied in this order:
 
@@ -14,10 +23,10 @@ Recipe ``v1``, applied in this order:
 The normalised text is cut into blocks of ``BLOCK_LINES`` (64) lines; each
 block's bytes (UTF-8, every line ending in ``\\n``) are hashed with SHA-256;
 the signature is SHA-256 over the concatenated 32-byte block digests,
-written ``v1:sha256:<hex>``.  The recipe version is part of the text, so a
+written ``v2:sha256:<hex>``.  The recipe version is part of the text, so a
 future change of normalisation or block size is a new recipe, never drift.
 A diff of two signatures names the blocks (and so the line ranges) that
-changed.  An object that does not exist has the signature ``v1:absent``.
+changed.  An object that does not exist has the signature ``v2:absent``.
 
 Timestamps (``LAST_DDL_TIME``, ``LAST_ALTERED``) are never part of it.
 """
@@ -30,7 +39,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-RECIPE = "v1"
+RECIPE = "v2"
 ALGORITHM = "sha256"
 BLOCK_LINES = 64
 ABSENT = f"{RECIPE}:absent"

@@ -1,7 +1,7 @@
 """Immutable, content-addressed snapshots of stored-code objects, and where they are kept.
 
 A snapshot is the exact source the catalog gave (re-appliable DDL), its
-attributes (e.g. MariaDB ``sql_mode``), its v1 signature over the normalised
+attributes (e.g. MariaDB ``sql_mode``), its signature over the normalised
 text, and an id that is the canonical hash of all of that -- never of the
 time it was taken.  Storing the identical snapshot again is a no-op; a
 snapshot id that already holds different content raises ``SnapshotOverwrite``.
@@ -27,7 +27,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL, Engine
 
 from ddl.catalog import ObjectRef
-from ddl.errors import ObjectNotFound, SnapshotOverwrite
+from ddl.errors import ObjectNotFound, SnapshotOverwrite, SnapshotTampered
 from ddl.signature import Signature
 from registry.canonical import canonical_hash
 
@@ -180,6 +180,20 @@ snapshots_table = sa.Table(
     sa.Column("seq", sa.Integer, nullable=True),
 )
 
+baselines_table = sa.Table(
+    "cg_ddl_baselines",
+    _metadata,
+    sa.Column("seq", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("target", sa.String(600), nullable=False),
+    sa.Column("object_key", sa.String(600), nullable=False, index=True),
+    sa.Column("plan_hash", sa.String(80), nullable=False),
+    sa.Column("statuses_json", sa.Text, nullable=False),
+    sa.Column("recorded_at", sa.String(40), nullable=False),
+)
+"""The statuses an apply found *before* it changed an object (the object's and its
+dependents'), so that ``ddl verify OBJECT`` later judges a dependent that was already
+invalid then exactly as that apply did -- a warning, not a failure."""
+
 _IMMUTABLE_SQLITE = (
     "CREATE TRIGGER IF NOT EXISTS cg_ddl_snapshots_no_update BEFORE UPDATE ON cg_ddl_snapshots "
     "BEGIN SELECT RAISE(ABORT, 'cg_ddl_snapshots rows are immutable'); END",
@@ -195,16 +209,37 @@ _IMMUTABLE_PG = (
 
 
 def _row_to_snapshot(row: Any) -> Snapshot:
-    return Snapshot(
-        id=str(row.snapshot_id),
-        dialect=str(row.dialect),
-        object=ObjectRef.from_dict(json.loads(row.object_json)),
-        exists=bool(row.exists_flag),
-        source=str(row.source),
-        signature=Signature.from_dict(json.loads(row.signature_json)),
-        attributes=dict(json.loads(row.attributes_json)),
-        captured_at=str(row.captured_at),
-    )
+    """A stored row as a snapshot, refused (SnapshotTampered) unless it is what its id says.
+
+    Checked on every read -- the base of a plan, an apply, a compensation, an
+    export -- not only at apply: a snapshot is what compensation restores.
+    """
+    sid = str(row.snapshot_id)
+    try:
+        snap = Snapshot(
+            id=sid,
+            dialect=str(row.dialect),
+            object=ObjectRef.from_dict(json.loads(row.object_json)),
+            exists=bool(row.exists_flag),
+            source=str(row.source),
+            signature=Signature.from_dict(json.loads(row.signature_json)),
+            attributes=dict(json.loads(row.attributes_json)),
+            captured_at=str(row.captured_at),
+        )
+    except (ValueError, KeyError, TypeError) as exc:
+        raise SnapshotTampered(
+            f"stored snapshot {sid} is damaged ({exc}); it is refused -- restore the store from "
+            "a backup or capture the object again", snapshot_id=sid, problem=str(exc)) from None
+    if not snap.verify() or str(row.signature) != str(snap.signature) or (
+            str(row.object_key) != snap.object.key):
+        raise SnapshotTampered(
+            f"stored snapshot {sid} of {row.object_key} does not match its content address "
+            "(its source, attributes or signature were edited in the store); it is refused -- "
+            "restore the store from a backup or capture the object again",
+            snapshot_id=sid, object=str(row.object_key),
+            computed=Snapshot.content_id(snap.dialect, snap.object, snap.exists, snap.source,
+                                         snap.attributes, snap.signature))
+    return snap
 
 
 class SqlSnapshotStore:
@@ -301,6 +336,27 @@ class SqlSnapshotStore:
 
     def export(self, directory: str | Path) -> ExportResult:
         return export_snapshots(self.history(), directory)
+
+    def record_baseline(self, target: str, object_key: str, plan_hash: str,
+                        statuses: Mapping[str, Mapping[str, Any]]) -> None:
+        """Keep the statuses found before an apply of ``object_key`` on ``target``."""
+        self._setup()
+        with self.engine.begin() as conn:
+            conn.execute(baselines_table.insert().values(
+                target=target, object_key=object_key, plan_hash=plan_hash,
+                statuses_json=json.dumps({k: dict(v) for k, v in statuses.items()},
+                                         sort_keys=True),
+                recorded_at=_now()))
+
+    def baseline(self, target: str, object_key: str) -> dict[str, dict[str, Any]] | None:
+        """The statuses found before the latest apply of the object on ``target``."""
+        self._setup()
+        t = baselines_table
+        with self.engine.connect() as conn:
+            row = conn.execute(sa.select(t.c.statuses_json).where(
+                t.c.target == target, t.c.object_key == object_key).order_by(
+                t.c.seq.desc()).limit(1)).first()
+        return None if row is None else dict(json.loads(row[0]))
 
     def dispose(self) -> None:
         self.engine.dispose()

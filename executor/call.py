@@ -554,6 +554,7 @@ class Executor:
                     conn.rollback()
                 raise
             finally:
+                dialect.end_deadline(conn)
                 with contextlib.suppress(sa.exc.DBAPIError):
                     conn.close()
             return

@@ -17,6 +17,7 @@ from sqlalchemy.engine import URL, make_url
 
 from executor.dialects import Dialect, dialect_for
 from executor.dialects import normalise_url as normalise_url  # the one URL normaliser
+from executor.dialects.base import rearm_before_statement
 from registry.errors import ConfigError, ConnectorUnavailable, UnknownConnector
 
 ENVIRONMENTS = ("dev", "qa", "staging", "prod")
@@ -85,6 +86,7 @@ class Connector:
             options.setdefault("max_overflow", 0)
         engine = sa.create_engine(url, **options)
         dialect.prepare_engine(engine)
+        sa.event.listen(engine, "before_cursor_execute", rearm_before_statement)
         return cls(config=config, engine=engine, dialect=dialect)
 
     def check_target(self) -> None:

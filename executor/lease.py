@@ -20,16 +20,15 @@ transaction is open, and it is enforced three times:
    the watchdog terminates the session itself (PostgreSQL
    ``pg_terminate_backend`` on the lease's pid and label, MariaDB ``KILL
    CONNECTION``), so its locks go with it.
-2. **The server.**  The transaction opens with the dialect's timeouts set to
-   the full timeout (PostgreSQL ``statement_timeout`` and
-   ``idle_in_transaction_session_timeout`` via ``set_config(..., true)``,
-   MariaDB ``max_statement_time`` and ``idle_transaction_timeout``); before a
-   step that starts more than :data:`REARM_AFTER_SECONDS` after the last arming
-   they are re-armed to the time left plus :data:`LEASE_GRACE_SECONDS`.  So a
-   hung executor (SIGSTOP, a partition) -- whose watchdog is stopped too --
-   loses its session and its row locks about a second after the deadline.  A
-   SIGKILLed executor's socket is closed by its kernel: the server rolls back
-   at once.
+2. **The server.**  As for every write (``executor.dialects.base``): the
+   statement timeout is the time left (re-armed before a statement that starts
+   more than ``REARM_AFTER_SECONDS`` after the last arming) and the idle timeout
+   is a constant ``IDLE_GRACE_SECONDS``, because the server counts it from the
+   end of the last statement.  So a hung executor (SIGSTOP, a partition) --
+   whose watchdog is stopped too -- loses its session and its row locks within
+   a second of the deadline, whether it stopped before, during or after a
+   statement.  A SIGKILLed executor's socket is closed by its kernel: the
+   server rolls back at once.
 3. **The ledger.**  ``lease_started`` records the deadline (wall clock and
    epoch) before the first step; ``lease_released`` or ``lease_expired``
    (naming the step that was running at the deadline) follows the COMMIT or
@@ -47,7 +46,6 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import math
 import os
 import socket
 import threading
@@ -73,17 +71,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ESCALATE_AFTER_SECONDS",
-    "LEASE_GRACE_SECONDS",
     "Lease",
     "lease",
     "run_leased",
     "sweep_expired_leases",
 ]
 
-LEASE_GRACE_SECONDS = 0.75
-"""The server's timeouts are the time left plus this much (PostgreSQL; MariaDB rounds up)."""
-REARM_AFTER_SECONDS = 0.25
-"""Re-arm the server's timeouts before a step when the last arming is older than this."""
 ESCALATE_AFTER_SECONDS = 1.0
 """After the deadline, how long a cancelled lease may take before its session is terminated."""
 SWEEP_MARGIN_SECONDS = 2.0
@@ -174,7 +167,6 @@ class Lease:
         self.started = time.monotonic()
         self.deadline = self.started + self.timeout
         self.deadline_wall = self.started_wall + self.timeout
-        self.armed_at = self.started  # begin_write armed the full timeout
         self.step: str | None = None
         self.state = "running"
         self.expired = False
@@ -200,14 +192,14 @@ class Lease:
         return self.deadline - time.monotonic()
 
     def enter(self, conn: sa.Connection, name: str) -> None:
-        """Before a step: refuse to start it after the deadline; re-arm the server."""
+        """Before a step: refuse to start it after the deadline.
+
+        The server's timeouts are re-armed to the time left before every
+        statement of the step (``executor.dialects.base.rearm_before_statement``).
+        """
         with self._lock:
             self._check_locked(conn)
             self.step = name
-        now = time.monotonic()
-        if now - self.armed_at > REARM_AFTER_SECONDS:
-            self._arm(conn, self.deadline - now)
-            self.armed_at = now
 
     def finish(self, conn: sa.Connection) -> None:
         """After the last step: from here on the watchdog leaves the transaction alone."""
@@ -232,20 +224,6 @@ class Lease:
             if self.terminated:
                 conn.invalidate()  # the watchdog ended the session: nothing to roll back
             raise Rollback(self.reason())
-
-    def _arm(self, conn: sa.Connection, left: float) -> None:
-        left = max(left, 0.001)
-        if self.dialect == "postgresql":
-            ms = f"{max(1, int((left + LEASE_GRACE_SECONDS) * 1000))}ms"
-            conn.execute(sa.text(
-                "SELECT set_config('statement_timeout', :ms, true),"
-                " set_config('idle_in_transaction_session_timeout', :ms, true)"), {"ms": ms})
-        elif self.dialect == "mariadb":
-            conn.exec_driver_sql(
-                "SET SESSION max_statement_time = %s, idle_transaction_timeout = %s",
-                (round(left + LEASE_GRACE_SECONDS, 3), max(1, math.ceil(left))))
-        elif self.dialect == "oracle":
-            self._raw.call_timeout = max(1, int((left + LEASE_GRACE_SECONDS) * 1000))
 
     # -- the watchdog
 

@@ -276,9 +276,48 @@ class DdlObject:
 
 
 @dataclass(frozen=True)
+class AcceptedWarning:
+    """A checker finding the DBA reviewed and accepts (e.g. a plpgsql_check false positive)."""
+
+    object: str
+    """``kind:name`` of the object it is reported on."""
+    message: str
+    """Text the finding contains."""
+    reason: str
+    """Why it is accepted, shown in plans and verdicts."""
+
+    def to_dict(self) -> dict[str, str]:
+        return {"object": self.object, "message": self.message, "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class FarSideStep:
+    """A named check of a remote dependent on the far side, with its assertion."""
+
+    name: str
+    dependent: str
+    assertion: str
+    expect: Any = 1
+    recompile: bool = True
+
+
+@dataclass(frozen=True)
+class FarSide:
+    """A far-side database (a configured connector) that uses this connector's objects
+    through a database link (Oracle) or a foreign server (PostgreSQL) named ``link``."""
+
+    connector: str
+    link: str
+    dependents: tuple[str, ...] = ()
+    steps: tuple[FarSideStep, ...] = ()
+
+
+@dataclass(frozen=True)
 class DdlScope:
     objects: tuple[DdlObject, ...]
     pattern: str | None = None
+    accepted_warnings: tuple[AcceptedWarning, ...] = ()
+    far_side: tuple[FarSide, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -411,6 +450,16 @@ class Row:
                 DdlScope(
                     objects=tuple(DdlObject(o["type"], o["name"]) for o in ddl["objects"]),
                     pattern=ddl.get("pattern"),
+                    accepted_warnings=tuple(
+                        AcceptedWarning(a["object"], a["message"], a["reason"])
+                        for a in ddl.get("accepted_warnings", ())),
+                    far_side=tuple(
+                        FarSide(f["connector"], f["link"], tuple(f.get("dependents", ())),
+                                tuple(FarSideStep(st["name"], st["dependent"], st["assertion"],
+                                                  st.get("expect", 1),
+                                                  bool(st.get("recompile", True)))
+                                      for st in f.get("steps", ())))
+                        for f in ddl.get("far_side", ())),
                 )
                 if ddl
                 else None

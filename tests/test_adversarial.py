@@ -419,3 +419,153 @@ def test_a_woken_stale_executor_cannot_reopen_a_settled_case(
     finally:
         if ended is not None:
             zygote.kill(ended.pid)
+
+
+# --- item 13: a hung executor's locks go within the deadline plus one second ------------------
+
+SLOW_ROWS = """
+format: 1
+connectors: {{insurance: {{}}}}
+rows:
+  - operation_id: test.lock_then_wait
+    version: 1
+    connector: insurance
+    description: Lock a policy row, then a slow verify check (test-only).
+    input:
+      type: object
+      additionalProperties: false
+      required: [policy_id, seconds]
+      properties: {{policy_id: {{type: integer}}, seconds: {{type: number}}}}
+    target: {{system: insurance, object: policy, keys: [policy_id]}}
+    effect_class: transactional
+    shape: collapsed
+    authorization: {{kind: write_grant}}
+    environments: [dev]
+    idempotency_key: "{{case}}:{{policy_id}}"
+    timeout: {{seconds: 3, on_timeout: rolled_back}}
+    recovery: retryable
+    statements:
+      - {{name: lock, sql: "UPDATE policy SET holder = holder WHERE policy_id = :policy_id",
+         expect_rows: 1}}
+    verify:
+      - {{name: wait, sql: "{sleep}", expect: {{value: 1}}}}
+  - operation_id: test.lease_then_wait
+    version: 1
+    connector: insurance
+    description: The same under a lease (test-only).
+    input:
+      type: object
+      additionalProperties: false
+      required: [policy_id, seconds]
+      properties: {{policy_id: {{type: integer}}, seconds: {{type: number}}}}
+    target: {{system: insurance, object: policy, keys: [policy_id]}}
+    effect_class: transactional
+    shape: leased
+    authorization: {{kind: write_grant}}
+    environments: [dev]
+    idempotency_key: "{{case}}:{{policy_id}}"
+    timeout: {{seconds: 3, on_timeout: rolled_back}}
+    recovery: retryable
+    steps:
+      - {{name: lock, sql: "UPDATE policy SET holder = holder WHERE policy_id = :policy_id",
+         expect_rows: 1}}
+      - {{name: wait, check: "{sleep}", expect: {{value: 1}}, otherwise: {{abort: slow}}}}
+"""
+SLEEP = {"postgresql": "SELECT count(*) FROM pg_sleep(:seconds)",
+         "mariadb": "SELECT SLEEP(:seconds) + 1"}
+
+
+def _second_writer(url: URL, result: dict[str, float]) -> None:
+    """Wait (up to 20 s) for the policy row's lock; note the wall time it was granted."""
+    import time
+
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    try:
+        with engine.connect() as conn:
+            if _engine_name(url) == "postgresql":
+                conn.execute(sa.text("SET lock_timeout = '20s'"))
+            else:
+                conn.execute(sa.text("SET SESSION innodb_lock_wait_timeout = 20"))
+            conn.execute(sa.text("UPDATE policy SET holder = holder WHERE policy_id = 1"))
+            result["granted"] = time.time()
+            conn.rollback()
+    finally:
+        engine.dispose()
+
+
+def _statement_running(url: URL, needle: str) -> bool:
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    try:
+        with engine.connect() as conn:
+            if _engine_name(url) == "postgresql":
+                sql = ("SELECT count(*) FROM pg_stat_activity WHERE state = 'active'"
+                       " AND application_name LIKE 'capgate %' AND query LIKE :q")
+            else:
+                sql = ("SELECT count(*) FROM information_schema.PROCESSLIST"
+                       " WHERE ID <> CONNECTION_ID() AND INFO LIKE '%capgate%'"
+                       " AND INFO LIKE :q")
+            return bool(conn.execute(sa.text(sql), {"q": f"%{needle}%"}).scalar())
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.crash
+@pytest.mark.parametrize("operation", ["test.lock_then_wait", "test.lease_then_wait"])
+@pytest.mark.parametrize("when", ["before", "during", "after"])
+def test_a_stopped_executor_loses_its_locks_by_the_deadline(
+        server_url: URL, operation: str, when: str, gate: Callable[..., Executor],
+        tmp_path: Path) -> None:
+    """Item 13: SIGSTOP before, during or after a statement; the lock goes by deadline + 1 s."""
+    import datetime as dt
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    from tests.crash_child import ROOT
+
+    engine_name = _engine_name(server_url)
+    caps = tmp_path / "slow.yaml"
+    caps.write_text(SLOW_ROWS.format(sleep=SLEEP[engine_name]), "utf-8")
+    ledger = f"sqlite:///{tmp_path / 'ledger.db'}"
+    ex = gate(server_url, ledger)
+    case = f"HUNG-{when}"
+    spec = {"target": server_url.render_as_string(hide_password=False), "ledger": ledger,
+            "operation": operation, "inputs": {"policy_id": 1, "seconds": 2.0},
+            "case": case, "who": "agent", "out": str(tmp_path / "out.json"),
+            "capabilities": [str(caps)],
+            "stop_at": {"before": "after_attempt_started", "after": "before_commit"}.get(when)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    child = subprocess.Popen([sys.executable, "-m", "tests.crash_child", json.dumps(spec)],
+                             cwd=ROOT, env=env)
+    try:
+        if when == "during":  # stop it while its slow statement runs on the server
+            needle = "pg_sleep" if engine_name == "postgresql" else "SLEEP("
+            for _ in range(400):
+                if _statement_running(server_url, needle):
+                    break
+                time.sleep(0.025)
+            time.sleep(0.2)
+            os.kill(child.pid, signal.SIGSTOP)
+        else:  # the child stops itself at the boundary
+            for _ in range(800):
+                with open(f"/proc/{child.pid}/stat") as fh:
+                    if fh.read().split(") ", 1)[1].startswith("T"):
+                        break
+                time.sleep(0.025)
+        state = next(s for s in ex.ledger.events(case) if s.kind == "attempt_started")
+        started = dt.datetime.fromisoformat(state.payload["state"]["started_at"]).timestamp()
+        deadline = started + 3.0
+        granted: dict[str, float] = {}
+        writer = threading.Thread(target=_second_writer, args=(server_url, granted))
+        writer.start()
+        writer.join(30)
+        assert "granted" in granted, "the lock was never released"
+        overrun = granted["granted"] - deadline
+        assert overrun <= 1.0, f"the lock was held {overrun:.2f} s past the deadline"
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(30)

@@ -143,7 +143,7 @@ SMOKE = json.dumps({"name": "premium of 100", "sql": "SELECT billing.premium(100
 
 APPLY_EVENTS_TRANSACTIONAL = ["prepared", "ddl.preflight", "ddl_apply_started",
                               "ddl.object_applied", "ddl.verified", "ddl.committed",
-                              "ddl.outcome", "observed"]
+                              "ddl.captured", "ddl.outcome", "observed"]
 COMPENSATE_EVENTS = ["ddl_compensation_requested", "ddl.compensation_started",
                      "ddl.compensated", "observed"]
 
@@ -258,7 +258,7 @@ def live_signature(url: URL, obj: str) -> str:
         with eng.connect() as conn:
             live = adapter.read(conn, adapter.resolve(conn, ObjectRef.parse(obj)))
             assert live is not None
-            return str(sign(adapter.normalise(live.object, live.source)))
+            return str(sign(adapter.signed_text(live.object, live.source, live.attributes)))
     finally:
         eng.dispose()
 
@@ -271,7 +271,7 @@ def test_pg_capture_plan_approve_apply_verify_compensate(pg_cli: tuple[Cli, URL,
     assert before_due > 0  # policy 9 is void but has unpaid instalments
 
     (captured,) = cli("ddl", "capture", fn, "--connector", "insurance_code")
-    assert captured["exists"] and captured["signature"].startswith("v1:sha256:")
+    assert captured["exists"] and captured["signature"].startswith("v2:sha256:")
     base_id, base_sig = captured["snapshot_id"], captured["signature"]
 
     (tmp / "premium_due_total.sql").write_text(PG_NEW)
@@ -322,7 +322,7 @@ def test_pg_capture_plan_approve_apply_verify_compensate(pg_cli: tuple[Cli, URL,
     assert prepared["state"]["snapshot_ids"] == {obj["key"]: base_id}
     assert prepared["state"]["row_hash"] == plan["row_hash"]
     assert events[2]["payload"]["snapshot_ids"] == [base_id]
-    assert events[7]["payload"]["outcome"]["status"] == "applied_verified"
+    assert events[8]["payload"]["outcome"]["status"] == "applied_verified"
     assert events[-1]["payload"]["outcome"]["status"] == "compensated"
     assert kinds(shown["events"])[:2] == ["ddl.planned", "approval_recorded"]
     assert shown["snapshot"]["intents"][intent]["status"] == "observed"
@@ -358,13 +358,18 @@ def test_pg_replay_plan_verify_snapshots_export(pg_cli_inproc: tuple[Cli, URL, P
               rc=1)
     assert "nothing to compensate" in err["message"]
     snaps = cli("ddl", "snapshots", fn, "--connector", "insurance_code")
-    assert [s["snapshot_id"] for s in snaps] == [captured["snapshot_id"]]
+    # the capture, then what capgate applied (recorded as the next plan's base)
+    applied_base = applied["evidence"]["new_bases"][checked["checks"][0]["object"]]
+    assert [s["snapshot_id"] for s in snaps] == [captured["snapshot_id"], applied_base]
     exported = cli("ddl", "export", str(tmp / "mirror"))
     assert "index.json" in exported["written"]
     index = json.loads((tmp / "mirror" / "index.json").read_text())
-    assert [s["snapshot_id"] for s in index["snapshots"]] == [captured["snapshot_id"]]
-    (path,) = [p for p in exported["written"] if p.endswith(".sql")]
-    assert (tmp / "mirror" / path).read_text().startswith("CREATE OR REPLACE FUNCTION")
+    assert [s["snapshot_id"] for s in index["snapshots"]] == [captured["snapshot_id"],
+                                                              applied_base]
+    paths = [p for p in exported["written"] if p.endswith(".sql")]
+    assert len(paths) == 2
+    assert all((tmp / "mirror" / p).read_text().startswith("CREATE OR REPLACE FUNCTION")
+               for p in paths)
     assert cli("ddl", "export", str(tmp / "mirror"))["written"] == []  # content addressed
     codes = [p["code"] for p in cli("ddl", "prohibitions")]
     assert codes == ["CG501", "CG502", "CG503", "CG504", "CG505", "CG506"]
@@ -462,7 +467,8 @@ def test_mariadb_package_spec_and_body_loop(maria_cli: tuple[Cli, URL, Path]) ->
     events = [e for e in shown["events"] if e["intent_id"] == intent]
     assert kinds(events) == [
         "prepared", "ddl.preflight", "ddl_apply_started", "ddl.object_applied",
-        "ddl.object_applied", "ddl.verified", "ddl.outcome", "observed", *COMPENSATE_EVENTS]
+        "ddl.object_applied", "ddl.verified", "ddl.captured", "ddl.captured", "ddl.outcome",
+        "observed", *COMPENSATE_EVENTS]
     started = events[2]["payload"]
     assert started["snapshot_ids"] == [spec["snapshot_id"], body["snapshot_id"]]
     assert started["transactional"] is False  # recorded before DDL that commits on its own

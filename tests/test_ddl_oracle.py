@@ -100,3 +100,57 @@ def test_compile_errors_are_a_failed_apply_and_compensated(loop: DdlLoop) -> Non
     with loop.engine.connect() as conn:
         st = loop.adapter.status(conn, ObjectRef("package_body", "BILLING"))
     assert st.state == "valid"
+
+
+# --- issue 15: what a snapshot keeps, what the sweep recompiles -----------------------------
+
+
+TRIGGER = """CREATE OR REPLACE TRIGGER pol_stamp BEFORE INSERT ON pol FOR EACH ROW
+BEGIN
+  :new.base := billing.premium(:new.base);
+END;
+"""
+
+
+def _run(url: URL, *statements: str) -> None:
+    eng = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    with eng.connect() as conn:
+        for stmt in statements:
+            conn.exec_driver_sql(stmt.rstrip().removesuffix("/").rstrip(),
+                                 execution_options={"no_parameters": True})
+    eng.dispose()
+
+
+def test_snapshot_keeps_editionable_trigger_state_and_compiler_settings(
+        loop: DdlLoop, target: URL) -> None:
+    _run(target, "CREATE TABLE pol (id NUMBER PRIMARY KEY, base NUMBER)", TRIGGER,
+         "ALTER TRIGGER pol_stamp DISABLE",
+         "ALTER PACKAGE billing COMPILE BODY PLSQL_OPTIMIZE_LEVEL = 1 REUSE SETTINGS")
+    trig = loop.capture(ObjectRef("trigger", "POL_STAMP"))
+    assert trig.attributes["trigger_status"] == "DISABLED"
+    body = loop.capture(ObjectRef("package_body", "BILLING"))
+    assert body.attributes["plsql_optimize_level"] == "1"
+    assert "editionable" in body.attributes
+    # a change, then its compensation: the settings and the disabled state come back
+    plan = loop.plan([Change(BODY_V1.replace("1.1", "1.3"), base_snapshot_id=body.id),
+                      Change(TRIGGER.replace("premium(:new.base)", "premium(:new.base) + 0"),
+                             base_snapshot_id=trig.id)])
+    assert loop.execute(plan).outcome == "applied_verified"
+    comp = loop.compensate(plan)
+    assert comp.ok, comp.to_dict()
+    assert loop.capture(ObjectRef("trigger", "POL_STAMP")).id == trig.id
+    assert loop.capture(ObjectRef("package_body", "BILLING")).id == body.id
+
+
+def test_sweep_recompiles_only_invalid_dependents(loop: DdlLoop, target: URL) -> None:
+    _run(target, "CREATE OR REPLACE FUNCTION other(p NUMBER) RETURN NUMBER IS BEGIN "
+                 "RETURN billing.premium(p); END other;")
+    spec = loop.capture(ObjectRef("package", "BILLING"))
+    body = loop.capture(ObjectRef("package_body", "BILLING"))
+    plan = loop.plan([Change(SPEC_V1, base_snapshot_id=spec.id),
+                      Change(BODY_V1, base_snapshot_id=body.id)])
+    outcome = loop.execute(plan)
+    assert outcome.outcome == "applied_verified", outcome.to_dict()
+    assert outcome.verify is not None
+    deps = [c for c in outcome.verify.checks if c.name == "dependent"]
+    assert deps and all(c.verdict == "passed" for c in deps)

@@ -119,7 +119,7 @@ def live_signature(loop: DdlLoop, ref: ObjectRef) -> str:
     with loop.engine.connect() as conn:
         live = loop.adapter.read(conn, loop.adapter.resolve(conn, ref))
         assert live is not None
-        return str(sign(loop.adapter.normalise(live.object, live.source)))
+        return str(sign(loop.adapter.signed_text(live.object, live.source, live.attributes)))
 
 
 # --- the whole loop ------------------------------------------------------------------------------
@@ -140,7 +140,9 @@ def test_whole_loop_function_with_dependent_views_and_functions(loop: DdlLoop,
     assert deps["plus_one(numeric)"] == "pg_depend"
     assert deps["total()"] == "plpgsql_check"
     assert deps["stamp()"] == "plpgsql_check"
-    assert "pol_stamp on pol" not in deps  # the trigger depends on stamp(), not on premium()
+    # the trigger uses stamp(), which uses premium(): a dependent of a dependent
+    (trig,) = [d for d in plan["dependents"] if d["key"].endswith("pol_stamp on pol")]
+    assert trig["depth"] == 2 and trig["on"].endswith("stamp()")
     hits = {h["object"].split(".", 1)[1] for h in plan["caller_search"][0]["hits"]}
     assert {"total()", "plus_one(numeric)", "stamp()", "v_prem"} <= hits
     obj = plan["objects"][0]
@@ -164,7 +166,8 @@ def test_whole_loop_function_with_dependent_views_and_functions(loop: DdlLoop,
     assert statuses["v_prem"] == ("dependent", "valid", "valid")
     assert sink(loop).kinds() == ["ddl.captured", "ddl.planned", "ddl.preflight",
                                   "ddl.apply_started", "ddl.object_applied", "ddl.verified",
-                                  "ddl.committed", "ddl.outcome"]
+                                  "ddl.committed", "ddl.captured", "ddl.outcome"]
+    assert outcome.new_bases == {obj["key"]: sink(loop).of("ddl.captured")[-1]["snapshot_id"]}
     report = loop.verify(plan)
     assert report.passed
 
@@ -411,7 +414,7 @@ def test_capture_of_a_50000_line_function(loop: DdlLoop, target: URL) -> None:
         t0 = time.perf_counter()
         live = loop.adapter.read(conn, ref)
         assert live is not None
-        sig = sign(loop.adapter.normalise(ref, live.source))
+        sig = sign(loop.adapter.signed_text(ref, live.source, live.attributes))
         elapsed = time.perf_counter() - t0
     print(f"\nPostgreSQL capture (pg_get_functiondef) + signature of {sig.lines} lines: "
           f"{elapsed * 1000:.1f} ms")

@@ -46,7 +46,7 @@ def test_signature_format_blocks_and_determinism() -> None:
     text = "".join(f"line {i}\n" for i in range(200))
     sig = sign(text)
     recipe, algo, digest = parse(str(sig))
-    assert (recipe, algo, len(digest)) == ("v1", "sha256", 64)
+    assert (recipe, algo, len(digest)) == ("v2", "sha256", 64)
     assert len(sig.blocks) == 4 == -(-200 // BLOCK_LINES)
     assert sig.lines == 200
     assert sign(text) == sig
@@ -55,9 +55,9 @@ def test_signature_format_blocks_and_determinism() -> None:
 
 
 def test_signature_of_absent_and_empty_differ() -> None:
-    assert str(Signature.absent()) == ABSENT == "v1:absent"
+    assert str(Signature.absent()) == ABSENT == "v2:absent"
     empty = sign("")
-    assert empty.exists and str(empty).startswith("v1:sha256:")
+    assert empty.exists and str(empty).startswith("v2:sha256:")
     assert str(empty) != ABSENT
 
 

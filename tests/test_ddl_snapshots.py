@@ -31,7 +31,7 @@ def test_snapshot_id_is_content_not_time() -> None:
     assert a.verify()
     assert _snap(SOURCE + "\n-- edit").id != a.id
     absent = _snap(None)
-    assert not absent.exists and str(absent.signature) == "v1:absent" and absent.id != a.id
+    assert not absent.exists and str(absent.signature) == "v2:absent" and absent.id != a.id
 
 
 def test_store_put_is_idempotent_and_refuses_overwrite(ledger_url: URL) -> None:

@@ -2,7 +2,8 @@
 
 Copy this file into your repository's tests.  It starts PostgreSQL with
 testcontainers (``pip install capgate "testcontainers[postgres]" pytest``),
-creates the schema, and runs ``capgate rehearse``: every example of every row
+creates the schema, installs capgate's own two tables
+(``capgate target install``) and runs ``capgate rehearse``: every example of every row
 runs in write-and-rollback with its expected counts, verify and replay
 checks.  The JUnit report lands in ``reports/rehearse.xml`` for the CI to
 publish.
@@ -65,6 +66,10 @@ def test_every_capability_example_rehearses(schema: str, tmp_path: Path) -> None
            "CAPGATE_CONNECTOR_INSURANCE_ENVIRONMENT": "dev",
            "CAPGATE_GRANTS": str(grants),
            "CAPGATE_AGENT": "ci"}
+    installed = subprocess.run([sys.executable, "-m", "capgate", "target", "install",
+                                "insurance"], env=env, capture_output=True, text=True,
+                               check=False)
+    assert installed.returncode == 0, installed.stdout + installed.stderr
     done = subprocess.run(
         [sys.executable, "-m", "capgate", "rehearse", str(CAPABILITIES),
          "--connector", "insurance", "--junit", str(junit)],

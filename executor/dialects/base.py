@@ -8,6 +8,7 @@ so code that needs a commit-outcome probe says so instead of guessing.
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -24,6 +25,60 @@ MARKER_INSERT = (
     " operation_id, landed_at) VALUES (:intent_id, :idem_key, :fingerprint, :attempt,"
     " :case_id, :operation_id, :landed_at)"
 )
+
+
+DEADLINE_KEY = "capgate_deadline"
+"""Where a write transaction's :class:`TxDeadline` lives (``Connection.info``) while open."""
+REARM_AFTER_SECONDS = 0.25
+"""Re-arm the server's timeouts before a statement when the last arming is older than this."""
+IDLE_GRACE_SECONDS = 0.75
+"""How long the server lets a write transaction sit idle before it ends the session.
+
+Held small and constant, because the server counts an idle period from the end of
+the last statement, which the executor cannot know in advance: a stopped
+executor's transaction then ends at most this long after its last statement, and
+its statements end by the deadline (their timeout is the time left), so its locks
+go within the deadline plus :data:`REARM_AFTER_SECONDS` plus this."""
+
+
+@dataclass
+class TxDeadline:
+    """The deadline of one open write transaction, and when the server was last armed."""
+
+    deadline: float
+    """``time.monotonic()`` at which the transaction must be over."""
+    armed_at: float
+    """``time.monotonic()`` of the last arming (the opening counts as one)."""
+
+    @classmethod
+    def starting_now(cls, seconds: float) -> TxDeadline:
+        now = time.monotonic()
+        return cls(now + float(seconds), now)
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+
+def rearm_before_statement(conn: Any, cursor: Any, statement: str, parameters: Any,
+                           context: Any, executemany: bool) -> None:
+    """``before_cursor_execute``: re-arm the server's timeouts to the time left.
+
+    Installed on every connector engine.  Acts only inside a write transaction
+    (one with a :class:`TxDeadline`) when the last arming is older than
+    :data:`REARM_AFTER_SECONDS` -- in a collapsed call that is never, as all its
+    statements follow the opening within milliseconds.  It covers every
+    statement sent in the transaction, registered step functions included.
+    """
+    tx = conn.info.get(DEADLINE_KEY)
+    if tx is None:
+        return
+    now = time.monotonic()
+    if now - tx.armed_at <= REARM_AFTER_SECONDS:
+        return
+    tx.armed_at = now
+    dialect = conn.info.get(DEADLINE_KEY + ":dialect")
+    if dialect is not None:
+        dialect.arm_deadline(conn.connection.driver_connection, max(tx.deadline - now, 0.001))
 
 
 class NotSupported(CapgateError, code="CG390"):
@@ -147,6 +202,29 @@ class Dialect:
     def open_write(self, conn: sa.Connection, tag: SessionTag, timeout_s: float,
                    lock_timeout_s: float | None) -> TxIdentity:
         raise NotImplementedError
+
+    def start_deadline(self, conn: sa.Connection, timeout_s: float) -> None:
+        """Remember the transaction's deadline on the connection (see :class:`TxDeadline`).
+
+        Called before the opening round trip, which arms the server with the full
+        timeout; later statements are re-armed to the time left.
+        """
+        conn.info[DEADLINE_KEY] = TxDeadline.starting_now(timeout_s)
+        conn.info[DEADLINE_KEY + ":dialect"] = self
+
+    @staticmethod
+    def end_deadline(conn: sa.Connection) -> None:
+        """The transaction is over: no more re-arming on this pooled connection."""
+        conn.info.pop(DEADLINE_KEY, None)
+        conn.info.pop(DEADLINE_KEY + ":dialect", None)
+
+    def arm_deadline(self, raw: Any, left: float) -> None:
+        """Arm the server: statement timeout to ``left``, idle timeout to the grace.
+
+        ``raw`` is the DBAPI connection (this runs inside SQLAlchemy's
+        ``before_cursor_execute``).  Dialects without server-side timeouts do
+        nothing.
+        """
 
     def insert_marker(self, conn: sa.Connection, tag: SessionTag,
                       marker: dict[str, Any]) -> None:

@@ -18,7 +18,14 @@ from typing import Any, ClassVar
 
 import sqlalchemy as sa
 
-from executor.dialects.base import MARKER_INSERT, Dialect, SessionTag, TxIdentity, vendor_code
+from executor.dialects.base import (
+    MARKER_INSERT,
+    REARM_AFTER_SECONDS,
+    Dialect,
+    SessionTag,
+    TxIdentity,
+    vendor_code,
+)
 
 _IDENTITY = sa.text(
     "SELECT CONNECTION_ID() AS connection_id, @@server_id AS server_id,"
@@ -40,15 +47,22 @@ class MariadbDialect(Dialect):
 
     def _set_timeouts(self, conn: sa.Connection, timeout_s: float,
                       lock_timeout_s: float | None) -> None:
+        # idle_transaction_timeout counts from the end of the last statement and takes
+        # whole seconds: 1, whatever the deadline (executor.dialects.base.IDLE_GRACE_SECONDS)
         conn.exec_driver_sql(
             "SET SESSION max_statement_time = %s, innodb_lock_wait_timeout = %s,"
-            " idle_transaction_timeout = %s",
-            (float(timeout_s), max(1, math.ceil(lock_timeout_s or timeout_s)),
-             max(1, math.ceil(timeout_s))),
+            " idle_transaction_timeout = 1",
+            (float(timeout_s), max(1, math.ceil(lock_timeout_s or timeout_s))),
         )
+
+    def arm_deadline(self, raw: Any, left: float) -> None:
+        with raw.cursor() as cursor:
+            cursor.execute("SET SESSION max_statement_time = %s, idle_transaction_timeout = 1",
+                           (round(left + REARM_AFTER_SECONDS, 3),))
 
     def open_write(self, conn: sa.Connection, tag: SessionTag, timeout_s: float,
                    lock_timeout_s: float | None) -> TxIdentity:
+        self.start_deadline(conn, timeout_s)
         self._set_timeouts(conn, timeout_s, lock_timeout_s)
         conn.exec_driver_sql(self.sql("START TRANSACTION", tag))
         row = conn.execute(_IDENTITY).mappings().one()

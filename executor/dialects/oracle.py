@@ -56,6 +56,7 @@ import sqlalchemy as sa
 from executor.dialects.base import (
     FENCE_TABLE,
     MARKER_TABLE,
+    REARM_AFTER_SECONDS,
     Dialect,
     SessionTag,
     TxIdentity,
@@ -152,9 +153,15 @@ class OracleDialect(Dialect):
         raw.client_identifier = tag.case_id[:64]
         raw.call_timeout = max(1, int(timeout_s * 1000))
 
+    def arm_deadline(self, raw: Any, left: float) -> None:
+        # no server-side idle timeout a session can set for itself: the call timeout
+        # (client side) bounds each round trip to the time left
+        raw.call_timeout = max(1, int((left + REARM_AFTER_SECONDS) * 1000))
+
     def open_write(self, conn: sa.Connection, tag: SessionTag, timeout_s: float,
                    lock_timeout_s: float | None) -> TxIdentity:
         # lock_timeout_s: Oracle has no DML lock timeout; the call timeout bounds lock waits
+        self.start_deadline(conn, timeout_s)
         self._tag(conn, tag, timeout_s)
         raw = _driver(conn)
         ltxid = bytes(raw.ltxid or b"").hex()

@@ -14,7 +14,15 @@ from typing import Any, ClassVar
 
 import sqlalchemy as sa
 
-from executor.dialects.base import MARKER_TABLE, Dialect, SessionTag, TxIdentity, sqlstate
+from executor.dialects.base import (
+    IDLE_GRACE_SECONDS,
+    MARKER_TABLE,
+    REARM_AFTER_SECONDS,
+    Dialect,
+    SessionTag,
+    TxIdentity,
+    sqlstate,
+)
 
 _IDENTITY_COLUMNS = (
     " pg_current_xact_id()::text AS xid,"
@@ -75,8 +83,11 @@ class PostgresqlDialect(Dialect):
             "app": tag.text(),
             "st": _ms(timeout_s),
             "lt": _ms(lock_timeout_s if lock_timeout_s is not None else timeout_s),
-            "it": _ms(timeout_s),
+            # the idle timeout counts from the end of the last statement: it stays small
+            # whatever the deadline (see executor.dialects.base.IDLE_GRACE_SECONDS)
+            "it": _ms(min(timeout_s, IDLE_GRACE_SECONDS)),
         }
+        self.start_deadline(conn, timeout_s)
         if marker is not None:
             row = conn.execute(_BEGIN_WITH_MARKER, {**settings, **marker}).mappings().one()
         else:
@@ -96,6 +107,11 @@ class PostgresqlDialect(Dialect):
             "system_identifier": row["system_identifier"],
             "timeline": row["timeline"],
         })
+
+    def arm_deadline(self, raw: Any, left: float) -> None:
+        raw.execute("SELECT set_config('statement_timeout', %s, true),"
+                    " set_config('idle_in_transaction_session_timeout', %s, true)",
+                    (_ms(left + REARM_AFTER_SECONDS), _ms(min(left, IDLE_GRACE_SECONDS))))
 
     def begin_read(self, conn: sa.Connection, tag: SessionTag, timeout_s: float) -> None:
         conn.execute(sa.text("SET TRANSACTION READ ONLY"))
