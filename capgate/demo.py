@@ -78,6 +78,20 @@ def _sandbox(keep: str | None) -> tuple[Path, tempfile.TemporaryDirectory[str] |
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    """The narration goes to stdout; with ``--json`` to stderr, and stdout has one object."""
+    import contextlib
+    import sys
+
+    if args.json:
+        with contextlib.redirect_stdout(sys.stderr):
+            folder = _demo(args)
+        emit(args, {"ok": True, "case": CASE, "kept": str(folder) if args.keep else None})
+        return 0
+    _demo(args)
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> Path:
     from capgate.init import init_project
 
     started = time.monotonic()
@@ -101,8 +115,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print("  capgate cases")
         print(f"  capgate ledger show {CASE}")
         print(f"  capgate ledger show {CASE} --html {CASE}.html")
-        emit(args, {"kept": str(folder), "config": str(config), "case": CASE})
-    return 0
+        print(f"  (configuration: {config})")
+    return folder
 
 
 def _run(config: Path) -> None:
