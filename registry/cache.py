@@ -114,11 +114,30 @@ class IndexedRow:
         return (self.operation_id, self.version)
 
     def build(self) -> Row:
-        with self.entry.open("rb") as fh:
-            fh.seek(self.offset)
-            raw = json.loads(fh.read(self.length))
+        """The row, from its cache entry -- or, if the entry is gone, from its file again."""
+        try:
+            with self.entry.open("rb") as fh:
+                fh.seek(self.offset)
+                raw = json.loads(fh.read(self.length))
+        except (OSError, ValueError):  # the cache was cleared under a running process
+            raw = self._from_source()
         return Row.from_dict(raw, row_hash=self.row_hash, source_path=self.source,
                              source_line=self.line, adopt=True)
+
+    def _from_source(self) -> dict[str, Any]:
+        from registry.errors import RegistryError
+        from registry.filecheck import check_file
+
+        try:
+            checked = check_file(self.source, Path(self.source).read_text("utf-8"))
+        except OSError as exc:
+            raise RegistryError(f"{self.source}: cannot read {self.operation_id}@"
+                                f"{self.version} again: {exc.strerror}") from None
+        for key, _, _, raw, digest in checked.rows:
+            if key == self.key and raw is not None and digest == self.row_hash:
+                return raw
+        raise RegistryError(f"{self.source}: {self.operation_id}@{self.version} changed since "
+                            "the capability files were loaded; load them again")
 
 
 def read_entry(directory: Path, key: str, source: str) -> list[IndexedRow] | None:

@@ -97,3 +97,11 @@ def test_a_file_with_problems_is_never_cached(caps: Path, tmp_path: Path) -> Non
             load_registry([caps], check_lock=False, cache=True)
     stored = list((tmp_path / "cache").rglob("*.jsonl"))
     assert entry_key(bad.read_text("utf-8")) not in {p.stem for p in stored}
+
+
+def test_a_row_is_still_built_when_the_cache_is_cleared_under_a_process(
+        caps: Path, tmp_path: Path) -> None:
+    load_registry([caps], check_lock=False, cache=True)
+    lazy = load_registry([caps], check_lock=False, cache=True)
+    shutil.rmtree(tmp_path / "cache")
+    assert lazy.resolve("policy.get").operation_id == "policy.get"
