@@ -295,6 +295,26 @@ class UnknownStep(RegistryError, code="CG123"):
     """A leased step's check branches to a step name that does not exist later in the row."""
 
 
+class PostCommitWithoutCompensation(RegistryError, code="CG124"):
+    """A row declares ``post_commit`` checks but no ``compensation``.
+
+    A post-commit check runs after COMMIT, so its failure cannot be a rollback:
+    the effect is there, and only an already-written compensation can undo it.
+    Without one the executor could only escalate.  Declare the compensation
+    statements (with ``compensation_verify``), or drop the post-commit checks.
+    """
+
+
+class CompensationUnverifiable(RegistryError, code="CG125"):
+    """A ``compensation`` without ``compensation_verify`` (or the reverse).
+
+    ``compensated`` is reported only when the compensation committed *and* a
+    re-read of the restored state says so.  ``compensation_verify`` declares
+    those re-read checks (same shape as ``verify``; they run after the
+    compensation's COMMIT, each with its expected result).
+    """
+
+
 class LockMismatch(RegistryError, code="CG130"):
     """A locked row changed without a new version.
 

@@ -569,3 +569,107 @@ def test_a_stopped_executor_loses_its_locks_by_the_deadline(
     finally:
         child.send_signal(signal.SIGKILL)
         child.wait(30)
+
+
+# --- item 2: `compensated` only when the compensation ran and the restored state says so -----
+
+CHECKED_NOTE = """
+format: 1
+connectors: {{insurance: {{}}}}
+rows:
+  - operation_id: test.checked_note
+    version: 1
+    connector: insurance
+    description: A note whose post-commit check always fails (test-only).
+    input:
+      type: object
+      additionalProperties: false
+      required: [policy_id, body]
+      properties: {{policy_id: {{type: integer}}, body: {{type: string, maxLength: 200}}}}
+    target: {{system: insurance, object: policy_note, keys: [policy_id]}}
+    effect_class: compensable
+    shape: collapsed
+    authorization: {{kind: write_grant}}
+    environments: [dev]
+    idempotency_key: "{{case}}:{{policy_id}}:{{body}}"
+    timeout: {{seconds: 5, on_timeout: rolled_back}}
+    recovery: reconcile_first
+    statements:
+      - {{sql: "INSERT INTO policy_note (policy_id, author, body) VALUES (:policy_id, 'qa', :body)",
+         expect_rows: 1}}
+    post_commit:
+      - {{name: seen_twice, sql: "SELECT count(*) FROM policy_note WHERE body = :body",
+         expect: {{value: 2}}}}
+    compensation:
+      - {{sql: "{compensation}", expect_rows: 1}}
+    compensation_verify:
+      - {{name: gone, sql: "SELECT count(*) FROM policy_note WHERE body = :body",
+         expect: {{value: 0}}}}
+"""
+UNDO = "DELETE FROM policy_note WHERE body = :body"
+NO_UNDO = "UPDATE policy_note SET author = author WHERE body = :body"
+
+
+def _with_rows(ex: Executor, text: str) -> Executor:
+    from registry.loader import validate_texts
+    from registry.registry import Registry
+
+    result = validate_texts([("extra.yaml", text)])
+    result.raise_for_problems()
+    return Executor(Registry([*ex.registry.rows(include_retired=True), *result.rows]),
+                    ex.connectors, ex.ledger, ex.grants)
+
+
+def _notes_with(ex: Executor, body: str) -> int:
+    rows = table_dump(ex.connectors.get("insurance").engine.url, "policy_note")
+    return sum(1 for row in rows if body in row)
+
+
+def test_a_restored_compensation_is_compensated_and_recorded_so(executor: Executor) -> None:
+    """Item 2: compensation ran, the re-read confirms: `compensated`, also on replay."""
+    ex = _with_rows(executor, CHECKED_NOTE.format(compensation=UNDO))
+    body = f"undone {uuid.uuid4().hex[:8]}"
+    out = ex.call("test.checked_note", {"policy_id": 1, "body": body}, case="C-comp",
+                  who="agent")
+    assert out.status == "compensated", out.reason
+    assert out.reason is not None and out.reason["restored_checks"][0]["ok"] is True
+    assert _notes_with(ex, body) == 0
+    again = ex.call("test.checked_note", {"policy_id": 1, "body": body}, case="C-comp",
+                    who="agent")
+    assert again.replayed and again.status == "compensated"  # never applied_verified
+    assert not ex.ledger.cases(open_only=True)
+    assert ex.ledger.verify().ok
+
+
+def test_an_unconfirmed_compensation_escalates(executor: Executor) -> None:
+    """Item 2: the compensation committed, the restored state is not there: escalated."""
+    ex = _with_rows(executor, CHECKED_NOTE.format(compensation=NO_UNDO))
+    body = f"not undone {uuid.uuid4().hex[:8]}"
+    out = ex.call("test.checked_note", {"policy_id": 1, "body": body}, case="C-nocomp",
+                  who="agent")
+    assert out.status == "compensation_failed", out.reason
+    assert out.reason is not None and out.reason["restored_checks"][0]["ok"] is False
+    assert _notes_with(ex, body) == 1  # the write is still there, and it says so
+    [case] = ex.ledger.cases(open_only=True)
+    assert case.case_id == "C-nocomp"  # escalated: a person decides
+    again = ex.call("test.checked_note", {"policy_id": 1, "body": body}, case="C-nocomp",
+                    who="agent")
+    assert again.replayed and again.status == "compensation_failed"
+
+
+def test_a_row_without_compensation_never_claims_compensated(executor: Executor) -> None:
+    """Item 2: a post-commit failure with nothing to compensate is never `compensated`."""
+    import dataclasses
+
+    ex = _with_rows(executor, CHECKED_NOTE.format(compensation=UNDO))
+    row = ex.registry.resolve("test.checked_note")
+    bare = dataclasses.replace(row, compensation=(), compensation_verify=())  # built in code
+    from registry.registry import Registry
+
+    ex.registry = Registry([r for r in ex.registry.rows(include_retired=True)
+                            if r.operation_id != "test.checked_note"] + [bare])
+    body = f"nothing to undo {uuid.uuid4().hex[:8]}"
+    out = ex.call("test.checked_note", {"policy_id": 1, "body": body}, case="C-bare",
+                  who="agent")
+    assert out.status == "compensation_failed", out.reason
+    assert _notes_with(ex, body) == 1
