@@ -45,7 +45,7 @@ def test_explain_every_code(cls: type[CapgateError]) -> None:
 
 def test_lookup_of_an_unknown_code_is_a_usage_error() -> None:
     with pytest.raises(UnknownErrorCode) as info:
-        errors.lookup("CG999")
+        errors.lookup("CG998")
     assert info.value.code == "CG901"
     assert info.value.exit_code == errors.EXIT_USAGE
     assert "capgate explain --all" in info.value.message
