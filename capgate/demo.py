@@ -17,6 +17,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from capgate.sqlfiles import apply_schema, schema_file
+from executor.approvals import generate, load_signing_key
 from executor.call import Executor
 from executor.connectors import ConnectorConfig, Connectors
 from executor.grants import Grants
@@ -67,9 +68,14 @@ def build_demo_executor(folder: Path, capabilities: str = DEFAULT_PATH) -> Execu
     install_at(target)
     connectors = Connectors({n: ConnectorConfig(name=n, url=target, environment="dev")
                              for n in ("insurance", "insurance_code")})
+    grants: dict[str, Any] = {"principals": {k: dict(v) for k, v in
+                                             DEMO_GRANTS["principals"].items()}}
+    for approver in ("alice", "bob"):  # each approver's own signing key, in the sandbox
+        grants["principals"][approver]["approval_key"] = generate(
+            folder / "keys" / f"{approver}.key", force=True)
     return Executor(Registry(result.rows), connectors,
                     open_ledger(f"sqlite:///{folder / 'ledger.db'}"),
-                    Grants.from_dict(DEMO_GRANTS, source="demo grants"))
+                    Grants.from_dict(grants, source="demo grants"))
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -116,13 +122,19 @@ def _run(ex: Executor, folder: Path) -> None:
         print(f"   refused: {refused.code} approval required for plan {plan_hash[:23]}...")
         for st in refused.details["plan"]["statements"]:
             print(f"      {' '.join(st['sql'].split())[:70]:<70} expect {st['expect_rows']}")
+        bob_key = load_signing_key(folder / "keys" / "bob.key")
         try:
-            ex.approve(plan_hash, by=agent, role="dba")
+            ex.approve(plan_hash, by=agent, role="dba", key=bob_key)
         except CapgateError as exc:
             print(f"   the agent cannot approve: {exc.code} {exc.message[:80]}")
-        approval = ex.approve(plan_hash, by="bob", role="dba")
-        print(f"   capgate approve {plan_hash[:23]}... --by bob --role dba "
-              f"(single use, expires {approval['expires_at'][:19]})")
+        try:
+            ex.approve(plan_hash, by="alice", role="dba", key=bob_key)
+        except CapgateError as exc:
+            print(f"   nor can anyone approve in another's name: {exc.code} "
+                  f"{exc.message[:70]}")
+        approval = ex.approve(plan_hash, by="bob", role="dba", key=bob_key)
+        print(f"   capgate approve {plan_hash[:23]}... --by bob --role dba --key bob.key "
+              f"(signed, single use, expires {approval['expires_at'][:19]})")
         print(_brief(ex.call("policy.purge_orphan", {"policy_id": 9}, case=case, who=agent)))
 
     _crash_demo(ex, folder, agent)

@@ -656,10 +656,14 @@ def _context(executor: Executor, p: Pending, attempt: int, row: Row | None = Non
             f"intent {p.intent_id}: the recorded request no longer has its recorded "
             "fingerprint; not retried", case=p.case_id, intent_id=p.intent_id)
     who = str(s.get("who") or "")
+    # the caller's grants and the approval the intent relied on, as they are *now*
     executor.grants.check_call(who, row, connector.name, connector.environment)
-    plan = render(row, inputs, connector.name, connector.environment)
-    return CallContext(row, inputs, p.case_id, who, connector, p.intent_id, p.idem_key, fp, plan,
-                       attempt=attempt, resumed=True)
+    plan = render(row, inputs, connector.name, connector.environment, case=p.case_id,
+                  requester=who)
+    ctx = CallContext(row, inputs, p.case_id, who, connector, p.intent_id, p.idem_key, fp, plan,
+                      attempt=attempt, resumed=True)
+    executor.recheck_approval(ctx)
+    return ctx
 
 
 def _retry(executor: Executor, p: Pending, ev: dict[str, Any], rows: _Rows) -> IntentReport:

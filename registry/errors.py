@@ -435,6 +435,20 @@ class ApproverLacksRole(CapgateError, code="CG206"):
     """The approver does not hold the named role, or the row does not accept that role."""
 
 
+class ApprovalNotAuthenticated(CapgateError, code="CG208", exit_code=EXIT_APPROVAL_REQUIRED):
+    """The approval is not proven to come from the approver it names.
+
+    Every approval is signed with the approver's private Ed25519 key (a file
+    only that person can read; ``capgate approver keygen`` makes one), and the
+    grants file names each approver's public key (``approval_key``).  The
+    signature is checked when the approval is recorded and again when a call
+    uses it, against the grants as they are then.  The details say what failed:
+    no key in the grants file, a key that is not the approver's, a signature
+    that does not verify (an edited or hand-made approval), or a role the
+    approver no longer holds.  Ask the approver to approve again with their key.
+    """
+
+
 class UnknownPlan(CapgateError, code="CG207"):
     """No plan with this hash was recorded.  Run ``capgate plan`` first."""
 

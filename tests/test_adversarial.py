@@ -673,3 +673,147 @@ def test_a_row_without_compensation_never_claims_compensated(executor: Executor)
                   who="agent")
     assert out.status == "compensation_failed", out.reason
     assert _notes_with(ex, body) == 1
+
+
+# --- items 3 and 4: approvals bind case and requester, and are authenticated ----------------
+
+PURGE = {"policy_id": 9}
+
+
+def _plan_needed(ex: Executor, case: str, who: str = "agent") -> str:
+    with pytest.raises(errors.ApprovalRequired) as info:
+        ex.call("policy.purge_orphan", PURGE, case=case, who=who)
+    return str(info.value.details["plan_hash"])
+
+
+def test_an_approval_is_worth_nothing_in_another_case_or_to_another_identity(
+        executor: Executor) -> None:
+    """Item 3: an approval binds the case and the requester of the plan."""
+    from tests.fix_capgate import KEYS
+
+    url = executor.connectors.get("insurance").engine.url
+    before = table_dump(url, "policy")
+    plan_a = _plan_needed(executor, "C-A")
+    executor.approve(plan_a, by="bob", role="dba", key=KEYS["bob"])
+    # the same request in case B, by the same agent: its own plan, its own approval needed
+    plan_b = _plan_needed(executor, "C-B")
+    assert plan_b != plan_a
+    # the same request in case A by another identity: likewise
+    plan_other = _plan_needed(executor, "C-A", who="other-agent")
+    assert plan_other not in (plan_a, plan_b)
+    with pytest.raises(errors.ApprovalMismatch):  # pinning A's plan does not help
+        executor.call("policy.purge_orphan", PURGE, case="C-B", who="agent", plan_hash=plan_a)
+    assert table_dump(url, "policy") == before
+    out = executor.call("policy.purge_orphan", PURGE, case="C-A", who="agent")
+    assert out.status == "applied_verified", out.reason
+
+
+def test_approval_required_in_one_case_claims_nothing_for_another(executor: Executor) -> None:
+    """Item 3: approval_required in case A leaves nothing that refuses case B (was CG301)."""
+    _plan_needed(executor, "C-first")
+    with pytest.raises(errors.ApprovalRequired):  # not IdempotencyConflict
+        executor.call("policy.purge_orphan", PURGE, case="C-second", who="agent")
+    assert executor.ledger.snapshot("C-first") is None  # nothing recorded for the refusal
+    assert executor.ledger.get_idempotency("policy.purge_orphan:9") is None
+
+
+def test_a_name_alone_approves_nothing(executor: Executor, tmp_path: Path) -> None:
+    """Item 4: approving in another's name, or with no key, is refused (CG208 / CG900)."""
+    from executor.approvals import generate, load_signing_key
+    from tests.fix_capgate import KEYS
+
+    plan = _plan_needed(executor, "C-name")
+    with pytest.raises(errors.ApprovalNotAuthenticated):  # bob's key, alice's name
+        executor.approve(plan, by="alice", role="dba", key=KEYS["bob"])
+    mine = load_signing_key(tmp_path / "mallory.key") if generate(tmp_path / "mallory.key") \
+        else None
+    assert mine is not None
+    with pytest.raises(errors.ApprovalNotAuthenticated):  # a key nobody registered
+        executor.approve(plan, by="bob", role="dba", key=mine)
+    with pytest.raises(errors.UsageError):
+        load_signing_key(None)  # `capgate approve` without --key (and no env)
+    assert executor.ledger.approvals_for(plan) == []
+
+
+def _forge(ex: Executor, plan_hash: str, approver: str, role: str) -> str:
+    """An approval row written straight into the store, as an agent with its credentials could."""
+    import datetime as dt
+
+    from executor.ledger_schema import approvals
+
+    approval_id = "apr_" + uuid.uuid4().hex
+    now = dt.datetime.now(dt.UTC)
+    with ex.ledger.engine.begin() as conn:
+        conn.execute(sa.insert(approvals).values(
+            approval_id=approval_id, plan_hash=plan_hash, approver=approver, role=role,
+            created_at=now.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+            expires_at=(now + dt.timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+            used_by_intent=None, used_at=None))
+    return approval_id
+
+
+def test_a_forged_or_altered_approval_is_refused_when_consumed(executor: Executor) -> None:
+    """Item 4: the signature is re-checked when the approval is consumed."""
+    import datetime as dt
+
+    from executor.ledger_schema import approvals
+    from tests.fix_capgate import KEYS
+
+    url = executor.connectors.get("insurance").engine.url
+    before = table_dump(url, "policy")
+    plan = _plan_needed(executor, "C-forged")
+    _forge(executor, plan, "bob", "dba")
+    with pytest.raises(errors.ApprovalNotAuthenticated) as info:
+        executor.call("policy.purge_orphan", PURGE, case="C-forged", who="agent")
+    assert "not signed" in info.value.message
+    # a real approval, then its expiry pushed out by hand: the signature no longer holds
+    real = executor.approve(plan, by="bob", role="dba", key=KEYS["bob"], ttl_seconds=60)
+    later = (dt.datetime.now(dt.UTC) + dt.timedelta(days=30)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    with executor.ledger.engine.begin() as conn:
+        conn.execute(sa.update(approvals).where(approvals.c.approval_id == real["approval_id"])
+                     .values(expires_at=later))
+    with pytest.raises(errors.ApprovalNotAuthenticated) as info:
+        executor.call("policy.purge_orphan", PURGE, case="C-forged", who="agent")
+    assert "does not verify" in info.value.message
+    assert table_dump(url, "policy") == before
+    assert not (executor.ledger.snapshot("C-forged") or {}).get("intents")  # no intent at all
+
+
+def test_an_approval_whose_key_was_withdrawn_is_refused(executor: Executor) -> None:
+    """Item 4: consumption checks the grants as they are now, not as they were."""
+    from executor.grants import Grants, Principal
+    from tests.fix_capgate import KEYS
+
+    plan = _plan_needed(executor, "C-withdrawn")
+    executor.approve(plan, by="bob", role="dba", key=KEYS["bob"])
+    principals = dict(executor.grants.principals)
+    principals["bob"] = Principal("bob", ("dba",), (), None)  # the key was withdrawn
+    executor.grants = Grants(principals, "tests (bob's key withdrawn)")
+    with pytest.raises(errors.ApprovalNotAuthenticated) as info:
+        executor.call("policy.purge_orphan", PURGE, case="C-withdrawn", who="agent")
+    assert "no approval_key" in info.value.message
+
+
+@pytest.mark.crash
+def test_a_resumed_retry_rechecks_its_approval_and_grants(
+        target_url: URL, gate: Callable[..., Executor], zygote: Zygote, tmp_path: Path) -> None:
+    """Item 3: resume re-checks the approval a retry relies on, and the caller's grants."""
+    from executor.grants import Grants, Principal
+    from tests.fix_capgate import KEYS
+
+    ledger = f"sqlite:///{tmp_path / 'ledger.db'}"
+    ex = gate(target_url, ledger)
+    plan = _plan_needed(ex, "C-resume-gate")
+    ex.approve(plan, by="bob", role="dba", key=KEYS["bob"])
+    ended = zygote.run({"target": target_url.render_as_string(hide_password=False),
+                        "ledger": ledger, "operation": "policy.purge_orphan", "inputs": PURGE,
+                        "case": "C-resume-gate", "who": "agent",
+                        "out": str(tmp_path / "out.json"), "crash_at": "after_prepared"})
+    assert ended.killed, ended
+    principals = dict(ex.grants.principals)
+    principals["bob"] = Principal("bob", (), (), principals["bob"].approval_key)  # lost dba
+    ex.grants = Grants(principals, "tests (bob lost dba)")
+    report = resume(ex, "C-resume-gate")
+    (only,) = report.intents
+    assert only.action == "escalated" and "CG208" in only.detail, only
+    assert any(r for r in table_dump(target_url, "policy") if r[0] == 9), "nothing ran"
