@@ -37,7 +37,7 @@ DEFAULT_CONFIG = "capgate.toml"
 DEFAULT_LEDGER = "sqlite:///.capgate/ledger.db"
 _TOP_KEYS = {"capabilities", "grants", "ledger", "agent"}
 _CONNECTOR_KEYS = {"url", "environment", "session_budget", "db_user_budget",
-                   "budget_wait_seconds", "statement_timeout"}
+                   "budget_wait_seconds", "statement_timeout", "simulation_approver_roles"}
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,12 @@ def _resolve_sqlite(url: str, base: Path) -> str:
         db.parent.mkdir(parents=True, exist_ok=True)
         return parsed.set(database=str(db)).render_as_string(hide_password=False)
     return url
+
+
+def _roles(value: Any, where: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise ConfigError(f"{where}: simulation_approver_roles must be a list of role names")
+    return tuple(value)
 
 
 def load_settings(path: str | Path | None = None, env: Mapping[str, str] | None = None
@@ -126,6 +132,8 @@ def load_settings(path: str | Path | None = None, env: Mapping[str, str] | None 
                                 if spec.get("db_user_budget") is not None else None),
                 budget_wait_seconds=float(spec.get("budget_wait_seconds", 0.0)),
                 statement_timeout=float(spec.get("statement_timeout", 30.0)),
+                simulation_approver_roles=_roles(spec.get("simulation_approver_roles", []),
+                                                 f"{source}: connectors.{name}"),
             )
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"{source}: connectors.{name}: {exc}") from None

@@ -209,10 +209,21 @@ class Executor:
         """
         record = self.ledger.get_plan(plan_hash)
         body = record.plan
-        row = self.registry.resolve(body["operation_id"], int(body["version"]))
-        if row.authorization.kind is not AuthKind.GATE and row.effect_class is not EffectClass.DDL:
-            raise UsageError(f"{row.ref} is not gated; it needs no approval")
-        self.grants.check_approver(by, role, row.authorization.approver_roles)
+        if body.get("kind") == "rehearsal":  # a gated simulation: the connector's roles
+            ref = f"the rehearsal on {body['connector']}"
+            roles = self.connectors.config(str(body["connector"])).simulation_approver_roles
+            four_eyes, ttl_default = True, 3600
+            operation: dict[str, Any] = {"rehearsal": True, "connector": body["connector"]}
+        else:
+            row = self.registry.resolve(body["operation_id"], int(body["version"]))
+            if row.authorization.kind is not AuthKind.GATE \
+                    and row.effect_class is not EffectClass.DDL:
+                raise UsageError(f"{row.ref} is not gated; it needs no approval")
+            ref, roles = row.ref, row.authorization.approver_roles
+            four_eyes = row.authorization.four_eyes
+            ttl_default = row.authorization.approval_ttl_seconds
+            operation = {"operation_id": row.operation_id, "version": row.version}
+        self.grants.check_approver(by, role, roles)
         expected = self.grants.principal(by).approval_key
         if expected is None:
             raise ApprovalNotAuthenticated(
@@ -224,11 +235,11 @@ class Executor:
                 f"the key {key.source} is not {by!r}'s (the grants file names another): an "
                 "approval is signed by the approver's own key", approver=by,
                 plan_hash=plan_hash)
-        if row.authorization.four_eyes and by == record.requester:
+        if four_eyes and by == record.requester:
             raise SelfApproval(
-                f"{by!r} requested this plan and cannot approve it: {row.ref} requires four eyes",
+                f"{by!r} requested this plan and cannot approve it: {ref} requires four eyes",
                 approver=by, plan_hash=plan_hash)
-        ttl = ttl_seconds or row.authorization.approval_ttl_seconds
+        ttl = ttl_seconds or ttl_default
         approval = self.ledger.record_approval(
             plan_hash, by, role, ttl, now=self.clock(),
             sign=lambda fields: (key.public_text, key.sign(fields)))
@@ -238,8 +249,7 @@ class Executor:
                               "requester": record.requester, "signature": approval.signature,
                               "expires_at": approval.expires_at.isoformat()}}})
         return {"plan_hash": plan_hash, "approval_id": approval.approval_id, "by": by,
-                "role": role, "expires_at": approval.expires_at.isoformat(),
-                "operation_id": row.operation_id, "version": row.version,
+                "role": role, "expires_at": approval.expires_at.isoformat(), **operation,
                 "case": record.case_id, "requester": record.requester}
 
     def approval_problem(self, approval: ApprovalRecord, row: Row) -> str | None:

@@ -817,3 +817,60 @@ def test_a_resumed_retry_rechecks_its_approval_and_grants(
     (only,) = report.intents
     assert only.action == "escalated" and "CG208" in only.detail, only
     assert any(r for r in table_dump(target_url, "policy") if r[0] == 9), "nothing ran"
+
+
+# --- item 5: a rehearsal on staging or prod is a gated simulation, and every one is recorded --
+
+
+def test_a_rehearsal_on_prod_is_a_gated_simulation(target_url: URL, gate: Callable[..., Executor],
+                                                   tmp_path: Path) -> None:
+    """Item 5: no approval, nothing sent; approved once by another, it runs and is recorded."""
+    from executor.rehearse import rehearse
+    from tests.fix_capgate import KEYS
+
+    ex = gate(target_url, environment="prod", simulation_approver_roles=("dba",))
+    sent = _sent_sql(ex.connectors.get("insurance").engine)
+    with pytest.raises(errors.ApprovalRequired) as info:
+        rehearse(ex, who="agent", connectors=["insurance"], case="REH-1")
+    assert sent == [], "a statement reached the prod target before the approval"
+    plan = info.value.details["plan_hash"]
+    assert info.value.details["approver_roles"] == ["dba"]
+    with pytest.raises(errors.UsageError):  # prod needs a named case
+        rehearse(ex, who="agent", connectors=["insurance"])
+    with pytest.raises(errors.SelfApproval):  # never the requester
+        ex.approve(_requested_by_alice(ex), by="alice", role="dba", key=KEYS["alice"])
+    ex.approve(plan, by="bob", role="dba", key=KEYS["bob"])
+    report = rehearse(ex, who="agent", connectors=["insurance"], case="REH-1")
+    assert report.ok, report.table()
+    kinds = [e.kind for e in ex.ledger.events("REH-1")]
+    assert kinds[0] == "approval_recorded" and kinds[1] == "rehearsal_started"
+    assert kinds[-1] == "rehearsal_finished"
+    started = ex.ledger.events("REH-1")[1].payload
+    assert started["who"] == "agent" and started["approvals"][0]["approver"] == "bob"
+    recorded = [e.payload for e in ex.ledger.events("REH-1") if e.kind == "rehearsed"]
+    assert len(recorded) == len(report.results)
+    assert all("counts" in r and "outcome" in r for r in recorded)
+    with pytest.raises(errors.ApprovalUsed):  # the approval was single use
+        rehearse(ex, who="agent", connectors=["insurance"], case="REH-1")
+
+
+def _requested_by_alice(ex: Executor) -> str:
+    from executor.rehearse import rehearse
+
+    with pytest.raises(errors.ApprovalRequired) as info:
+        rehearse(ex, who="alice", connectors=["insurance"], case="REH-alice")
+    return str(info.value.details["plan_hash"])
+
+
+def test_every_rehearsal_is_recorded(executor: Executor) -> None:
+    """Item 5: a dev rehearsal needs no approval, and is recorded all the same."""
+    from executor.rehearse import rehearse
+
+    report = rehearse(executor, who="agent", connectors=["insurance"],
+                      operations=["policy.add_note"])
+    assert report.ok, report.table()
+    case = f"rehearse-{report.run_id}"
+    events = executor.ledger.events(case)
+    assert events[0].kind == "rehearsal_started"
+    assert events[-1].payload["tally"]["passed"] == report.tally()["passed"]
+    assert executor.ledger.verify(case).ok
