@@ -235,8 +235,13 @@ def resume(executor: Executor, case_id: str, *, task: str | None = None,
 def resume_many(executor: Executor, case_ids: Sequence[str] | None = None, *,
                 task: str | None = None, terminate: bool = True, wait_seconds: float = 5.0,
                 act: bool = True) -> ResumeReport:
-    """Resume several cases (default: every open case), evidence batched across them."""
+    """Resume several cases (default: every open case), evidence batched across them.
+
+    A dry run (``act=False``) writes nothing and kills nothing: ``terminate`` is
+    ignored, and no probe that would insert even a rolled-back row is sent.
+    """
     started = time.monotonic()
+    terminate = terminate and act
     ledger = executor.ledger
     if case_ids is None:
         case_ids = [c.case_id for c in ledger.cases(open_only=True)]
@@ -245,7 +250,7 @@ def resume_many(executor: Executor, case_ids: Sequence[str] | None = None, *,
     rows = _Rows(executor)
     pending = [p for c in cases.values() for p in c.pending]
     facts = gather(executor, pending, terminate=terminate, wait_seconds=wait_seconds,
-                   row_of=rows.of_pending) if pending else {}
+                   row_of=rows.of_pending, probe_writes=act) if pending else {}
     if act and pending:
         _free_dead_sessions(executor, [p.intent_id for p in pending])
     fresh = read_snapshots(ledger, [c.case_id for c in cases.values() if c.pending]) \

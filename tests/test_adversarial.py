@@ -874,3 +874,56 @@ def test_every_rehearsal_is_recorded(executor: Executor) -> None:
     assert events[0].kind == "rehearsal_started"
     assert events[-1].payload["tally"]["passed"] == report.tally()["passed"]
     assert executor.ledger.verify(case).ok
+
+
+# --- item 6: a dry run writes nothing and kills nothing ---------------------------------------
+
+
+def _session_alive(url: URL, tx: dict[str, Any]) -> bool:
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    try:
+        with engine.connect() as conn:
+            if _engine_name(url) == "postgresql":
+                return bool(conn.execute(sa.text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE pid = :p"),
+                    {"p": int(tx["pid"])}).scalar())
+            return bool(conn.execute(sa.text(
+                "SELECT count(*) FROM information_schema.PROCESSLIST WHERE ID = :i"),
+                {"i": int(tx["connection_id"])}).scalar())
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.crash
+def test_a_dry_run_resume_kills_no_session(server_url: URL, gate: Callable[..., Executor],
+                                           zygote: Zygote, tmp_path: Path) -> None:
+    """Item 6: `resume --dry-run` leaves a live (stopped) session alone and records nothing."""
+    from capgate.cli import main
+
+    ledger = f"sqlite:///{tmp_path / 'ledger.db'}"
+    ex = gate(server_url, ledger)
+    case = "DRY-RUN"
+    ended = zygote.run({"target": server_url.render_as_string(hide_password=False),
+                        "ledger": ledger, "operation": "policy.add_note",
+                        "inputs": {**NOTE, "body": "dry run"}, "case": case, "who": "agent",
+                        "out": str(tmp_path / "out.json"), "stop_at": "before_commit"})
+    assert ended.stopped, ended
+    try:
+        (state,) = ex.ledger.snapshot(case)["intents"].values()  # type: ignore[index]
+        tx = state["tx"]
+        before = len(ex.ledger.events(case))
+        config = tmp_path / "capgate.toml"
+        config.write_text(
+            f'[capgate]\nledger = "{ledger}"\ncapabilities = ["{CAPABILITIES_DIR}"]\n'
+            f'[connectors.insurance]\nurl = "{server_url.render_as_string(hide_password=False)}"'
+            '\nenvironment = "dev"\n')
+        code = main(["resume", case, "--dry-run", "--wait", "0.3", "--json",
+                     "--config", str(config)])
+        assert code == errors.EXIT_UNKNOWN  # unknown while the session may still commit
+        assert _session_alive(server_url, tx), "a dry run terminated the recorded session"
+        assert len(ex.ledger.events(case)) == before, "a dry run recorded something"
+    finally:
+        zygote.kill(ended.pid)
+
+
+CAPABILITIES_DIR = str(Path(__file__).resolve().parent.parent / "capabilities")
