@@ -106,9 +106,9 @@ def _inputs(raw: str) -> dict[str, Any]:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     op, version = parse_operation(args.operation)
-    executor = _executor(args)
-    plan = executor.plan(op, _inputs(args.input), case=args.case, who=caller(args),
-                         version=version)
+    with _executor(args) as executor:
+        plan = executor.plan(op, _inputs(args.input), case=args.case, who=caller(args),
+                             version=version)
     body = plan.to_dict()
     lines = [f"plan {plan.plan_hash}",
              f"  {body['operation_id']}@{body['version']} on {body['connector']} "
@@ -147,9 +147,9 @@ def cmd_approve(args: argparse.Namespace) -> int:
     from executor.approvals import load_signing_key
 
     key = load_signing_key(args.key)
-    executor = _executor(args)
-    record = executor.approve(args.plan_hash, by=args.by, role=args.role, key=key,
-                              ttl_seconds=_ttl(args.ttl))
+    with _executor(args) as executor:
+        record = executor.approve(args.plan_hash, by=args.by, role=args.role, key=key,
+                                  ttl_seconds=_ttl(args.ttl))
     emit(args, record, f"approved {record['plan_hash']} by {record['by']} as {record['role']}, "
                        f"single use, expires {record['expires_at']}")
     return 0
@@ -167,10 +167,10 @@ def cmd_approver_keygen(args: argparse.Namespace) -> int:
 
 def cmd_call(args: argparse.Namespace) -> int:
     op, version = parse_operation(args.operation)
-    executor = _executor(args)
-    outcome = executor.call(op, _inputs(args.input), case=args.case, who=caller(args),
-                            version=version, key=args.key, task=args.task,
-                            plan_hash=args.plan_hash)
+    with _executor(args) as executor:
+        outcome = executor.call(op, _inputs(args.input), case=args.case, who=caller(args),
+                                version=version, key=args.key, task=args.task,
+                                plan_hash=args.plan_hash)
     payload = outcome.to_dict()
     replayed = " (recorded outcome, nothing executed)" if outcome.replayed else ""
     text = [f"{outcome.status}: {outcome.operation_id}@{outcome.version} intent "

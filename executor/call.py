@@ -178,6 +178,17 @@ class Executor:
         self._lock = threading.Lock()
         self._in_flight: dict[str, int] = {}
 
+    def close(self) -> None:
+        """Release the connectors' and the ledger's connections."""
+        self.connectors.dispose()
+        self.ledger.close()
+
+    def __enter__(self) -> Executor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     # --- resolution ----------------------------------------------------------
 
     def resolve(self, operation_id: str, version: int | None = None) -> tuple[Row, Connector]:
@@ -596,6 +607,8 @@ class Executor:
                 f"connector {connector.name!r} has no free session within its budget of "
                 f"{connector.config.session_budget}", connector=connector.name,
                 budget=connector.config.session_budget) from None
+        except sa.exc.DBAPIError as exc:  # refused before any statement was sent
+            raise connector.unavailable(exc) from None
 
     @contextlib.contextmanager
     def _open_write(self, ctx: CallContext) -> Iterator[tuple[sa.Connection, TxIdentity]]:
@@ -637,9 +650,14 @@ class Executor:
         cap = row.max_rows or 1000
         evidence: dict[str, Any] = {"statements": []}
         reason: dict[str, Any] | None = None
-        if not ctx.rehearse:
-            self._prepared(ctx)
-        with self._connect(ctx.connector, ctx) as conn:
+        conn = self._connect(ctx.connector, ctx)  # unreachable: ConnectorUnavailable, nothing
+        if not ctx.rehearse:                      # recorded and nothing left open
+            try:
+                self._prepared(ctx)
+            except BaseException:
+                conn.close()
+                raise
+        with conn:
             try:
                 dialect.begin_read(conn, ctx.tag, row.timeout.seconds)
                 for i, st in enumerate(row.statements):
@@ -714,6 +732,12 @@ class Executor:
         with contextlib.ExitStack() as stack:
             try:
                 conn, identity = stack.enter_context(self._open_write(ctx))
+            except ConnectorUnavailable as exc:
+                return ctx.outcome(oc.ROLLED_BACK, evidence, {
+                    "kind": "connection_failed", "where": "connect",
+                    "message": exc.message, "statements_sent": 0,
+                    "note": "the connection failed before any statement was sent: "
+                            "nothing of this call can have landed"})
             except sa.exc.DBAPIError as exc:
                 if ctx.idem_key is not None and dialect.is_unique_violation(exc):
                     return self._landed_before(ctx, evidence)
@@ -857,7 +881,16 @@ class Executor:
     # --- after commit --------------------------------------------------------
 
     def _post_commit(self, ctx: CallContext, applied: Outcome) -> Outcome:
-        results = self.run_checks(ctx, ctx.row.post_commit)
+        try:
+            results = self.run_checks(ctx, ctx.row.post_commit)
+        except ConnectorUnavailable as exc:
+            # the write committed; only its after-the-fact checks could not run: say so,
+            # never a refusal (exit 1) for an effect that landed
+            unchecked = {"unchecked": exc.message}
+            self.ledger.append(ctx.case_id, "post_commit_unchecked", {
+                "intent_id": ctx.intent_id, "error": exc.message}, intent_id=None)
+            return Outcome(**{**applied.__dict__,
+                              "evidence": {**applied.evidence, "post_commit": unchecked}})
         failed = [r for r in results if not r.ok]
         evidence = {**applied.evidence, "post_commit": [r.to_dict() for r in results]}
         if not failed:

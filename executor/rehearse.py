@@ -274,6 +274,8 @@ def rehearse(executor: Executor, *, who: str, connectors: Sequence[str] | None =
     _check_grants(executor, who, rows)
     record_case = case or f"rehearse-{run_id}"
     approvals = _gate(executor, rows, info, who, case, run_id)
+    for name in info:  # unreachable, or capgate's tables missing: one coded refusal up front
+        executor.connectors.get(name).check_target()
     executor.ledger.append(record_case, "rehearsal_started", {
         "run_id": run_id, "who": who, "connectors": info, "approvals": approvals,
         "rows": [{"operation_id": r.operation_id, "version": r.version,

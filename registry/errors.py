@@ -482,8 +482,14 @@ class UnknownConnector(CapgateError, code="CG303", exit_code=EXIT_USAGE):
     """The row names a connector that the configuration does not define."""
 
 
-class ConnectorUnavailable(CapgateError, code="CG304", exit_code=EXIT_UNKNOWN):
-    """The connector's database could not be reached."""
+class ConnectorUnavailable(CapgateError, code="CG304", retryable=True):
+    """The connector's database could not be reached; nothing was sent to it.
+
+    Exit 1, not 3: the connection failed before any statement reached the
+    server, so nothing of the call can have landed.  A write already recorded
+    as prepared is closed as ``rolled_back`` with the reason
+    ``connection_failed``; nothing is left open.  Retry when it answers.
+    """
 
 
 class TargetNotInstalled(CapgateError, code="CG305", exit_code=EXIT_USAGE):

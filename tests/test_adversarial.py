@@ -927,3 +927,80 @@ def test_a_dry_run_resume_kills_no_session(server_url: URL, gate: Callable[..., 
 
 
 CAPABILITIES_DIR = str(Path(__file__).resolve().parent.parent / "capabilities")
+
+
+# --- item 7: an unreachable database is a coded refusal that leaves nothing open --------------
+
+
+def _unreachable(ex: Executor) -> Executor:
+    """The same executor, its connectors pointed at a port where nothing listens."""
+    from executor.connectors import ConnectorConfig, Connectors
+
+    configs = {name: ConnectorConfig(name=name, url="postgresql://nobody@127.0.0.1:9/none",
+                                     environment="dev")
+               for name in ("insurance", "insurance_code")}
+    return Executor(ex.registry, Connectors(configs), ex.ledger, ex.grants)
+
+
+def test_a_read_against_an_unreachable_database_leaves_nothing_open(executor: Executor,
+                                                                   tmp_path: Path) -> None:
+    """Item 7: CG304 (exit 1), --json honoured, no open intent; the case goes on."""
+    import json
+
+    from capgate.cli import main
+
+    down = _unreachable(executor)
+    with pytest.raises(errors.ConnectorUnavailable) as info:
+        down.call("policy.get", {"policy_id": 1}, case="C-down", who="agent")
+    assert info.value.exit_code == errors.EXIT_REFUSED
+    with pytest.raises(errors.ConnectorUnavailable):
+        down.call("policy.add_note", NOTE, case="C-down", who="agent")
+    assert not executor.ledger.cases(open_only=True)
+    out = executor.call("policy.get", {"policy_id": 1}, case="C-down", who="agent")
+    assert out.status == "ok"  # nothing left to resume
+    config = tmp_path / "capgate.toml"
+    (tmp_path / "grants.toml").write_text(
+        '[principals.agent]\ngrants = [{ connector = "*", environments = ["dev"], '
+        'access = "write" }]\n')
+    config.write_text(f'[capgate]\nledger = "{executor.ledger.url}"\ngrants = "grants.toml"\n'
+                      f'capabilities = ["{CAPABILITIES_DIR}"]\n'
+                      '[connectors.insurance]\nurl = "postgresql://nobody@127.0.0.1:9/none"\n'
+                      'environment = "dev"\n')
+    import contextlib
+    import io
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        code = main(["call", "policy.get", "--input", '{"policy_id": 1}', "--case", "C-cli",
+                     "--as", "agent", "--json", "--config", str(config)])
+    assert code == errors.EXIT_REFUSED
+    assert json.loads(buf.getvalue())["code"] == "CG304"
+
+
+def test_a_write_whose_connection_fails_before_sending_is_rolled_back(
+        executor: Executor) -> None:
+    """Item 7: prepared, then the connection fails before any statement: not applied, exit 1."""
+    from executor.connectors import Connector
+
+    connector = executor.connectors.get("insurance")
+    connector.check_target()  # passed once; now the database goes away
+    real_engine = connector.engine
+    connector.engine = sa.create_engine("postgresql+psycopg://nobody@127.0.0.1:9/none")
+    try:
+        out = executor.call("policy.add_note", {**NOTE, "body": "never sent"}, case="C-cut",
+                            who="agent")
+    finally:
+        connector.engine.dispose()
+        connector.engine = real_engine
+    assert isinstance(connector, Connector)
+    assert out.status == "rolled_back" and out.exit_code == errors.EXIT_REFUSED
+    assert out.reason is not None and out.reason["kind"] == "connection_failed"
+    assert not executor.ledger.cases(open_only=True), "nothing left open"
+
+
+def test_rehearse_against_an_unreachable_target_is_coded(executor: Executor) -> None:
+    """Item 16: `rehearse` on a database that does not answer: CG304, nothing recorded."""
+    from executor.rehearse import rehearse
+
+    with pytest.raises(errors.ConnectorUnavailable):
+        rehearse(_unreachable(executor), who="agent", connectors=["insurance"], case="R-down")
