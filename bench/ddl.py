@@ -65,6 +65,7 @@ from ddl.loop import DdlLoop  # noqa: E402
 from ddl.service import DdlService  # noqa: E402
 from ddl.signature import sign  # noqa: E402
 from ddl.snapshots import SqlSnapshotStore  # noqa: E402
+from executor.approvals import generate, load_signing_key  # noqa: E402
 
 RESULTS = ROOT / "bench" / "RESULTS.md"
 SECTION = "## DDL loop"
@@ -289,7 +290,9 @@ def bench_sweep(pg: URL, n: int, repeat: int, tmp: Path) -> dict[str, Any]:
         work.mkdir()
         (work / "caps").mkdir()
         (work / "caps" / "bench.yaml").write_text(ROW)
-        (work / "grants.toml").write_text(GRANTS)
+        bob_key = work / "bob.key"  # the approver's own signing key
+        (work / "grants.toml").write_text(
+            GRANTS + f'approval_key = "{generate(bob_key, force=True)}"\n')
         (work / "v2.sql").write_text(V2)
         (work / "capgate.toml").write_text(textwrap.dedent(f"""\
             [capgate]
@@ -312,7 +315,8 @@ def bench_sweep(pg: URL, n: int, repeat: int, tmp: Path) -> dict[str, Any]:
                 t0 = time.perf_counter()
                 plan = svc.plan("code.base_rate", [V2], case=case, who="agent", fresh=True)
                 t1 = time.perf_counter()
-                executor.approve(plan["plan_hash"], by="bob", role="dba")
+                executor.approve(plan["plan_hash"], by="bob", role="dba",
+                                 key=load_signing_key(bob_key))
                 t2 = time.perf_counter()
                 outcome, _ = svc.apply(plan["plan_hash"], case=case, who="agent")
                 t3 = time.perf_counter()
@@ -345,7 +349,8 @@ def bench_sweep(pg: URL, n: int, repeat: int, tmp: Path) -> dict[str, Any]:
             t0 = time.perf_counter()
             plan = cli("ddl", "plan", "v2.sql", "--operation", "code.base_rate", "--case", case,
                        "--as", "agent", "--fresh")
-            cli("approve", plan["plan_hash"], "--by", "bob", "--role", "dba")
+            cli("approve", plan["plan_hash"], "--by", "bob", "--role", "dba", "--key",
+                str(bob_key))
             applied = cli("ddl", "apply", plan["plan_hash"], "--case", case, "--as", "agent")
             cli_times.append(time.perf_counter() - t0)
             assert applied["status"] == "applied_verified"

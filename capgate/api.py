@@ -48,9 +48,5 @@ def open(config: str | Path | None = None, *, capabilities: Sequence[str] | None
     settings = load_settings(config, env)
     if capabilities is not None:
         settings = Settings(**{**settings.__dict__, "capabilities": tuple(capabilities)})
-    executor = build_executor(settings, **parts)
-    try:
+    with build_executor(settings, **parts) as executor:
         yield executor
-    finally:
-        executor.connectors.dispose()
-        executor.ledger.close()

@@ -444,7 +444,9 @@ def ddl_objects(events: Sequence[Event]) -> list[dict[str, str]]:
     for e in events:
         p = e.payload
         if e.kind == "ddl.captured" and p.get("object"):
-            entry(str(p["object"]))["before"] = str(p.get("signature"))
+            item = entry(str(p["object"]))
+            if item["before"] == "-" and item["after"] == "-":  # a capture after the apply
+                item["before"] = str(p.get("signature"))       # is the next base, not this one
         elif e.kind == "ddl.preflight" and isinstance(p.get("live"), Mapping):
             for name, sig in p["live"].items():
                 if entry(str(name))["before"] == "-":

@@ -45,6 +45,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "explain": ("capgate.commands", "what an error code means"),
     "plan": ("capgate.commands_exec", "render a call's plan; runs no DML"),
     "approve": ("capgate.commands_exec", "approve a recorded plan"),
+    "approver": ("capgate.commands_exec", "approvers' signing keys"),
     "call": ("capgate.commands_exec", "call a declared operation"),
     "ledger": ("capgate.commands_exec", "the hash-chained ledger"),
     "cases": ("capgate.commands_exec", "list cases with their state and last outcome"),

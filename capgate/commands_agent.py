@@ -7,14 +7,12 @@ handlers parse, wire and print.
 from __future__ import annotations
 
 import argparse
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from capgate.api import build_executor
 from capgate.cli import emit
 from capgate.config import load_settings
-from executor.ledger import open_ledger
 from registry.errors import EXIT_OK, EXIT_REFUSED, UsageError
 from registry.loader import load_registry
 
@@ -52,6 +50,9 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--operation", action="append", default=None, metavar="OPERATION_ID",
                    help="only these operations (repeatable)")
     p.add_argument("--junit", metavar="FILE", default=None, help="also write JUnit XML here")
+    p.add_argument("--case", default=None,
+                   help="the case the rehearsal is recorded in (required on staging and prod, "
+                        "where the rehearsal's plan needs an approval)")
     p.add_argument("--as", dest="who", default=None,
                    help="who rehearses; needs the grants a call needs "
                         "(default: CAPGATE_AGENT or config `agent`)")
@@ -87,16 +88,14 @@ def cmd_rehearse(args: argparse.Namespace) -> int:
     paths = list(args.paths) or list(settings.capabilities)
     # The lock is `validate`'s business; a rehearsal tests behaviour, also before a bump.
     registry = load_registry(paths, check_lock=False)
-    with tempfile.TemporaryDirectory(prefix="capgate-rehearse-") as scratch:
-        # A rehearsal writes nothing to a ledger; a throwaway one proves it.
-        ledger = open_ledger(f"sqlite:///{Path(scratch) / 'ledger.db'}")
-        executor = build_executor(settings, registry=registry, ledger=ledger)
-        try:
-            report = rehearse(executor, who=str(who), connectors=args.connector,
-                              operations=args.operation)
-        finally:
-            executor.connectors.dispose()
-            ledger.close()
+    # every rehearsal is recorded in the configured ledger (who, rows, counts, outcomes)
+    executor = build_executor(settings, registry=registry)
+    try:
+        report = rehearse(executor, who=str(who), connectors=args.connector,
+                          operations=args.operation, case=args.case)
+    finally:
+        executor.connectors.dispose()
+        executor.ledger.close()
     if args.junit:
         Path(args.junit).write_bytes(report.junit_xml())
     emit(args, report.to_dict(), report.table())

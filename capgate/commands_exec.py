@@ -31,8 +31,21 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("plan_hash", metavar="PLAN_HASH")
     p.add_argument("--by", required=True, help="the approver")
     p.add_argument("--role", required=True, help="the role the approver acts in")
+    p.add_argument("--key", default=None, metavar="FILE",
+                   help="the approver's private key (default: env CAPGATE_APPROVER_KEY); "
+                        "its public half must be the approver's approval_key in the grants")
     p.add_argument("--ttl", default=None, help="lifetime, e.g. 30m, 2h, 900s (default: row's)")
     p.set_defaults(handler=cmd_approve)
+
+    approver = sub.add_parser("approver", help="approvers' signing keys")
+    asub = approver.add_subparsers(dest="approver_command", metavar="COMMAND", required=True)
+    p = asub.add_parser("keygen", parents=[common],
+                        help="make an approver's key pair; prints the grants line")
+    p.add_argument("--out", required=True, metavar="FILE",
+                   help="where the private key goes (mode 0600; keep it where agents cannot "
+                        "read it)")
+    p.add_argument("--force", action="store_true", help="replace an existing key file")
+    p.set_defaults(handler=cmd_approver_keygen)
 
     p = sub.add_parser("call", parents=[common], help="call a declared operation")
     call_args(p)
@@ -84,9 +97,9 @@ def _inputs(raw: str) -> dict[str, Any]:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     op, version = parse_operation(args.operation)
-    executor = _executor(args)
-    plan = executor.plan(op, _inputs(args.input), case=args.case, who=caller(args),
-                         version=version)
+    with _executor(args) as executor:
+        plan = executor.plan(op, _inputs(args.input), case=args.case, who=caller(args),
+                             version=version)
     body = plan.to_dict()
     lines = [f"plan {plan.plan_hash}",
              f"  {body['operation_id']}@{body['version']} on {body['connector']} "
@@ -122,20 +135,33 @@ def _ttl(raw: str | None) -> int | None:
 
 
 def cmd_approve(args: argparse.Namespace) -> int:
-    executor = _executor(args)
-    record = executor.approve(args.plan_hash, by=args.by, role=args.role,
-                              ttl_seconds=_ttl(args.ttl))
+    from executor.approvals import load_signing_key
+
+    key = load_signing_key(args.key)
+    with _executor(args) as executor:
+        record = executor.approve(args.plan_hash, by=args.by, role=args.role, key=key,
+                                  ttl_seconds=_ttl(args.ttl))
     emit(args, record, f"approved {record['plan_hash']} by {record['by']} as {record['role']}, "
                        f"single use, expires {record['expires_at']}")
     return 0
 
 
+def cmd_approver_keygen(args: argparse.Namespace) -> int:
+    from executor.approvals import generate
+
+    public = generate(args.out, force=args.force)
+    emit(args, {"private_key": args.out, "approval_key": public},
+         f"private key written to {args.out} (mode 0600): keep it where only you can read it\n"
+         f"add to your principal in the grants file:\n  approval_key = \"{public}\"")
+    return 0
+
+
 def cmd_call(args: argparse.Namespace) -> int:
     op, version = parse_operation(args.operation)
-    executor = _executor(args)
-    outcome = executor.call(op, _inputs(args.input), case=args.case, who=caller(args),
-                            version=version, key=args.key, task=args.task,
-                            plan_hash=args.plan_hash)
+    with _executor(args) as executor:
+        outcome = executor.call(op, _inputs(args.input), case=args.case, who=caller(args),
+                                version=version, key=args.key, task=args.task,
+                                plan_hash=args.plan_hash)
     payload = outcome.to_dict()
     replayed = " (recorded outcome, nothing executed)" if outcome.replayed else ""
     text = [f"{outcome.status}: {outcome.operation_id}@{outcome.version} intent "

@@ -60,6 +60,7 @@ CONNECTOR_KEYS: dict[str, str] = {
     "db_user_budget": "an integer >= 1",
     "budget_wait_seconds": "a number of seconds >= 0",
     "statement_timeout": "a number of seconds > 0",
+    "simulation_approver_roles": "a list of role names",
 }
 SECTIONS = ("capgate", "connectors")
 #: Environment variables that configure capgate without a file.
@@ -324,6 +325,10 @@ def _connector(name: str, spec: Mapping[str, Any], base: Path,
             ok = False
         return converted
 
+    roles = spec.get("simulation_approver_roles", [])
+    if not isinstance(roles, list) or not all(isinstance(r, str) and r for r in roles):
+        problem("simulation_approver_roles", f"must be a list of role names, got {roles!r}")
+        ok = False
     session_budget = number("session_budget", 6, int, 1)
     db_user_budget = number("db_user_budget", None, int, 1)
     wait = number("budget_wait_seconds", 0.0, float, 0)
@@ -338,7 +343,8 @@ def _connector(name: str, spec: Mapping[str, Any], base: Path,
     try:
         return ConnectorConfig(name=name, url=resolved, environment=str(environment),
                                session_budget=session_budget, db_user_budget=db_user_budget,
-                               budget_wait_seconds=wait, statement_timeout=timeout)
+                               budget_wait_seconds=wait, statement_timeout=timeout,
+                               simulation_approver_roles=tuple(roles))
     except ConfigError as exc:
         problem(None, exc.message)
         return None

@@ -121,6 +121,7 @@ def _demo(args: argparse.Namespace) -> Path:
 
 def _run(config: Path) -> None:
     from capgate.api import open as open_gate
+    from executor.approvals import load_signing_key
     from registry.errors import ApprovalRequired, CapgateError
 
     agent = "claims-agent"
@@ -148,13 +149,19 @@ def _run(config: Path) -> None:
             print(f"   refused: {refused.code} approval required for plan {plan_hash[:23]}...")
             for st in refused.details["plan"]["statements"]:
                 print(f"      {' '.join(st['sql'].split())[:70]:<70} expect {st['expect_rows']}")
+            bob_key = load_signing_key(config.parent / "keys" / "bob.key")
             try:
-                ex.approve(plan_hash, by=agent, role="dba")
+                ex.approve(plan_hash, by=agent, role="dba", key=bob_key)
             except CapgateError as exc:
                 print(f"   the agent cannot approve: {exc.code} {_clip(exc.message, 80)}")
-            approval = ex.approve(plan_hash, by="bob", role="dba")
-            print(f"   capgate approve {plan_hash[:23]}... --by bob --role dba "
-                  f"(single use, expires {approval['expires_at'][:19]})")
+            try:
+                ex.approve(plan_hash, by="alice", role="dba", key=bob_key)
+            except CapgateError as exc:
+                print(f"   nor can anyone approve in another's name: {exc.code} "
+                      f"{_clip(exc.message, 70)}")
+            approval = ex.approve(plan_hash, by="bob", role="dba", key=bob_key)
+            print(f"   capgate approve {plan_hash[:23]}... --by bob --role dba --key keys/bob.key "
+                  f"(signed, single use, expires {approval['expires_at'][:19]})")
             print(_brief(ex.call("policy.purge_orphan", {"policy_id": 9}, case=CASE,
                                  who=agent)))
 

@@ -166,7 +166,7 @@ def config_text(connectors: dict[str, str], environment: str, agent: str) -> str
 
 
 def grants_text(connectors: list[str], environment: str, agent: str,
-                approvers: dict[str, list[str]]) -> str:
+                approvers: dict[str, list[str]], keys: dict[str, str] | None = None) -> str:
     """The annotated ``grants.toml``: the agent writes in ``environment``; approvers approve."""
     items = "".join(
         f"\n  {{ connector = {_toml_str(c)}, environments = [{_toml_str(environment)}], "
@@ -180,20 +180,23 @@ def grants_text(connectors: list[str], environment: str, agent: str,
     for who, roles in approvers.items():
         lines += ["", f"[principals.{_toml_str(who)}]",
                   f"roles = [{', '.join(_toml_str(r) for r in roles)}]"]
+        if keys and who in keys:
+            lines.append(f"approval_key = {_toml_str(keys[who])}   # keys/{who}.key signs")
     return "\n".join(lines) + "\n"
 
 
-def _approver_keys(folder: Path, approvers: dict[str, list[str]]) -> list[Path]:
-    """APPROVER KEYS -- the place for the sample approvers' keys.
+def _approver_keys(folder: Path, approvers: dict[str, list[str]]) -> dict[str, str]:
+    """One signing key per sample approver: ``keys/NAME.key``; name -> public key text.
 
-    Approvals are becoming authenticated with a key per approver (``capgate
-    approve --key FILE``).  When that lands, this creates one key per sample
-    approver under ``folder / "keys"`` (readable by its owner only), registers
-    its public half where the ledger expects it, and returns the private key
-    files so that the next steps can name them.  Until then there is nothing
-    to create.
+    Approvals are signed (``capgate approve --key FILE``): the private key is
+    the approver's alone (mode 0600) and the grants file names its public half
+    as ``approval_key``.  In a real project each person makes their own with
+    ``capgate approver keygen`` and keeps it where agents cannot read it; the
+    sample keys live in the project so that the first gated write works.
     """
-    return []
+    from executor.approvals import generate
+
+    return {who: generate(folder / "keys" / f"{who}.key") for who in approvers}
 
 
 def _capgate_command() -> str:
@@ -228,7 +231,7 @@ def init_project(folder: str | Path, *, target: str | None = None, empty: bool =
     root = Path(folder).expanduser().resolve()
     names = list(TEMPLATE_CONNECTORS if empty else EXAMPLE_CONNECTORS)
     database = "app.db" if empty else "insurance.db"
-    planned = ["capgate.toml", "grants.toml", "capabilities"]
+    planned = ["capgate.toml", "grants.toml", "capabilities", "keys"]
     if target is None:
         planned.append(database)
     if root.exists() and not root.is_dir():
@@ -303,11 +306,11 @@ def init_project(folder: str | Path, *, target: str | None = None, empty: bool =
     connectors = {name: written_url for name in names}
     report.connectors = {name: safe_url(live_url) for name in names}
     (root / "capgate.toml").write_text(config_text(connectors, environment, agent), "utf-8")
-    (root / "grants.toml").write_text(grants_text(names, environment, agent, approvers),
+    keys = _approver_keys(root, approvers)
+    (root / "grants.toml").write_text(grants_text(names, environment, agent, approvers, keys),
                                       "utf-8")
     report.files[:0] = ["capgate.toml", "grants.toml"]
-    keys = _approver_keys(root, approvers)
-    report.files += [str(k.relative_to(root)) for k in keys]
+    report.files += [f"keys/{who}.key" for who in keys]
     gitignore = root / ".gitignore"
     if not gitignore.exists():
         gitignore.write_text(".capgate/\n", "utf-8")
@@ -333,7 +336,7 @@ def _next_steps(root: Path, *, empty: bool) -> list[str]:
         "\"body\": \"First note.\"}' --case TICKET-1",
         "capgate call policy.purge_orphan --input '{\"policy_id\": 9}' --case TICKET-2"
         "    # gated: refused with the approve command",
-        "capgate approve PLAN_HASH --by bob --role dba",
+        "capgate approve PLAN_HASH --by bob --role dba --key keys/bob.key",
         "capgate call policy.purge_orphan --input '{\"policy_id\": 9}' --case TICKET-2",
         "capgate cases && capgate ledger show TICKET-2 --html TICKET-2.html",
     ]
@@ -380,7 +383,8 @@ def cmd_init(args: argparse.Namespace) -> int:
                  + (", ".join(report.target_tables) or "already there")
                  + ("; the example schema and rows created" if report.example_schema else ""))
     lines.append(f"  {report.agent!r} may write in {report.environment}; alice and bob "
-                 "approve (role dba)")
+                 "approve (role dba), each with their own signing key in keys/ (sample keys: "
+                 "in a real project each person keeps their own where agents cannot read it)")
     lines += ["", "next:"] + [f"  {step}" for step in report.next_steps]
     lines += ["", "an MCP client (e.g. the `mcpServers` of its settings file):",
               "  " + json.dumps(report.mcp_client)]

@@ -91,6 +91,7 @@ from executor.outcome import Outcome
 from executor.plan import fingerprint
 from registry.errors import (
     ApprovalExpired,
+    ApprovalMismatch,
     ApprovalRequired,
     ApprovalUsed,
     CapgateError,
@@ -506,13 +507,18 @@ class DdlService:
         Returns the recorded outcome (evidence: the loop's ``DdlOutcome``) and
         the ``DdlOutcome`` itself (None when a recorded success is replayed).
         """
-        plan, plan_case, _ = self._recorded_plan(plan_hash)
+        plan, plan_case, requester = self._recorded_plan(plan_hash)
         if plan_case != case:
             raise CaseConflict(
                 f"plan {plan_hash} was made for case {plan_case!r}, not {case!r}; apply it "
                 "in its own case or make a new plan", case=case, plan_case=plan_case)
         row, cfg = self._row_of_plan(plan)
         self.executor.grants.check_call(who, row, cfg.name, cfg.environment)
+        if requester != who:  # one rule for data and DDL plans: bound to case and requester
+            raise ApprovalMismatch(
+                f"plan {plan_hash} was requested by {requester!r}, not {who!r}: an approval is "
+                "worth nothing to another identity; make your own plan", plan_hash=plan_hash,
+                requester=requester, caller=who)
         replay = self._replay(case, plan_hash)
         if replay is not None:
             return replay, None
@@ -541,8 +547,10 @@ class DdlService:
             if not pre.ok:
                 raise _merge_required(plan, pre)
             four_eyes = row.authorization.four_eyes
-            approval = ledger.consume_approval(plan_hash, intent_id, now=self.executor.clock(),
-                                               exclude_approver=who if four_eyes else None)
+            approval = ledger.consume_approval(
+                plan_hash, intent_id, now=self.executor.clock(),
+                exclude_approver=who if four_eyes else None,
+                accept=lambda found: self.executor.approval_problem(found, row))
             self._prepared(case, intent_id, row, cfg, plan, who, approval.approval_id)
             try:
                 result = lp.execute(plan, on_apply_started=on_apply_started)

@@ -32,18 +32,26 @@ import jsonschema
 import sqlalchemy as sa
 
 from executor import outcome as oc
+from executor.approvals import SigningKey
 from executor.checks import CheckResult, evaluate
 from executor.connectors import Connector, Connectors
 from executor.dialects import SessionTag, TxIdentity
 from executor.dialects.base import MARKER_TABLE, TARGET_TABLES
 from executor.grants import Grants
-from executor.ledger import IdempotencyRecord, KeyAlreadyClaimed, KeyClaim, Ledger
+from executor.ledger import (
+    ApprovalRecord,
+    IdempotencyRecord,
+    KeyAlreadyClaimed,
+    KeyClaim,
+    Ledger,
+)
 from executor.outcome import Outcome, jsonable
 from executor.plan import Plan, binds_for, fingerprint, idempotency_key, render
 from registry.canonical import canonical_hash
 from registry.errors import (
     ApprovalExpired,
     ApprovalMismatch,
+    ApprovalNotAuthenticated,
     ApprovalRequired,
     ApprovalUsed,
     AttemptSuperseded,
@@ -170,6 +178,17 @@ class Executor:
         self._lock = threading.Lock()
         self._in_flight: dict[str, int] = {}
 
+    def close(self) -> None:
+        """Release the connectors' and the ledger's connections."""
+        self.connectors.dispose()
+        self.ledger.close()
+
+    def __enter__(self) -> Executor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     # --- resolution ----------------------------------------------------------
 
     def resolve(self, operation_id: str, version: int | None = None) -> tuple[Row, Connector]:
@@ -185,33 +204,95 @@ class Executor:
         row, connector = self.resolve(operation_id, version)
         validate_input(row, inputs)
         self.grants.check_call(who, row, connector.name, connector.environment)
-        plan = render(row, inputs, connector.name, connector.environment)
+        plan = render(row, inputs, connector.name, connector.environment, case=case,
+                      requester=who)
         if record:
             self.ledger.record_plan(plan.plan_hash, case, who, plan.to_dict())
         return plan
 
-    def approve(self, plan_hash: str, *, by: str, role: str,
+    def approve(self, plan_hash: str, *, by: str, role: str, key: SigningKey,
                 ttl_seconds: int | None = None) -> dict[str, Any]:
-        """Record a single-use, expiring approval of a recorded plan."""
+        """Record a single-use, expiring approval of a recorded plan, signed by ``by``'s key.
+
+        ``key`` is the approver's private key (:mod:`executor.approvals`); it
+        must be the one the grants file names for ``by``, so that a name alone
+        -- typed by anyone who can run this -- approves nothing.
+        """
         record = self.ledger.get_plan(plan_hash)
         body = record.plan
-        row = self.registry.resolve(body["operation_id"], int(body["version"]))
-        if row.authorization.kind is not AuthKind.GATE and row.effect_class is not EffectClass.DDL:
-            raise UsageError(f"{row.ref} is not gated; it needs no approval")
-        self.grants.check_approver(by, role, row.authorization.approver_roles)
-        if row.authorization.four_eyes and by == record.requester:
-            raise SelfApproval(
-                f"{by!r} requested this plan and cannot approve it: {row.ref} requires four eyes",
+        if body.get("kind") == "rehearsal":  # a gated simulation: the connector's roles
+            ref = f"the rehearsal on {body['connector']}"
+            roles = self.connectors.config(str(body["connector"])).simulation_approver_roles
+            four_eyes, ttl_default = True, 3600
+            operation: dict[str, Any] = {"rehearsal": True, "connector": body["connector"]}
+        else:
+            row = self.registry.resolve(body["operation_id"], int(body["version"]))
+            if row.authorization.kind is not AuthKind.GATE \
+                    and row.effect_class is not EffectClass.DDL:
+                raise UsageError(f"{row.ref} is not gated; it needs no approval")
+            ref, roles = row.ref, row.authorization.approver_roles
+            four_eyes = row.authorization.four_eyes
+            ttl_default = row.authorization.approval_ttl_seconds
+            operation = {"operation_id": row.operation_id, "version": row.version}
+        self.grants.check_approver(by, role, roles)
+        expected = self.grants.principal(by).approval_key
+        if expected is None:
+            raise ApprovalNotAuthenticated(
+                f"{by!r} has no approval_key in {self.grants.source}: an administrator adds "
+                f"the public key that `capgate approver keygen` printed for {by!r}",
                 approver=by, plan_hash=plan_hash)
-        ttl = ttl_seconds or row.authorization.approval_ttl_seconds
-        approval = self.ledger.record_approval(plan_hash, by, role, ttl, now=self.clock())
+        if key.public_text != expected:
+            raise ApprovalNotAuthenticated(
+                f"the key {key.source} is not {by!r}'s (the grants file names another): an "
+                "approval is signed by the approver's own key", approver=by,
+                plan_hash=plan_hash)
+        if four_eyes and by == record.requester:
+            raise SelfApproval(
+                f"{by!r} requested this plan and cannot approve it: {ref} requires four eyes",
+                approver=by, plan_hash=plan_hash)
+        ttl = ttl_seconds or ttl_default
+        approval = self.ledger.record_approval(
+            plan_hash, by, role, ttl, now=self.clock(),
+            sign=lambda fields: (key.public_text, key.sign(fields)))
         self.ledger.append(record.case_id, "approval_recorded", {"case_state": {
             "last_approval": {"plan_hash": plan_hash, "by": by, "role": role,
+                              "approval_id": approval.approval_id,
+                              "requester": record.requester, "signature": approval.signature,
                               "expires_at": approval.expires_at.isoformat()}}})
         return {"plan_hash": plan_hash, "approval_id": approval.approval_id, "by": by,
-                "role": role, "expires_at": approval.expires_at.isoformat(),
-                "operation_id": row.operation_id, "version": row.version,
-                "case": record.case_id}
+                "role": role, "expires_at": approval.expires_at.isoformat(), **operation,
+                "case": record.case_id, "requester": record.requester}
+
+    def approval_problem(self, approval: ApprovalRecord, row: Row) -> str | None:
+        """Why ``approval`` cannot be used for ``row`` now (None: it can): signature, role."""
+        return self.grants.approval_problem(approval, row.authorization.approver_roles)
+
+    def recheck_approval(self, ctx: CallContext) -> None:
+        """A resumed retry relies on the approval its intent consumed: is it still good?
+
+        The approval must exist, be unexpired and still verify against the
+        current grants (signature, key, role); raises the coded refusal if not.
+        """
+        if ctx.row.authorization.kind is not AuthKind.GATE:
+            return
+        used = [a for a in self.ledger.approvals_for(ctx.plan.plan_hash)
+                if a.used_by_intent == ctx.intent_id]
+        if not used:
+            raise ApprovalRequired(
+                f"intent {ctx.intent_id} holds no approval of plan {ctx.plan.plan_hash}; a "
+                "retry needs the approval it was prepared with", plan_hash=ctx.plan.plan_hash)
+        approval = used[0]
+        if approval.expired(self.clock()):
+            raise ApprovalExpired(
+                f"the approval {approval.approval_id} intent {ctx.intent_id} relied on has "
+                "expired; a retry needs a new approval", plan_hash=ctx.plan.plan_hash,
+                approval_id=approval.approval_id)
+        problem = self.approval_problem(approval, ctx.row)
+        if problem is not None:
+            raise ApprovalNotAuthenticated(
+                f"the approval {approval.approval_id} intent {ctx.intent_id} relied on no "
+                f"longer holds: {problem}", plan_hash=ctx.plan.plan_hash,
+                approval_id=approval.approval_id)
 
     # --- the call ------------------------------------------------------------
 
@@ -223,7 +304,8 @@ class Executor:
         inputs = dict(inputs)
         validate_input(row, inputs)
         self.grants.check_call(who, row, connector.name, connector.environment)
-        plan = render(row, inputs, connector.name, connector.environment)
+        plan = render(row, inputs, connector.name, connector.environment, case=case,
+                      requester=who)
         if plan_hash is not None and plan_hash != plan.plan_hash:
             raise ApprovalMismatch(
                 f"the approved plan {plan_hash} is not this call's plan {plan.plan_hash}",
@@ -455,7 +537,8 @@ class Executor:
                 try:
                     self.ledger.consume_approval_on(
                         conn, ctx.plan.plan_hash, ctx.intent_id, now=self.clock(),
-                        exclude_approver=ctx.who if row.authorization.four_eyes else None)
+                        exclude_approver=ctx.who if row.authorization.four_eyes else None,
+                        accept=lambda approval: self.approval_problem(approval, row))
                 except UnknownPlan:
                     raise ApprovalRequired(
                         f"{row.ref} is gated: no approval for {ctx.plan.plan_hash}",
@@ -524,6 +607,8 @@ class Executor:
                 f"connector {connector.name!r} has no free session within its budget of "
                 f"{connector.config.session_budget}", connector=connector.name,
                 budget=connector.config.session_budget) from None
+        except sa.exc.DBAPIError as exc:  # refused before any statement was sent
+            raise connector.unavailable(exc) from None
 
     @contextlib.contextmanager
     def _open_write(self, ctx: CallContext) -> Iterator[tuple[sa.Connection, TxIdentity]]:
@@ -565,9 +650,14 @@ class Executor:
         cap = row.max_rows or 1000
         evidence: dict[str, Any] = {"statements": []}
         reason: dict[str, Any] | None = None
-        if not ctx.rehearse:
-            self._prepared(ctx)
-        with self._connect(ctx.connector, ctx) as conn:
+        conn = self._connect(ctx.connector, ctx)  # unreachable: ConnectorUnavailable, nothing
+        if not ctx.rehearse:                      # recorded and nothing left open
+            try:
+                self._prepared(ctx)
+            except BaseException:
+                conn.close()
+                raise
+        with conn:
             try:
                 dialect.begin_read(conn, ctx.tag, row.timeout.seconds)
                 for i, st in enumerate(row.statements):
@@ -642,6 +732,12 @@ class Executor:
         with contextlib.ExitStack() as stack:
             try:
                 conn, identity = stack.enter_context(self._open_write(ctx))
+            except ConnectorUnavailable as exc:
+                return ctx.outcome(oc.ROLLED_BACK, evidence, {
+                    "kind": "connection_failed", "where": "connect",
+                    "message": exc.message, "statements_sent": 0,
+                    "note": "the connection failed before any statement was sent: "
+                            "nothing of this call can have landed"})
             except sa.exc.DBAPIError as exc:
                 if ctx.idem_key is not None and dialect.is_unique_violation(exc):
                     return self._landed_before(ctx, evidence)
@@ -785,7 +881,16 @@ class Executor:
     # --- after commit --------------------------------------------------------
 
     def _post_commit(self, ctx: CallContext, applied: Outcome) -> Outcome:
-        results = self.run_checks(ctx, ctx.row.post_commit)
+        try:
+            results = self.run_checks(ctx, ctx.row.post_commit)
+        except ConnectorUnavailable as exc:
+            # the write committed; only its after-the-fact checks could not run: say so,
+            # never a refusal (exit 1) for an effect that landed
+            unchecked = {"unchecked": exc.message}
+            self.ledger.append(ctx.case_id, "post_commit_unchecked", {
+                "intent_id": ctx.intent_id, "error": exc.message}, intent_id=None)
+            return Outcome(**{**applied.__dict__,
+                              "evidence": {**applied.evidence, "post_commit": unchecked}})
         failed = [r for r in results if not r.ok]
         evidence = {**applied.evidence, "post_commit": [r.to_dict() for r in results]}
         if not failed:

@@ -4,7 +4,13 @@ A post-commit check runs after COMMIT, so its failure can never be a
 rollback: the effect is there.  The row's already-written compensation runs
 as a new action with its own intent in the same case -- prepared, attempt,
 marker, observed -- so that a crash during compensation is reconciled like
-any other write.  A failed compensation is its own outcome and escalates.
+any other write.  ``compensated`` is claimed only when that compensation
+committed *and* the row's ``compensation_verify`` checks, re-reading the
+restored state after its COMMIT, say so; anything else is
+``compensation_failed``, and the compensation intent escalates with its
+evidence (the case stays open until a person decides).  The original
+intent's recorded outcome becomes the final one, so a replay of the same
+request never says ``applied_verified`` for an effect that was undone.
 """
 
 from __future__ import annotations
@@ -26,8 +32,6 @@ if TYPE_CHECKING:
 
 def compensate(executor: Executor, ctx: CallContext, applied: Outcome,
                failed: list[CheckResult], evidence: dict[str, Any]) -> Outcome:
-    from executor.call import Rollback
-
     comp = dataclasses.replace(
         ctx, intent_id=uuid.uuid4().hex,
         idem_key=f"{ctx.idem_key}#compensation" if ctx.idem_key else None)
@@ -42,38 +46,90 @@ def compensate(executor: Executor, ctx: CallContext, applied: Outcome,
                   "effect_class": "compensation", "attempt": 0,
                   "inputs": dict(ctx.inputs), "who": ctx.who},
     }, intent_id=comp.intent_id)
-
-    def body(conn: sa.Connection, ev: dict[str, Any]) -> None:
-        dialect = ctx.connector.dialect
-        counts: list[int] = []
-        ev["counts"] = counts
-        for i, st in enumerate(ctx.row.compensation):
-            n = conn.execute(sa.text(dialect.sql(st.sql, comp.tag)),
-                             binds_for(st.sql, ctx.inputs)).rowcount
-            counts.append(n)
-            if st.expect_rows is not None and not st.expect_rows.matches(n):
-                raise Rollback({"kind": "count", "statement": i, "sql": st.sql,
-                                "expected": st.expect_rows.to_value(), "actual": n})
-
-    result = executor.run_transaction(comp, body)
-    executor._observed(comp, result)
     failures = [f.to_dict() for f in failed]
-    if result.status == oc.APPLIED:
+    if not ctx.row.compensation:
+        # only a row built in code can get here (validation refuses it, CG124): nothing
+        # can undo the effect, so nothing may claim it was undone
+        result = comp.outcome(oc.ROLLED_BACK, {}, {"kind": "no_compensation",
+                                                   "message": "the row declares no "
+                                                              "compensation; nothing ran"})
+        checks: list[dict[str, Any]] = []
+    else:
+        result = executor.run_transaction(comp, lambda conn, ev: run_compensation(comp, conn, ev))
+        executor._observed(comp, result)
+        checks = []
+        if result.status == oc.APPLIED:
+            checks = verify_restored(executor, comp)
+    restored = result.status == oc.APPLIED and bool(checks) and all(c["ok"] for c in checks)
+    comp_evidence = {"intent_id": comp.intent_id, "status": result.status,
+                     "evidence": dict(result.evidence), "restored_checks": checks}
+    if restored:
         status = oc.COMPENSATED
         reason: dict[str, Any] = {"kind": "post_commit_failed", "checks": failures,
-                  "compensation_intent": comp.intent_id}
+                                  "compensation_intent": comp.intent_id,
+                                  "restored_checks": checks}
     else:
         status = oc.COMPENSATION_FAILED
-        reason = {"kind": "compensation_failed", "checks": failures,
-                  "compensation_intent": comp.intent_id, "compensation": dict(result.reason or {})}
+        why = ("the compensation rolled back or did not run" if result.status != oc.APPLIED
+               else "the compensation committed but the re-read of the restored state "
+                    "does not confirm it")
+        reason = {"kind": "compensation_failed", "checks": failures, "why": why,
+                  "compensation_intent": comp.intent_id,
+                  "compensation": dict(result.reason or {}), "restored_checks": checks}
         ledger.append(ctx.case_id, "escalated", {
             "state": {"escalation": reason}}, intent_id=comp.intent_id)
-    evidence = {**evidence, "compensation": {"intent_id": comp.intent_id,
-                                             "status": result.status,
-                                             "evidence": dict(result.evidence)}}
-    final = Outcome(**{**applied.__dict__, "status": status, "evidence": evidence,
+    final = Outcome(**{**applied.__dict__, "status": status,
+                       "evidence": {**evidence, "compensation": comp_evidence},
                        "reason": reason})
+    record = final.to_dict()
+    # the original intent's recorded outcome is the final one (a replay must not say applied)
+    ledger.append(ctx.case_id, "observed", {
+        "outcome": record, "after_compensation": comp.intent_id,
+        "state": {"outcome": status, "outcome_record": record}}, intent_id=ctx.intent_id)
     ledger.append(ctx.case_id, "post_commit_failed", {
         "case_state": {"last_compensation": {"intent_id": ctx.intent_id,
                                              "status": status}}})
     return final
+
+
+def record_final(executor: Executor, case_id: str, original: str, compensation: str,
+                 status: str, checks: list[dict[str, Any]]) -> None:
+    """Resume finished a compensation: the original intent's outcome becomes ``status``."""
+    state = executor.ledger.intent(case_id, original)
+    record = dict(state.get("outcome_record") or {})
+    if not record:
+        return  # the original was never observed: resume settles it on its own
+    record.update(status=status, reason={**(record.get("reason") or {}),
+                                         "kind": "post_commit_failed" if status ==
+                                         oc.COMPENSATED else "compensation_failed",
+                                         "compensation_intent": compensation,
+                                         "restored_checks": checks}, replayed=False)
+    executor.ledger.append(case_id, "observed", {
+        "outcome": record, "after_compensation": compensation,
+        "state": {"outcome": status, "outcome_record": record}}, intent_id=original)
+
+
+def run_compensation(ctx: CallContext, conn: sa.Connection, evidence: dict[str, Any]) -> None:
+    """The row's compensation statements with their expected counts, in ``conn``'s transaction."""
+    from executor.call import Rollback
+
+    dialect = ctx.connector.dialect
+    counts: list[int] = []
+    evidence["counts"] = counts
+    for i, st in enumerate(ctx.row.compensation):
+        n = conn.execute(sa.text(dialect.sql(st.sql, ctx.tag)),
+                         binds_for(st.sql, ctx.inputs)).rowcount
+        counts.append(n)
+        if st.expect_rows is not None and not st.expect_rows.matches(n):
+            raise Rollback({"kind": "count", "statement": i, "sql": st.sql,
+                            "expected": st.expect_rows.to_value(), "actual": n})
+
+
+def verify_restored(executor: Executor, ctx: CallContext) -> list[dict[str, Any]]:
+    """The row's ``compensation_verify`` checks, after the compensation's COMMIT."""
+    if not ctx.row.compensation_verify:
+        return []
+    results = executor.run_checks(ctx, ctx.row.compensation_verify)
+    executor.ledger.append(ctx.case_id, "compensation_verified", {
+        "checks": [r.to_dict() for r in results]}, intent_id=None)
+    return [r.to_dict() for r in results]

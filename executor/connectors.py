@@ -21,6 +21,8 @@ from executor.dialects.base import rearm_before_statement
 from registry.errors import ConfigError, ConnectorUnavailable, UnknownConnector
 
 ENVIRONMENTS = ("dev", "qa", "staging", "prod")
+GATED_SIMULATION_ENVIRONMENTS = frozenset({"staging", "prod"})
+"""Where a write-and-rollback rehearsal is itself a gated simulation (customer-facing data)."""
 def safe_url(url: str | URL) -> str:
     return make_url(url).render_as_string(hide_password=True)
 
@@ -40,6 +42,10 @@ class ConnectorConfig:
     """How long a call waits for a free session before it is refused."""
     statement_timeout: float = 30.0
     """Default server-side statement timeout, for rows that do not set one."""
+    simulation_approver_roles: tuple[str, ...] = ()
+    """Roles that may approve a simulation here (a rehearsal on staging or prod is one).
+
+    Empty means no one can: a gated simulation on this connector is refused."""
 
     def __post_init__(self) -> None:
         if self.environment not in ENVIRONMENTS:

@@ -2,13 +2,16 @@
 
 Checked before anything opens.  A write grant implies the read grant on the
 same connector and environment.  Roles are what approvers hold; a row's gate
-names the roles it accepts.  The grants file is TOML::
+names the roles it accepts, and an approver's ``approval_key`` is the public
+half of the key they sign approvals with (:mod:`executor.approvals`).  The
+grants file is TOML, writable by administrators only::
 
     [principals.claims-agent]
     grants = [{ connector = "insurance", environments = ["dev", "qa"], access = "write" }]
 
     [principals.alice]
     roles = ["dba", "team_lead"]
+    approval_key = "ed25519:..."     # from `capgate approver keygen`
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ class Principal:
     name: str
     roles: tuple[str, ...] = ()
     grants: tuple[Grant, ...] = ()
+    approval_key: str | None = None
+    """``ed25519:BASE64``: the public key this principal's approvals must be signed with."""
 
 
 @dataclass(frozen=True)
@@ -56,7 +61,7 @@ class Grants:
         for name, spec in raw.items():
             if not isinstance(spec, dict):
                 raise ConfigError(f"{source}: principals.{name} must be a table")
-            unknown = set(spec) - {"roles", "grants"}
+            unknown = set(spec) - {"roles", "grants", "approval_key"}
             if unknown:
                 raise ConfigError(f"{source}: principals.{name}: unknown key(s) "
                                   f"{', '.join(sorted(unknown))}")
@@ -70,7 +75,13 @@ class Grants:
                 except (KeyError, TypeError, ValueError) as exc:
                     raise ConfigError(
                         f"{source}: principals.{name}.grants[{i}]: {exc}") from None
-            principals[name] = Principal(name, tuple(spec.get("roles", [])), tuple(grants))
+            key = spec.get("approval_key")
+            if key is not None:
+                from executor.approvals import parse_public_key
+
+                parse_public_key(key, where=f"{source}: principals.{name}")
+            principals[name] = Principal(name, tuple(spec.get("roles", [])), tuple(grants),
+                                         str(key) if key is not None else None)
         return cls(principals, source)
 
     @classmethod
@@ -96,6 +107,33 @@ class Grants:
             f"(needed by {row.ref}; grants file {self.source})",
             principal=who, access=access, connector=connector, environment=environment,
         )
+
+    def approval_problem(self, approval: Any, row_roles: tuple[str, ...]) -> str | None:
+        """Why ``approval`` (an ``ApprovalRecord``) cannot be trusted now; None when it can.
+
+        Checked against these grants: the approver's current key must have
+        signed exactly this approval, and the approver must still hold a role
+        the row accepts.
+        """
+        from executor.approvals import verify
+
+        principal = self.principal(approval.approver)
+        if approval.signature is None or approval.public_key is None:
+            return "the approval is not signed"
+        if principal.approval_key is None:
+            return f"{approval.approver!r} has no approval_key in {self.source}"
+        if approval.public_key != principal.approval_key:
+            return f"signed with a key that is not {approval.approver!r}'s in {self.source}"
+        fields = {"approval_id": approval.approval_id, "plan_hash": approval.plan_hash,
+                  "approver": approval.approver, "role": approval.role,
+                  "expires_at": approval.expires_text}
+        if not verify(principal.approval_key, fields, approval.signature):
+            return "the signature does not verify (the approval was altered or forged)"
+        if approval.role not in row_roles:
+            return f"role {approval.role!r} cannot approve this row"
+        if approval.role not in principal.roles:
+            return f"{approval.approver!r} no longer holds role {approval.role!r}"
+        return None
 
     def check_approver(self, who: str, role: str, row_roles: tuple[str, ...]) -> None:
         if role not in row_roles:

@@ -83,9 +83,18 @@ from executor.ledger_chain import (
     parse_time,
 )
 from executor.ledger_dialect import Backend, NewHead, StoredHead, backend_for
-from executor.ledger_schema import approvals, cases, events, idempotency, metadata, plans
+from executor.ledger_schema import (
+    approval_proofs,
+    approvals,
+    cases,
+    events,
+    idempotency,
+    metadata,
+    plans,
+)
 from registry.errors import (
     ApprovalExpired,
+    ApprovalNotAuthenticated,
     ApprovalRequired,
     ApprovalUsed,
     AttemptSuperseded,
@@ -297,6 +306,11 @@ class ApprovalRecord:
     expires_at: datetime
     used_by_intent: str | None
     used_at: datetime | None
+    public_key: str | None = None
+    """The key that signed it (``ed25519:...``); None for an unsigned approval."""
+    signature: str | None = None
+    expires_text: str = ""
+    """``expires_at`` exactly as stored (and signed)."""
 
     @property
     def used(self) -> bool:
@@ -1134,12 +1148,17 @@ class Ledger:
         role: str,
         ttl_seconds: float,
         now: datetime | None = None,
+        *,
+        sign: Callable[[Mapping[str, str]], tuple[str, str]] | None = None,
     ) -> ApprovalRecord:
         """Record one single-use approval of a recorded plan, expiring after ``ttl_seconds``.
 
-        Who may approve (roles, four eyes) is the caller's decision, made
-        before this; the ledger refuses only an unknown plan (UnknownPlan) and a
-        non-positive TTL.
+        Who may approve (roles, four eyes, the key) is the caller's decision,
+        made before this; the ledger refuses only an unknown plan (UnknownPlan)
+        and a non-positive TTL.  ``sign`` receives the approval's fields
+        (``approval_id``, ``plan_hash``, ``approver``, ``role``, ``expires_at``)
+        and returns ``(public_key, signature)``, stored with it in one
+        transaction.
         """
         _check_id("approver", approver)
         _check_id("role", role)
@@ -1165,17 +1184,20 @@ class Ledger:
                     plan_hash=plan_hash,
                 )
             conn.execute(sa.insert(approvals).values(**values))
+            if sign is not None:
+                public_key, signature = sign({k: str(values[k]) for k in (
+                    "approval_id", "plan_hash", "approver", "role", "expires_at")})
+                conn.execute(sa.insert(approval_proofs).values(
+                    approval_id=values["approval_id"], public_key=public_key,
+                    signature=signature))
+                values.update(public_key=public_key, signature=signature)
         return _approval_record(values)
 
     @_reconnecting
     def approvals_for(self, plan_hash: str) -> list[ApprovalRecord]:
         """Every approval of the plan, oldest first."""
         with self._guard("read approvals"), self._read_one.connect() as conn:
-            rows = conn.execute(
-                sa.select(approvals)
-                .where(approvals.c.plan_hash == plan_hash)
-                .order_by(approvals.c.created_at, approvals.c.approval_id)
-            ).all()
+            rows = conn.execute(_approvals_of(plan_hash)).all()
         return [_approval_record(dict(row._mapping)) for row in rows]
 
     @_reconnecting
@@ -1186,6 +1208,7 @@ class Ledger:
         now: datetime | None = None,
         *,
         exclude_approver: str | None = None,
+        accept: Callable[[ApprovalRecord], str | None] | None = None,
     ) -> ApprovalRecord:
         """Use one valid approval of ``plan_hash`` for ``intent_id``; exactly one consumer wins.
 
@@ -1206,7 +1229,7 @@ class Ledger:
         _check_id("intent_id", intent_id)
         with self._guard("consume an approval"), self._write_one.begin() as conn:
             return self.consume_approval_on(conn, plan_hash, intent_id, now,
-                                            exclude_approver=exclude_approver)
+                                            exclude_approver=exclude_approver, accept=accept)
 
     def consume_approval_on(
         self,
@@ -1216,8 +1239,14 @@ class Ledger:
         now: datetime | None = None,
         *,
         exclude_approver: str | None = None,
+        accept: Callable[[ApprovalRecord], str | None] | None = None,
     ) -> ApprovalRecord:
         """:meth:`consume_approval` inside the caller's transaction on this store.
+
+        ``accept`` says why an approval cannot be trusted (None: it can); the
+        executor passes the signature and role check against current grants.
+        Approvals it rejects are never used: when every valid one is rejected
+        the answer is ApprovalNotAuthenticated with the reasons.
 
         The executor consumes the approval in the transaction that records the
         intent's ``prepared`` event, so that an approval is used exactly when an
@@ -1228,16 +1257,22 @@ class Ledger:
         _check_id("intent_id", intent_id)
         moment = format_time(self._now(now))
         for _ in range(_MAX_ATTEMPTS):
-            rows = conn.execute(
-                sa.select(approvals)
-                .where(approvals.c.plan_hash == plan_hash)
-                .order_by(approvals.c.created_at, approvals.c.approval_id)
-            ).all()
+            rows = conn.execute(_approvals_of(plan_hash)).all()
             for row in rows:
                 if row.used_by_intent == intent_id:
                     return _approval_record(dict(row._mapping))
             valid = [r for r in rows if r.used_by_intent is None and r.expires_at > moment]
             usable = [r for r in valid if r.approver != exclude_approver]
+            if accept is not None and usable:
+                rejected = {r.approval_id: accept(_approval_record(dict(r._mapping)))
+                            for r in usable}
+                trusted = [r for r in usable if rejected[r.approval_id] is None]
+                if not trusted:
+                    raise ApprovalNotAuthenticated(
+                        f"no approval of plan {plan_hash} is proven to come from its "
+                        f"approver: {'; '.join(f'{i}: {why}' for i, why in rejected.items())}",
+                        plan_hash=plan_hash, rejected=rejected)
+                usable = trusted
             if valid and not usable:
                 raise SelfApproval(
                     f"the only valid approvals of plan {plan_hash} are by "
@@ -1416,6 +1451,15 @@ def _plan_record(row: sa.Row[Any]) -> PlanRecord:
     )
 
 
+def _approvals_of(plan_hash: str) -> sa.Select[Any]:
+    """A plan's approvals with their proofs, oldest first."""
+    return (sa.select(approvals, approval_proofs.c.public_key, approval_proofs.c.signature)
+            .select_from(approvals.outerjoin(
+                approval_proofs, approval_proofs.c.approval_id == approvals.c.approval_id))
+            .where(approvals.c.plan_hash == plan_hash)
+            .order_by(approvals.c.created_at, approvals.c.approval_id))
+
+
 def _approval_record(values: Mapping[str, Any]) -> ApprovalRecord:
     used_at = values["used_at"]
     return ApprovalRecord(
@@ -1427,4 +1471,7 @@ def _approval_record(values: Mapping[str, Any]) -> ApprovalRecord:
         expires_at=parse_time(values["expires_at"]),
         used_by_intent=values["used_by_intent"],
         used_at=parse_time(used_at) if used_at is not None else None,
+        public_key=values.get("public_key"),
+        signature=values.get("signature"),
+        expires_text=str(values["expires_at"]),
     )

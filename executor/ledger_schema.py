@@ -75,6 +75,17 @@ approvals = sa.Table(
     sa.Column("used_at", sa.Text, nullable=True),
 )
 
+# The proof of each approval: the approver's public key and Ed25519 signature of
+# the approval (executor/approvals.py).  A table of its own so that stores made
+# before approvals were signed gain it on open without touching cg_approvals.
+approval_proofs = sa.Table(
+    "cg_approval_proofs",
+    metadata,
+    sa.Column("approval_id", sa.Text, primary_key=True),
+    sa.Column("public_key", sa.Text, nullable=False),
+    sa.Column("signature", sa.Text, nullable=False),
+)
+
 # --- coordination tables (executor/claims.py, executor/budget.py) -------------
 #
 # Unlike the chain, these rows are compared against *the store's own clock*

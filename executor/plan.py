@@ -2,9 +2,11 @@
 
 ``plan`` and ``call`` share this code (STYLE: dry run and real run share one
 path): the call renders the same plan and compares hashes with the approval.
-The plan hash covers the row hash, the inputs, the connector and the
-environment -- everything else in the plan (statements, binds, expected
-counts, target, impact keys) is a function of those.
+The plan hash covers the row hash, the inputs, the connector, the environment,
+the case and the requester -- everything else in the plan (statements, binds,
+expected counts, target, impact keys) is a function of those.  So an approval,
+which names a plan hash, is worth nothing in another case or to another
+identity.
 """
 
 from __future__ import annotations
@@ -50,9 +52,11 @@ def fingerprint(row: Row, inputs: Mapping[str, Any], connector: str, environment
                            "connector": connector, "environment": environment})
 
 
-def plan_hash(row: Row, inputs: Mapping[str, Any], connector: str, environment: str) -> str:
-    return canonical_hash({"plan": 1, "row_hash": row.row_hash, "inputs": dict(inputs),
-                           "connector": connector, "environment": environment})
+def plan_hash(row: Row, inputs: Mapping[str, Any], connector: str, environment: str,
+              case: str, requester: str) -> str:
+    return canonical_hash({"plan": 2, "row_hash": row.row_hash, "inputs": dict(inputs),
+                           "connector": connector, "environment": environment,
+                           "case": case, "requester": requester})
 
 
 @dataclass(frozen=True)
@@ -64,7 +68,8 @@ class Plan:
         return {"plan_hash": self.plan_hash, **self.body}
 
 
-def render(row: Row, inputs: Mapping[str, Any], connector: str, environment: str) -> Plan:
+def render(row: Row, inputs: Mapping[str, Any], connector: str, environment: str, *,
+           case: str, requester: str) -> Plan:
     """The full plan: statements with binds and expected counts, checks, target, keys."""
 
     def sql_item(sql: str, **extra: Any) -> dict[str, Any]:
@@ -76,6 +81,8 @@ def render(row: Row, inputs: Mapping[str, Any], connector: str, environment: str
         "row_hash": row.row_hash,
         "connector": connector,
         "environment": environment,
+        "case": case,
+        "requester": requester,
         "effect_class": str(row.effect_class),
         "shape": str(row.shape) if row.shape else None,
         "recovery": str(row.recovery),
@@ -109,4 +116,4 @@ def render(row: Row, inputs: Mapping[str, Any], connector: str, environment: str
         "post_commit": [sql_item(c.sql, name=c.name, expect=c.expect.to_dict())
                         for c in row.post_commit],
     }
-    return Plan(plan_hash(row, inputs, connector, environment), body)
+    return Plan(plan_hash(row, inputs, connector, environment, case, requester), body)

@@ -185,7 +185,8 @@ RowLookup = Callable[[Pending], Row | None]
 
 
 def gather(executor: Executor, pending: Sequence[Pending], *, terminate: bool,
-           wait_seconds: float, row_of: RowLookup) -> dict[str, Facts]:
+           wait_seconds: float, row_of: RowLookup, probe_writes: bool = True
+           ) -> dict[str, Facts]:
     """Facts for every pending intent, asked per connector in batches."""
     facts = {p.intent_id: Facts() for p in pending}
     groups: dict[str, list[Pending]] = {}
@@ -199,7 +200,8 @@ def gather(executor: Executor, pending: Sequence[Pending], *, terminate: bool,
             connector = executor.connectors.get(name)
             connector.check_target()
             _gather_connector(connector, items, facts, terminate=terminate,
-                              wait_seconds=wait_seconds, row_of=row_of)
+                              wait_seconds=wait_seconds, row_of=row_of,
+                              probe_writes=probe_writes)
         except (CapgateError, sa.exc.SQLAlchemyError) as exc:
             reason = _first_line(exc)
             for p in items:
@@ -209,7 +211,8 @@ def gather(executor: Executor, pending: Sequence[Pending], *, terminate: bool,
 
 
 def _gather_connector(connector: Connector, items: list[Pending], facts: dict[str, Facts], *,
-                      terminate: bool, wait_seconds: float, row_of: RowLookup) -> None:
+                      terminate: bool, wait_seconds: float, row_of: RowLookup,
+                      probe_writes: bool = True) -> None:
     dialect = connector.dialect.name
     if dialect == "sqlite":
         _sqlite(connector, items, facts, wait_seconds)
@@ -220,7 +223,7 @@ def _gather_connector(connector: Connector, items: list[Pending], facts: dict[st
             if dialect == "postgresql":
                 _postgresql(connector, open_items, facts, terminate, wait_seconds)
             elif dialect == "mariadb":
-                _mariadb(connector, open_items, facts, terminate, wait_seconds)
+                _mariadb(connector, open_items, facts, terminate, wait_seconds, probe_writes)
             elif dialect == "oracle":
                 _oracle(connector, open_items, facts, terminate, wait_seconds)
             # Re-read: a transaction may have committed between the first look and
@@ -388,7 +391,7 @@ def _xact_status(conn: sa.Connection, dialect: Any, items: Iterable[Pending]) ->
 
 
 def _mariadb(connector: Connector, items: list[Pending], facts: dict[str, Facts],
-             terminate: bool, wait_seconds: float) -> None:
+             terminate: bool, wait_seconds: float, probe_writes: bool = True) -> None:
     """No commit-outcome API: the recorded connection, on the same server incarnation.
 
     Finished means: the connection is gone from ``PROCESSLIST`` *and* its
@@ -420,7 +423,9 @@ def _mariadb(connector: Connector, items: list[Pending], facts: dict[str, Facts]
         while True:
             alive, open_tx = _mariadb_sessions(conn, watched.values())
             if open_tx is None:  # no PROCESS privilege: ask the marker's unique key instead
-                open_tx = _held_marker_keys(connector, watched, facts)
+                # (a rolled-back insert; a dry run sends none and cannot tell: open)
+                open_tx = _held_marker_keys(connector, watched, facts) if probe_writes \
+                    else {int(p.tx["connection_id"]) for p in watched.values()}
             now = time.monotonic()
             busy = []
             for intent_id, p in watched.items():

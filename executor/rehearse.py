@@ -3,9 +3,17 @@
 ``rehearse(executor, who=...)`` runs each example of each row through
 ``Executor.call(..., rehearse=True)`` -- the same code path as a real call
 (input contract, grants, statements with their expected counts, verify,
-replay, landing marker) that rolls back where a call would commit and writes
-nothing to the ledger.  Gates are not consulted: nothing commits, so nothing
-needs approving.  Each example is then judged against what it declares:
+replay, landing marker) that rolls back where a call would commit.
+
+Every rehearsal is recorded in the ledger, in its own case (``--case``, else
+``rehearse-<run id>``): who rehearsed what on which connector, and each
+verdict with its counts and outcome.  A write-and-rollback rehearsal still
+sends real statements to a real database -- locks, triggers, sequences -- so on
+a staging or prod connector it is a *gated simulation*: the run's plan (every
+row and example, connector, environment, case and requester, hashed like any
+plan) needs a signed approval by a holder of the connector's
+``simulation_approver_roles``, never the requester (four eyes), consumed once
+before anything runs.  Each example is then judged against what it declares:
 
 * its ``outcome`` (``applied_verified``, the default, or ``rolled_back``);
 * its ``expect_rows``: one count per statement, in order -- rows returned by a
@@ -37,6 +45,7 @@ counters may have advanced (neither PostgreSQL nor MariaDB rolls those back).
 
 from __future__ import annotations
 
+import functools
 import time
 import uuid
 import xml.etree.ElementTree as ET
@@ -47,9 +56,16 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 
 from executor import outcome as oc
+from executor.connectors import GATED_SIMULATION_ENVIRONMENTS
 from executor.dialects import SessionTag
-from executor.plan import binds_for
-from registry.errors import CapgateError, UnknownOperation
+from executor.plan import Plan, binds_for
+from registry.errors import (
+    ApprovalRequired,
+    CapgateError,
+    UnknownOperation,
+    UnknownPlan,
+    UsageError,
+)
 from registry.model import EffectClass, Example, Row, Shape, thaw
 
 if TYPE_CHECKING:
@@ -227,14 +243,18 @@ class RehearsalReport:
 
 
 def rehearse(executor: Executor, *, who: str, connectors: Sequence[str] | None = None,
-             operations: Iterable[str] | None = None, run_id: str | None = None
-             ) -> RehearsalReport:
+             operations: Iterable[str] | None = None, run_id: str | None = None,
+             case: str | None = None) -> RehearsalReport:
     """Rehearse every row of ``executor.registry`` on the given connectors.
 
     ``connectors`` defaults to every connector a row names; each must be
     configured (``UnknownConnector`` otherwise).  ``operations`` limits the run
     to those operation ids.  ``who`` must hold the grants a call would need on
-    each connector (``NotAuthorized`` is raised before anything runs).
+    each connector (``NotAuthorized`` is raised before anything runs).  On a
+    staging or prod connector the run is a gated simulation: ``case`` is
+    required and its plan must be approved (``ApprovalRequired`` names the
+    plan hash; nothing ran).  The run and every verdict are recorded in the
+    ledger under ``case`` (default ``rehearse-<run id>``).
     """
     started = time.perf_counter()
     run_id = run_id or uuid.uuid4().hex[:10]
@@ -252,10 +272,91 @@ def rehearse(executor: Executor, *, who: str, connectors: Sequence[str] | None =
                       "environment": config.environment, "url": config.safe_url}
     rows = [r for r in rows if r.connector in info]
     _check_grants(executor, who, rows)
+    record_case = case or f"rehearse-{run_id}"
+    approvals = _gate(executor, rows, info, who, case, run_id)
+    for name in info:  # unreachable, or capgate's tables missing: one coded refusal up front
+        executor.connectors.get(name).check_target()
+    executor.ledger.append(record_case, "rehearsal_started", {
+        "run_id": run_id, "who": who, "connectors": info, "approvals": approvals,
+        "rows": [{"operation_id": r.operation_id, "version": r.version,
+                  "row_hash": r.row_hash, "examples": [e.name for e in r.examples]}
+                 for r in rows]})
     results: list[Rehearsal] = []
     for row in rows:
         results.extend(_rehearse_row(executor, row, who, run_id, len(results)))
-    return RehearsalReport(run_id, who, info, tuple(results), time.perf_counter() - started)
+    report = RehearsalReport(run_id, who, info, tuple(results), time.perf_counter() - started)
+    executor.ledger.append_many(record_case, [
+        *(("rehearsed", {"run_id": run_id, **_recorded(r)}, None) for r in results),
+        ("rehearsal_finished", {"run_id": run_id, "ok": report.ok, "tally": report.tally(),
+                                "seconds": round(report.seconds, 3)}, None)])
+    return report
+
+
+def _recorded(r: Rehearsal) -> dict[str, Any]:
+    """What the ledger keeps of one verdict: what ran, its counts and outcome (no rows)."""
+    return {"operation_id": r.operation_id, "version": r.version, "connector": r.connector,
+            "name": r.name, "kind": r.kind, "result": r.result, "outcome": r.outcome,
+            "expected_outcome": r.expected_outcome, "counts": list(r.counts),
+            "labels": list(r.labels), "problems": list(r.problems)}
+
+
+def rehearsal_plan(rows: Sequence[Row], connector: str, environment: str, case: str,
+                   who: str) -> Plan:
+    """The plan a gated rehearsal is approved by: every row and example it will run."""
+    from registry.canonical import canonical_hash
+
+    body: dict[str, Any] = {
+        "kind": "rehearsal", "connector": connector, "environment": environment,
+        "case": case, "requester": who,
+        "rows": [{"operation_id": r.operation_id, "version": r.version, "row_hash": r.row_hash,
+                  "effect_class": str(r.effect_class),
+                  "examples": [{"name": e.name, "input": thaw(e.input)} for e in r.examples]
+                  if r.examples else [PROBE_NAME]}
+                 for r in rows if _skip_reason_env(r, environment) is None],
+    }
+    return Plan(canonical_hash({"plan": "rehearsal/1", **body}), body)
+
+
+def _gate(executor: Executor, rows: Sequence[Row], info: Mapping[str, Mapping[str, str]],
+          who: str, case: str | None, run_id: str) -> list[dict[str, Any]]:
+    """Staging and prod: one signed, unused approval of the run's plan, consumed now."""
+    used: list[dict[str, Any]] = []
+    for name, where in info.items():
+        environment = where["environment"]
+        if environment not in GATED_SIMULATION_ENVIRONMENTS:
+            continue
+        mine = [r for r in rows if r.connector == name]
+        if not any(_skip_reason_env(r, environment) is None for r in mine):
+            continue
+        if case is None:
+            raise UsageError(f"a rehearsal on {name!r} ({environment}) is a gated simulation: "
+                             "name its case (--case CASE) so that its plan can be approved")
+        config = executor.connectors.config(name)
+        plan = rehearsal_plan(mine, name, environment, case, who)
+        executor.ledger.record_plan(plan.plan_hash, case, who, plan.to_dict())
+        roles = config.simulation_approver_roles
+        details = {"plan_hash": plan.plan_hash, "plan": plan.to_dict(),
+                   "approver_roles": list(roles), "four_eyes": True}
+        if not roles:
+            raise ApprovalRequired(
+                f"a rehearsal on {name!r} ({environment}) is a gated simulation and the "
+                f"connector names no simulation_approver_roles: nobody can approve it",
+                **details)
+        intent = f"rehearsal:{run_id}:{name}"  # one approval per run: single use
+        try:
+            approval = executor.ledger.consume_approval(
+                plan.plan_hash, intent, now=executor.clock(), exclude_approver=who,
+                accept=functools.partial(executor.grants.approval_problem, row_roles=roles))
+        except (ApprovalRequired, UnknownPlan):
+            raise ApprovalRequired(
+                f"a rehearsal on {name!r} ({environment}) is a gated simulation: approve plan "
+                f"{plan.plan_hash} with `capgate approve {plan.plan_hash} --by WHO --role "
+                f"{'|'.join(roles)} --key FILE` (not {who!r}), then rehearse again",
+                **details) from None
+        used.append({"connector": name, "plan_hash": plan.plan_hash,
+                     "approval_id": approval.approval_id, "approver": approval.approver,
+                     "role": approval.role})
+    return used
 
 
 def _check_grants(executor: Executor, who: str, rows: Sequence[Row]) -> None:
@@ -285,12 +386,20 @@ def _rehearse_row(executor: Executor, row: Row, who: str, run_id: str,
 
 
 def _skip_reason(executor: Executor, row: Row, environment: str) -> str | None:
+    reason = _skip_reason_env(row, environment)
+    if reason is not None and row.retired:
+        current = executor.registry.current_rows()
+        newer = [r.ref for r in current if r.operation_id == row.operation_id]
+        return f"{reason}{f' ({newer[0]} is current)' if newer else ''}"
+    return reason
+
+
+def _skip_reason_env(row: Row, environment: str) -> str | None:
+    """Why ``row`` is not rehearsed on a connector of ``environment`` (None: it is)."""
     if row.effect_class is EffectClass.DDL:
         return "ddl row: stored code is rehearsed by the DDL loop, not by statement rehearsal"
     if row.retired:
-        current = executor.registry.current_rows()
-        newer = [r.ref for r in current if r.operation_id == row.operation_id]
-        return f"retired: a call cannot reach it{f' ({newer[0]} is current)' if newer else ''}"
+        return "retired: a call cannot reach it"
     if environment not in row.environments:
         return (f"not allowed in environment {environment!r} of connector {row.connector!r} "
                 f"(allowed: {', '.join(row.environments)})")

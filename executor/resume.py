@@ -40,10 +40,10 @@ from typing import Any
 import sqlalchemy as sa
 
 from executor import outcome as oc
-from executor.call import TERMINAL, CallContext, Executor, Rollback
+from executor.call import TERMINAL, CallContext, Executor
 from executor.ledger import VerifiedCase
 from executor.outcome import Outcome
-from executor.plan import binds_for, fingerprint, render
+from executor.plan import fingerprint, render
 from executor.reconcile_evidence import Classification, Facts, Pending, classify, gather
 from executor.reconcile_load import load_verified_many, read_snapshots
 from executor.reconcile_poison import Dependency, Recheck, dependencies, recheck
@@ -235,8 +235,13 @@ def resume(executor: Executor, case_id: str, *, task: str | None = None,
 def resume_many(executor: Executor, case_ids: Sequence[str] | None = None, *,
                 task: str | None = None, terminate: bool = True, wait_seconds: float = 5.0,
                 act: bool = True) -> ResumeReport:
-    """Resume several cases (default: every open case), evidence batched across them."""
+    """Resume several cases (default: every open case), evidence batched across them.
+
+    A dry run (``act=False``) writes nothing and kills nothing: ``terminate`` is
+    ignored, and no probe that would insert even a rolled-back row is sent.
+    """
     started = time.monotonic()
+    terminate = terminate and act
     ledger = executor.ledger
     if case_ids is None:
         case_ids = [c.case_id for c in ledger.cases(open_only=True)]
@@ -245,7 +250,7 @@ def resume_many(executor: Executor, case_ids: Sequence[str] | None = None, *,
     rows = _Rows(executor)
     pending = [p for c in cases.values() for p in c.pending]
     facts = gather(executor, pending, terminate=terminate, wait_seconds=wait_seconds,
-                   row_of=rows.of_pending) if pending else {}
+                   row_of=rows.of_pending, probe_writes=act) if pending else {}
     if act and pending:
         _free_dead_sessions(executor, [p.intent_id for p in pending])
     fresh = read_snapshots(ledger, [c.case_id for c in cases.values() if c.pending]) \
@@ -656,10 +661,14 @@ def _context(executor: Executor, p: Pending, attempt: int, row: Row | None = Non
             f"intent {p.intent_id}: the recorded request no longer has its recorded "
             "fingerprint; not retried", case=p.case_id, intent_id=p.intent_id)
     who = str(s.get("who") or "")
+    # the caller's grants and the approval the intent relied on, as they are *now*
     executor.grants.check_call(who, row, connector.name, connector.environment)
-    plan = render(row, inputs, connector.name, connector.environment)
-    return CallContext(row, inputs, p.case_id, who, connector, p.intent_id, p.idem_key, fp, plan,
-                       attempt=attempt, resumed=True)
+    plan = render(row, inputs, connector.name, connector.environment, case=p.case_id,
+                  requester=who)
+    ctx = CallContext(row, inputs, p.case_id, who, connector, p.intent_id, p.idem_key, fp, plan,
+                      attempt=attempt, resumed=True)
+    executor.recheck_approval(ctx)
+    return ctx
 
 
 def _retry(executor: Executor, p: Pending, ev: dict[str, Any], rows: _Rows) -> IntentReport:
@@ -684,7 +693,7 @@ def _retry(executor: Executor, p: Pending, ev: dict[str, Any], rows: _Rows) -> I
         "escalation": None}}, intent_id=p.intent_id)
     try:
         if p.state.get("compensates"):
-            result = _retry_compensation(executor, ctx)
+            result = _retry_compensation(executor, ctx, str(p.state["compensates"]))
         elif ctx.row.shape is Shape.LEASED:
             from executor.lease import run_leased
 
@@ -698,28 +707,26 @@ def _retry(executor: Executor, p: Pending, ev: dict[str, Any], rows: _Rows) -> I
                    detail=f"attempt {attempt}, same idempotency key", resolved=True)
 
 
-def _retry_compensation(executor: Executor, ctx: CallContext) -> Outcome:
-    """A compensation intent again: its row's compensation statements, expected counts."""
+def _retry_compensation(executor: Executor, ctx: CallContext, original: str) -> Outcome:
+    """A compensation intent again: its statements, then the re-read of the restored state.
 
-    def body(conn: sa.Connection, ev: dict[str, Any]) -> None:
-        dialect = ctx.connector.dialect
-        counts: list[int] = []
-        ev["counts"] = counts
-        for i, st in enumerate(ctx.row.compensation):
-            n = conn.execute(sa.text(dialect.sql(st.sql, ctx.tag)),
-                             binds_for(st.sql, ctx.inputs)).rowcount
-            counts.append(n)
-            if st.expect_rows is not None and not st.expect_rows.matches(n):
-                raise Rollback({"kind": "count", "statement": i, "sql": st.sql,
-                                "expected": st.expect_rows.to_value(), "actual": n})
+    The original intent's recorded outcome becomes ``compensated`` only when
+    both held; otherwise ``compensation_failed`` and the compensation escalates.
+    """
+    from executor.compensate import record_final, run_compensation, verify_restored
 
     ctx.connector.check_target()
-    result = executor.run_transaction(ctx, body)
+    result = executor.run_transaction(ctx, lambda conn, ev: run_compensation(ctx, conn, ev))
     executor._observed(ctx, result)
-    if result.status != oc.APPLIED:
+    checks = verify_restored(executor, ctx) if result.status == oc.APPLIED else []
+    restored = result.status == oc.APPLIED and bool(checks) and all(c["ok"] for c in checks)
+    if not restored:
         executor.ledger.append(ctx.case_id, "escalated", {"state": {"escalation": {
             "kind": "compensation_failed", "by": "executor",
-            "compensation": dict(result.reason or {})}}}, intent_id=ctx.intent_id)
+            "compensation": dict(result.reason or {}), "restored_checks": checks}}},
+            intent_id=ctx.intent_id)
+    record_final(executor, ctx.case_id, original, ctx.intent_id,
+                 oc.COMPENSATED if restored else oc.COMPENSATION_FAILED, checks)
     return result
 
 

@@ -113,6 +113,8 @@ def _sql_sites(row: Mapping[str, Any]) -> Iterator[tuple[Path, str, bool]]:
         yield ("compensation", i, "sql"), st["sql"], False
     for i, c in enumerate(row.get("post_commit", ())):
         yield ("post_commit", i, "sql"), c["sql"], True
+    for i, c in enumerate(row.get("compensation_verify", ())):
+        yield ("compensation_verify", i, "sql"), c["sql"], True
 
 
 def check_row(ctx: RowContext, declared_connectors: set[str]) -> list[Problem]:
@@ -207,6 +209,20 @@ def check_row(ctx: RowContext, declared_connectors: set[str]) -> list[Problem]:
         if "expect_rows" not in st:
             out.append(ctx.at(("compensation", i), "CG113",
                               "a compensation statement needs expect_rows"))
+    if row.get("post_commit") and not row.get("compensation"):
+        out.append(ctx.at(("post_commit",), "CG124",
+                          "a failed post_commit check runs the compensation, and this row "
+                          "declares none: add `compensation` statements (and "
+                          "`compensation_verify`) or drop the post_commit checks"))
+    if row.get("compensation") and not row.get("compensation_verify"):
+        out.append(ctx.at(("compensation",), "CG125",
+                          "a compensation needs `compensation_verify`: checks that re-read the "
+                          "restored state after it committed (without them `compensated` "
+                          "could never be proven)"))
+    if row.get("compensation_verify") and not row.get("compensation"):
+        out.append(ctx.at(("compensation_verify",), "CG125",
+                          "`compensation_verify` checks a compensation this row does not "
+                          "declare"))
 
     auth = row["authorization"]
     if auth["kind"] == "gate" and not auth.get("approver_roles"):

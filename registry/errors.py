@@ -383,6 +383,26 @@ class UnknownStep(RegistryError, code="CG123"):
     """A leased step's check branches to a step name that does not exist later in the row."""
 
 
+class PostCommitWithoutCompensation(RegistryError, code="CG124"):
+    """A row declares ``post_commit`` checks but no ``compensation``.
+
+    A post-commit check runs after COMMIT, so its failure cannot be a rollback:
+    the effect is there, and only an already-written compensation can undo it.
+    Without one the executor could only escalate.  Declare the compensation
+    statements (with ``compensation_verify``), or drop the post-commit checks.
+    """
+
+
+class CompensationUnverifiable(RegistryError, code="CG125"):
+    """A ``compensation`` without ``compensation_verify`` (or the reverse).
+
+    ``compensated`` is reported only when the compensation committed *and* a
+    re-read of the restored state says so.  ``compensation_verify`` declares
+    those re-read checks (same shape as ``verify``; they run after the
+    compensation's COMMIT, each with its expected result).
+    """
+
+
 class LockMismatch(RegistryError, code="CG130"):
     """A locked row changed without a new version.
 
@@ -503,6 +523,20 @@ class ApproverLacksRole(CapgateError, code="CG206"):
     """The approver does not hold the named role, or the row does not accept that role."""
 
 
+class ApprovalNotAuthenticated(CapgateError, code="CG208", exit_code=EXIT_APPROVAL_REQUIRED):
+    """The approval is not proven to come from the approver it names.
+
+    Every approval is signed with the approver's private Ed25519 key (a file
+    only that person can read; ``capgate approver keygen`` makes one), and the
+    grants file names each approver's public key (``approval_key``).  The
+    signature is checked when the approval is recorded and again when a call
+    uses it, against the grants as they are then.  The details say what failed:
+    no key in the grants file, a key that is not the approver's, a signature
+    that does not verify (an edited or hand-made approval), or a role the
+    approver no longer holds.  Ask the approver to approve again with their key.
+    """
+
+
 class UnknownPlan(CapgateError, code="CG207"):
     """No plan with this hash was recorded.  Run ``capgate plan`` first."""
 
@@ -536,8 +570,14 @@ class UnknownConnector(CapgateError, code="CG303", exit_code=EXIT_USAGE):
     """The row names a connector that the configuration does not define."""
 
 
-class ConnectorUnavailable(CapgateError, code="CG304", exit_code=EXIT_UNKNOWN):
-    """The connector's database could not be reached."""
+class ConnectorUnavailable(CapgateError, code="CG304", retryable=True):
+    """The connector's database could not be reached; nothing was sent to it.
+
+    Exit 1, not 3: the connection failed before any statement reached the
+    server, so nothing of the call can have landed.  A write already recorded
+    as prepared is closed as ``rolled_back`` with the reason
+    ``connection_failed``; nothing is left open.  Retry when it answers.
+    """
 
 
 class TargetNotInstalled(CapgateError, code="CG305", exit_code=EXIT_USAGE):

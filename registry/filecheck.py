@@ -8,6 +8,7 @@ spans files (duplicate rows, the lock) is left to ``registry.loader``.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,9 +87,23 @@ def _check_file(source: str, text: str, positions: str) -> CheckedFile:
     return checked
 
 
+#: The fields the semantic checks reason from: a schema finding in one of them makes the
+#: row's semantic findings consequences of it, not problems of their own.
+_DRIVERS = frozenset({
+    "operation_id", "version", "connector", "effect_class", "shape", "authorization", "input",
+    "target", "idempotency_key", "statements", "steps", "verify", "replay", "landed_probe",
+    "compensation", "post_commit", "ddl", "examples", "max_rows", "evidence",
+})
+
+
 def _semantics_of_invalid(ctx: RowContext, declared: set[str],
                           known: list[Problem]) -> list[Problem]:
     """The semantic findings of a row that failed the schema, not repeating a schema finding.
+
+    Only rows whose schema findings leave alone what the semantic checks reason
+    from (:data:`_DRIVERS`: the effect class, authorization, inputs, SQL ...)
+    are checked; a wrong ``effect_class`` would otherwise turn into findings
+    about everything an effect class decides.
 
     The checks assume a schema-valid row; on one that is not, a check may fail
     on the malformed part, and then the row's schema findings stand alone.  A
@@ -96,11 +111,13 @@ def _semantics_of_invalid(ctx: RowContext, declared: set[str],
     is a consequence of that typo (``expect_row`` makes ``expect_rows``
     missing) and is left out.
     """
+    flagged = [p.field for p in known if p.path == ctx.source]
+    if any(re.split(r"[.\[]", f, maxsplit=1)[0] in _DRIVERS for f in flagged):
+        return []
     try:
         found = check_row(ctx, declared)
     except Exception:
         return []
-    flagged = [p.field for p in known if p.path == ctx.source]
 
     def related(field: str) -> bool:  # the same node, or one inside or around it
         return any(f == field or f.startswith((field + ".", field + "[")) or

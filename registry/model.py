@@ -358,6 +358,9 @@ class Row:
     landed_probe: Probe | None = None
     compensation: tuple[Statement, ...] = ()
     post_commit: tuple[Check, ...] = ()
+    compensation_verify: tuple[Check, ...] = ()
+    """Checks run after the compensation committed: a re-read of the restored state.
+    Only when they pass is the outcome ``compensated``."""
     evidence: tuple[str, ...] = ()
     ddl: DdlScope | None = None
     examples: tuple[Example, ...] = ()
@@ -445,6 +448,8 @@ class Row:
             ),
             compensation=tuple(Statement.from_dict(s) for s in d.get("compensation", ())),
             post_commit=tuple(Check.from_dict(c) for c in d.get("post_commit", ())),
+            compensation_verify=tuple(Check.from_dict(c)
+                                      for c in d.get("compensation_verify", ())),
             evidence=tuple(d.get("evidence", ())),
             ddl=(
                 DdlScope(

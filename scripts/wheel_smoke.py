@@ -101,7 +101,7 @@ def smoke(work: Path) -> None:
     gated = run(["call", "policy.purge_orphan", "--input", '{"policy_id": 9}', "--case", "T-2",
                  "--json"], proj, code=4)
     plan_hash = json.loads(gated.stdout)["details"]["plan_hash"]
-    run(["approve", plan_hash, "--by", "bob", "--role", "dba"], proj)
+    run(["approve", plan_hash, "--by", "bob", "--role", "dba", "--key", "keys/bob.key"], proj)
     applied = run(["call", "policy.purge_orphan", "--input", '{"policy_id": 9}', "--case",
                    "T-2", "--json"], proj)
     check(json.loads(applied.stdout)["status"] == "applied_verified",

@@ -11,15 +11,21 @@ targets and over SQLite and PostgreSQL ledgers), ``gate`` (a factory);
 
 from __future__ import annotations
 
+import hashlib
+import os
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from sqlalchemy.engine import URL, make_url
 
 from capgate.sqlfiles import apply_schema
+from executor.approvals import SigningKey
 from executor.call import Executor
 from executor.connectors import ConnectorConfig, Connectors
 from executor.dialects import dialect_for
@@ -32,6 +38,37 @@ from registry.registry import Registry
 ROOT = Path(__file__).resolve().parent.parent
 CAPABILITIES = ROOT / "capabilities"
 
+def approver_key(name: str) -> SigningKey:
+    """The test approver's signing key: derived from the name, the same in every process.
+
+    Crash tests run calls in child processes that build their own grants; a
+    derived key makes every process agree on each approver's public key.
+    """
+    seed = hashlib.sha256(f"capgate-test-approver:{name}".encode()).digest()
+    return SigningKey(Ed25519PrivateKey.from_private_bytes(seed), f"test key of {name}")
+
+
+def approver_key_file(name: str) -> Path:
+    """The approver's key as a PEM file (for ``capgate approve --key``), mode 0600."""
+    folder = Path(tempfile.gettempdir()) / f"capgate-test-keys-{os.getuid()}"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    path = folder / f"{name}.key"
+    if not path.exists():
+        pem = approver_key(name).key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption())
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_bytes(pem)
+        tmp.chmod(0o600)
+        tmp.replace(path)
+    return path
+
+
+def approval_key_line(name: str) -> str:
+    """``approval_key = "ed25519:..."`` for a grants file written by a test."""
+    return f'approval_key = "{approver_key(name).public_text}"'
+
+
 GRANTS = Grants.from_dict({"principals": {
     "agent": {"grants": [{"connector": "*", "environments": ["dev", "qa", "staging", "prod"],
                           "access": "write"}]},
@@ -41,10 +78,14 @@ GRANTS = Grants.from_dict({"principals": {
     "reader": {"grants": [{"connector": "*", "environments": ["dev", "qa", "staging", "prod"],
                            "access": "read"}]},
     "alice": {"roles": ["dba", "underwriting_lead", "reporting_lead"],
+              "approval_key": approver_key("alice").public_text,
               "grants": [{"connector": "*", "environments": ["dev", "qa", "staging", "prod"],
                           "access": "write"}]},
-    "bob": {"roles": ["dba"]},
+    "bob": {"roles": ["dba"], "approval_key": approver_key("bob").public_text},
 }}, source="tests")
+
+KEYS = {name: approver_key(name) for name in ("alice", "bob")}
+"""The test approvers' signing keys, for ``Executor.approve(..., key=KEYS["bob"])``."""
 
 _REGISTRY: Registry | None = None
 

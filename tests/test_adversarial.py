@@ -569,3 +569,438 @@ def test_a_stopped_executor_loses_its_locks_by_the_deadline(
     finally:
         child.send_signal(signal.SIGKILL)
         child.wait(30)
+
+
+# --- item 2: `compensated` only when the compensation ran and the restored state says so -----
+
+CHECKED_NOTE = """
+format: 1
+connectors: {{insurance: {{}}}}
+rows:
+  - operation_id: test.checked_note
+    version: 1
+    connector: insurance
+    description: A note whose post-commit check always fails (test-only).
+    input:
+      type: object
+      additionalProperties: false
+      required: [policy_id, body]
+      properties: {{policy_id: {{type: integer}}, body: {{type: string, maxLength: 200}}}}
+    target: {{system: insurance, object: policy_note, keys: [policy_id]}}
+    effect_class: compensable
+    shape: collapsed
+    authorization: {{kind: write_grant}}
+    environments: [dev]
+    idempotency_key: "{{case}}:{{policy_id}}:{{body}}"
+    timeout: {{seconds: 5, on_timeout: rolled_back}}
+    recovery: reconcile_first
+    statements:
+      - {{sql: "INSERT INTO policy_note (policy_id, author, body) VALUES (:policy_id, 'qa', :body)",
+         expect_rows: 1}}
+    post_commit:
+      - {{name: seen_twice, sql: "SELECT count(*) FROM policy_note WHERE body = :body",
+         expect: {{value: 2}}}}
+    compensation:
+      - {{sql: "{compensation}", expect_rows: 1}}
+    compensation_verify:
+      - {{name: gone, sql: "SELECT count(*) FROM policy_note WHERE body = :body",
+         expect: {{value: 0}}}}
+"""
+UNDO = "DELETE FROM policy_note WHERE body = :body"
+NO_UNDO = "UPDATE policy_note SET author = author WHERE body = :body"
+
+
+def _with_rows(ex: Executor, text: str) -> Executor:
+    from registry.loader import validate_texts
+    from registry.registry import Registry
+
+    result = validate_texts([("extra.yaml", text)])
+    result.raise_for_problems()
+    return Executor(Registry([*ex.registry.rows(include_retired=True), *result.rows]),
+                    ex.connectors, ex.ledger, ex.grants)
+
+
+def _notes_with(ex: Executor, body: str) -> int:
+    rows = table_dump(ex.connectors.get("insurance").engine.url, "policy_note")
+    return sum(1 for row in rows if body in row)
+
+
+def test_a_restored_compensation_is_compensated_and_recorded_so(executor: Executor) -> None:
+    """Item 2: compensation ran, the re-read confirms: `compensated`, also on replay."""
+    ex = _with_rows(executor, CHECKED_NOTE.format(compensation=UNDO))
+    body = f"undone {uuid.uuid4().hex[:8]}"
+    out = ex.call("test.checked_note", {"policy_id": 1, "body": body}, case="C-comp",
+                  who="agent")
+    assert out.status == "compensated", out.reason
+    assert out.reason is not None and out.reason["restored_checks"][0]["ok"] is True
+    assert _notes_with(ex, body) == 0
+    again = ex.call("test.checked_note", {"policy_id": 1, "body": body}, case="C-comp",
+                    who="agent")
+    assert again.replayed and again.status == "compensated"  # never applied_verified
+    assert not ex.ledger.cases(open_only=True)
+    assert ex.ledger.verify().ok
+
+
+def test_an_unconfirmed_compensation_escalates(executor: Executor) -> None:
+    """Item 2: the compensation committed, the restored state is not there: escalated."""
+    ex = _with_rows(executor, CHECKED_NOTE.format(compensation=NO_UNDO))
+    body = f"not undone {uuid.uuid4().hex[:8]}"
+    out = ex.call("test.checked_note", {"policy_id": 1, "body": body}, case="C-nocomp",
+                  who="agent")
+    assert out.status == "compensation_failed", out.reason
+    assert out.reason is not None and out.reason["restored_checks"][0]["ok"] is False
+    assert _notes_with(ex, body) == 1  # the write is still there, and it says so
+    [case] = ex.ledger.cases(open_only=True)
+    assert case.case_id == "C-nocomp"  # escalated: a person decides
+    again = ex.call("test.checked_note", {"policy_id": 1, "body": body}, case="C-nocomp",
+                    who="agent")
+    assert again.replayed and again.status == "compensation_failed"
+
+
+def test_a_row_without_compensation_never_claims_compensated(executor: Executor) -> None:
+    """Item 2: a post-commit failure with nothing to compensate is never `compensated`."""
+    import dataclasses
+
+    ex = _with_rows(executor, CHECKED_NOTE.format(compensation=UNDO))
+    row = ex.registry.resolve("test.checked_note")
+    bare = dataclasses.replace(row, compensation=(), compensation_verify=())  # built in code
+    from registry.registry import Registry
+
+    ex.registry = Registry([r for r in ex.registry.rows(include_retired=True)
+                            if r.operation_id != "test.checked_note"] + [bare])
+    body = f"nothing to undo {uuid.uuid4().hex[:8]}"
+    out = ex.call("test.checked_note", {"policy_id": 1, "body": body}, case="C-bare",
+                  who="agent")
+    assert out.status == "compensation_failed", out.reason
+    assert _notes_with(ex, body) == 1
+
+
+# --- items 3 and 4: approvals bind case and requester, and are authenticated ----------------
+
+PURGE = {"policy_id": 9}
+
+
+def _plan_needed(ex: Executor, case: str, who: str = "agent") -> str:
+    with pytest.raises(errors.ApprovalRequired) as info:
+        ex.call("policy.purge_orphan", PURGE, case=case, who=who)
+    return str(info.value.details["plan_hash"])
+
+
+def test_an_approval_is_worth_nothing_in_another_case_or_to_another_identity(
+        executor: Executor) -> None:
+    """Item 3: an approval binds the case and the requester of the plan."""
+    from tests.fix_capgate import KEYS
+
+    url = executor.connectors.get("insurance").engine.url
+    before = table_dump(url, "policy")
+    plan_a = _plan_needed(executor, "C-A")
+    executor.approve(plan_a, by="bob", role="dba", key=KEYS["bob"])
+    # the same request in case B, by the same agent: its own plan, its own approval needed
+    plan_b = _plan_needed(executor, "C-B")
+    assert plan_b != plan_a
+    # the same request in case A by another identity: likewise
+    plan_other = _plan_needed(executor, "C-A", who="other-agent")
+    assert plan_other not in (plan_a, plan_b)
+    with pytest.raises(errors.ApprovalMismatch):  # pinning A's plan does not help
+        executor.call("policy.purge_orphan", PURGE, case="C-B", who="agent", plan_hash=plan_a)
+    assert table_dump(url, "policy") == before
+    out = executor.call("policy.purge_orphan", PURGE, case="C-A", who="agent")
+    assert out.status == "applied_verified", out.reason
+
+
+def test_approval_required_in_one_case_claims_nothing_for_another(executor: Executor) -> None:
+    """Item 3: approval_required in case A leaves nothing that refuses case B (was CG301)."""
+    _plan_needed(executor, "C-first")
+    with pytest.raises(errors.ApprovalRequired):  # not IdempotencyConflict
+        executor.call("policy.purge_orphan", PURGE, case="C-second", who="agent")
+    assert executor.ledger.snapshot("C-first") is None  # nothing recorded for the refusal
+    assert executor.ledger.get_idempotency("policy.purge_orphan:9") is None
+
+
+def test_a_name_alone_approves_nothing(executor: Executor, tmp_path: Path) -> None:
+    """Item 4: approving in another's name, or with no key, is refused (CG208 / CG900)."""
+    from executor.approvals import generate, load_signing_key
+    from tests.fix_capgate import KEYS
+
+    plan = _plan_needed(executor, "C-name")
+    with pytest.raises(errors.ApprovalNotAuthenticated):  # bob's key, alice's name
+        executor.approve(plan, by="alice", role="dba", key=KEYS["bob"])
+    mine = load_signing_key(tmp_path / "mallory.key") if generate(tmp_path / "mallory.key") \
+        else None
+    assert mine is not None
+    with pytest.raises(errors.ApprovalNotAuthenticated):  # a key nobody registered
+        executor.approve(plan, by="bob", role="dba", key=mine)
+    with pytest.raises(errors.UsageError):
+        load_signing_key(None)  # `capgate approve` without --key (and no env)
+    assert executor.ledger.approvals_for(plan) == []
+
+
+def _forge(ex: Executor, plan_hash: str, approver: str, role: str) -> str:
+    """An approval row written straight into the store, as an agent with its credentials could."""
+    import datetime as dt
+
+    from executor.ledger_schema import approvals
+
+    approval_id = "apr_" + uuid.uuid4().hex
+    now = dt.datetime.now(dt.UTC)
+    with ex.ledger.engine.begin() as conn:
+        conn.execute(sa.insert(approvals).values(
+            approval_id=approval_id, plan_hash=plan_hash, approver=approver, role=role,
+            created_at=now.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+            expires_at=(now + dt.timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+            used_by_intent=None, used_at=None))
+    return approval_id
+
+
+def test_a_forged_or_altered_approval_is_refused_when_consumed(executor: Executor) -> None:
+    """Item 4: the signature is re-checked when the approval is consumed."""
+    import datetime as dt
+
+    from executor.ledger_schema import approvals
+    from tests.fix_capgate import KEYS
+
+    url = executor.connectors.get("insurance").engine.url
+    before = table_dump(url, "policy")
+    plan = _plan_needed(executor, "C-forged")
+    _forge(executor, plan, "bob", "dba")
+    with pytest.raises(errors.ApprovalNotAuthenticated) as info:
+        executor.call("policy.purge_orphan", PURGE, case="C-forged", who="agent")
+    assert "not signed" in info.value.message
+    # a real approval, then its expiry pushed out by hand: the signature no longer holds
+    real = executor.approve(plan, by="bob", role="dba", key=KEYS["bob"], ttl_seconds=60)
+    later = (dt.datetime.now(dt.UTC) + dt.timedelta(days=30)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    with executor.ledger.engine.begin() as conn:
+        conn.execute(sa.update(approvals).where(approvals.c.approval_id == real["approval_id"])
+                     .values(expires_at=later))
+    with pytest.raises(errors.ApprovalNotAuthenticated) as info:
+        executor.call("policy.purge_orphan", PURGE, case="C-forged", who="agent")
+    assert "does not verify" in info.value.message
+    assert table_dump(url, "policy") == before
+    assert not (executor.ledger.snapshot("C-forged") or {}).get("intents")  # no intent at all
+
+
+def test_an_approval_whose_key_was_withdrawn_is_refused(executor: Executor) -> None:
+    """Item 4: consumption checks the grants as they are now, not as they were."""
+    from executor.grants import Grants, Principal
+    from tests.fix_capgate import KEYS
+
+    plan = _plan_needed(executor, "C-withdrawn")
+    executor.approve(plan, by="bob", role="dba", key=KEYS["bob"])
+    principals = dict(executor.grants.principals)
+    principals["bob"] = Principal("bob", ("dba",), (), None)  # the key was withdrawn
+    executor.grants = Grants(principals, "tests (bob's key withdrawn)")
+    with pytest.raises(errors.ApprovalNotAuthenticated) as info:
+        executor.call("policy.purge_orphan", PURGE, case="C-withdrawn", who="agent")
+    assert "no approval_key" in info.value.message
+
+
+@pytest.mark.crash
+def test_a_resumed_retry_rechecks_its_approval_and_grants(
+        target_url: URL, gate: Callable[..., Executor], zygote: Zygote, tmp_path: Path) -> None:
+    """Item 3: resume re-checks the approval a retry relies on, and the caller's grants."""
+    from executor.grants import Grants, Principal
+    from tests.fix_capgate import KEYS
+
+    ledger = f"sqlite:///{tmp_path / 'ledger.db'}"
+    ex = gate(target_url, ledger)
+    plan = _plan_needed(ex, "C-resume-gate")
+    ex.approve(plan, by="bob", role="dba", key=KEYS["bob"])
+    ended = zygote.run({"target": target_url.render_as_string(hide_password=False),
+                        "ledger": ledger, "operation": "policy.purge_orphan", "inputs": PURGE,
+                        "case": "C-resume-gate", "who": "agent",
+                        "out": str(tmp_path / "out.json"), "crash_at": "after_prepared"})
+    assert ended.killed, ended
+    principals = dict(ex.grants.principals)
+    principals["bob"] = Principal("bob", (), (), principals["bob"].approval_key)  # lost dba
+    ex.grants = Grants(principals, "tests (bob lost dba)")
+    report = resume(ex, "C-resume-gate")
+    (only,) = report.intents
+    assert only.action == "escalated" and "CG208" in only.detail, only
+    assert any(r for r in table_dump(target_url, "policy") if r[0] == 9), "nothing ran"
+
+
+# --- item 5: a rehearsal on staging or prod is a gated simulation, and every one is recorded --
+
+
+def test_a_rehearsal_on_prod_is_a_gated_simulation(target_url: URL, gate: Callable[..., Executor],
+                                                   tmp_path: Path) -> None:
+    """Item 5: no approval, nothing sent; approved once by another, it runs and is recorded."""
+    from executor.rehearse import rehearse
+    from tests.fix_capgate import KEYS
+
+    ex = gate(target_url, environment="prod", simulation_approver_roles=("dba",))
+    sent = _sent_sql(ex.connectors.get("insurance").engine)
+    with pytest.raises(errors.ApprovalRequired) as info:
+        rehearse(ex, who="agent", connectors=["insurance"], case="REH-1")
+    assert sent == [], "a statement reached the prod target before the approval"
+    plan = info.value.details["plan_hash"]
+    assert info.value.details["approver_roles"] == ["dba"]
+    with pytest.raises(errors.UsageError):  # prod needs a named case
+        rehearse(ex, who="agent", connectors=["insurance"])
+    with pytest.raises(errors.SelfApproval):  # never the requester
+        ex.approve(_requested_by_alice(ex), by="alice", role="dba", key=KEYS["alice"])
+    ex.approve(plan, by="bob", role="dba", key=KEYS["bob"])
+    report = rehearse(ex, who="agent", connectors=["insurance"], case="REH-1")
+    assert report.ok, report.table()
+    kinds = [e.kind for e in ex.ledger.events("REH-1")]
+    assert kinds[0] == "approval_recorded" and kinds[1] == "rehearsal_started"
+    assert kinds[-1] == "rehearsal_finished"
+    started = ex.ledger.events("REH-1")[1].payload
+    assert started["who"] == "agent" and started["approvals"][0]["approver"] == "bob"
+    recorded = [e.payload for e in ex.ledger.events("REH-1") if e.kind == "rehearsed"]
+    assert len(recorded) == len(report.results)
+    assert all("counts" in r and "outcome" in r for r in recorded)
+    with pytest.raises(errors.ApprovalUsed):  # the approval was single use
+        rehearse(ex, who="agent", connectors=["insurance"], case="REH-1")
+
+
+def _requested_by_alice(ex: Executor) -> str:
+    from executor.rehearse import rehearse
+
+    with pytest.raises(errors.ApprovalRequired) as info:
+        rehearse(ex, who="alice", connectors=["insurance"], case="REH-alice")
+    return str(info.value.details["plan_hash"])
+
+
+def test_every_rehearsal_is_recorded(executor: Executor) -> None:
+    """Item 5: a dev rehearsal needs no approval, and is recorded all the same."""
+    from executor.rehearse import rehearse
+
+    report = rehearse(executor, who="agent", connectors=["insurance"],
+                      operations=["policy.add_note"])
+    assert report.ok, report.table()
+    case = f"rehearse-{report.run_id}"
+    events = executor.ledger.events(case)
+    assert events[0].kind == "rehearsal_started"
+    assert events[-1].payload["tally"]["passed"] == report.tally()["passed"]
+    assert executor.ledger.verify(case).ok
+
+
+# --- item 6: a dry run writes nothing and kills nothing ---------------------------------------
+
+
+def _session_alive(url: URL, tx: dict[str, Any]) -> bool:
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    try:
+        with engine.connect() as conn:
+            if _engine_name(url) == "postgresql":
+                return bool(conn.execute(sa.text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE pid = :p"),
+                    {"p": int(tx["pid"])}).scalar())
+            return bool(conn.execute(sa.text(
+                "SELECT count(*) FROM information_schema.PROCESSLIST WHERE ID = :i"),
+                {"i": int(tx["connection_id"])}).scalar())
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.crash
+def test_a_dry_run_resume_kills_no_session(server_url: URL, gate: Callable[..., Executor],
+                                           zygote: Zygote, tmp_path: Path) -> None:
+    """Item 6: `resume --dry-run` leaves a live (stopped) session alone and records nothing."""
+    from capgate.cli import main
+
+    ledger = f"sqlite:///{tmp_path / 'ledger.db'}"
+    ex = gate(server_url, ledger)
+    case = "DRY-RUN"
+    ended = zygote.run({"target": server_url.render_as_string(hide_password=False),
+                        "ledger": ledger, "operation": "policy.add_note",
+                        "inputs": {**NOTE, "body": "dry run"}, "case": case, "who": "agent",
+                        "out": str(tmp_path / "out.json"), "stop_at": "before_commit"})
+    assert ended.stopped, ended
+    try:
+        (state,) = ex.ledger.snapshot(case)["intents"].values()  # type: ignore[index]
+        tx = state["tx"]
+        before = len(ex.ledger.events(case))
+        config = tmp_path / "capgate.toml"
+        config.write_text(
+            f'[capgate]\nledger = "{ledger}"\ncapabilities = ["{CAPABILITIES_DIR}"]\n'
+            f'[connectors.insurance]\nurl = "{server_url.render_as_string(hide_password=False)}"'
+            '\nenvironment = "dev"\n')
+        code = main(["resume", case, "--dry-run", "--wait", "0.3", "--json",
+                     "--config", str(config)])
+        assert code == errors.EXIT_UNKNOWN  # unknown while the session may still commit
+        assert _session_alive(server_url, tx), "a dry run terminated the recorded session"
+        assert len(ex.ledger.events(case)) == before, "a dry run recorded something"
+    finally:
+        zygote.kill(ended.pid)
+
+
+CAPABILITIES_DIR = str(Path(__file__).resolve().parent.parent / "capabilities")
+
+
+# --- item 7: an unreachable database is a coded refusal that leaves nothing open --------------
+
+
+def _unreachable(ex: Executor) -> Executor:
+    """The same executor, its connectors pointed at a port where nothing listens."""
+    from executor.connectors import ConnectorConfig, Connectors
+
+    configs = {name: ConnectorConfig(name=name, url="postgresql://nobody@127.0.0.1:9/none",
+                                     environment="dev")
+               for name in ("insurance", "insurance_code")}
+    return Executor(ex.registry, Connectors(configs), ex.ledger, ex.grants)
+
+
+def test_a_read_against_an_unreachable_database_leaves_nothing_open(executor: Executor,
+                                                                   tmp_path: Path) -> None:
+    """Item 7: CG304 (exit 1), --json honoured, no open intent; the case goes on."""
+    import json
+
+    from capgate.cli import main
+
+    down = _unreachable(executor)
+    with pytest.raises(errors.ConnectorUnavailable) as info:
+        down.call("policy.get", {"policy_id": 1}, case="C-down", who="agent")
+    assert info.value.exit_code == errors.EXIT_REFUSED
+    with pytest.raises(errors.ConnectorUnavailable):
+        down.call("policy.add_note", NOTE, case="C-down", who="agent")
+    assert not executor.ledger.cases(open_only=True)
+    out = executor.call("policy.get", {"policy_id": 1}, case="C-down", who="agent")
+    assert out.status == "ok"  # nothing left to resume
+    config = tmp_path / "capgate.toml"
+    (tmp_path / "grants.toml").write_text(
+        '[principals.agent]\ngrants = [{ connector = "*", environments = ["dev"], '
+        'access = "write" }]\n')
+    config.write_text(f'[capgate]\nledger = "{executor.ledger.url}"\ngrants = "grants.toml"\n'
+                      f'capabilities = ["{CAPABILITIES_DIR}"]\n'
+                      '[connectors.insurance]\nurl = "postgresql://nobody@127.0.0.1:9/none"\n'
+                      'environment = "dev"\n')
+    import contextlib
+    import io
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        code = main(["call", "policy.get", "--input", '{"policy_id": 1}', "--case", "C-cli",
+                     "--as", "agent", "--json", "--config", str(config)])
+    assert code == errors.EXIT_REFUSED
+    assert json.loads(buf.getvalue())["code"] == "CG304"
+
+
+def test_a_write_whose_connection_fails_before_sending_is_rolled_back(
+        executor: Executor) -> None:
+    """Item 7: prepared, then the connection fails before any statement: not applied, exit 1."""
+    from executor.connectors import Connector
+
+    connector = executor.connectors.get("insurance")
+    connector.check_target()  # passed once; now the database goes away
+    real_engine = connector.engine
+    connector.engine = sa.create_engine("postgresql+psycopg://nobody@127.0.0.1:9/none")
+    try:
+        out = executor.call("policy.add_note", {**NOTE, "body": "never sent"}, case="C-cut",
+                            who="agent")
+    finally:
+        connector.engine.dispose()
+        connector.engine = real_engine
+    assert isinstance(connector, Connector)
+    assert out.status == "rolled_back" and out.exit_code == errors.EXIT_REFUSED
+    assert out.reason is not None and out.reason["kind"] == "connection_failed"
+    assert not executor.ledger.cases(open_only=True), "nothing left open"
+
+
+def test_rehearse_against_an_unreachable_target_is_coded(executor: Executor) -> None:
+    """Item 16: `rehearse` on a database that does not answer: CG304, nothing recorded."""
+    from executor.rehearse import rehearse
+
+    with pytest.raises(errors.ConnectorUnavailable):
+        rehearse(_unreachable(executor), who="agent", connectors=["insurance"], case="R-down")

@@ -230,7 +230,8 @@ def test_the_html_view_shows_ddl_signatures_before_and_after(tmp_path: Path) -> 
                                   "code.policy_overview", "--case", "CHG-1", "--json"],
                                  proj, env).stdout)
     plan_hash = planned["plan_hash"]
-    capgate(["approve", plan_hash, "--by", "bob", "--role", "dba"], proj, env)
+    capgate(["approve", plan_hash, "--by", "bob", "--role", "dba", "--key", "keys/bob.key"],
+            proj, env)
     capgate(["ddl", "apply", plan_hash, "--case", "CHG-1"], proj, env)
     before = json.loads(captured.stdout)
     before_sig = json.dumps(before)
@@ -239,7 +240,7 @@ def test_the_html_view_shows_ddl_signatures_before_and_after(tmp_path: Path) -> 
     html = _browser(page, tmp_path / "p", "--dump-dom").stdout
     table = html[html.index('id="ddl"'):html.index('id="events"')]
     assert "view:main.policy_overview" in table
-    sigs = re.findall(r"v1:sha256:[0-9a-f]{64}", table)
+    sigs = re.findall(r"v\d+:sha256:[0-9a-f]{64}", table)
     assert len(sigs) == 2 and sigs[0] != sigs[1]
     assert sigs[0] in before_sig  # before: the captured snapshot's signature
     assert "applied_verified" in table

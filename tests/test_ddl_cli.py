@@ -29,24 +29,27 @@ from sqlalchemy.engine import URL
 from capgate.cli import main
 from capgate.sqlfiles import apply_schema
 from ddl.sqltext import strip_terminator
-from tests.fix_capgate import install_target
+from tests.fix_capgate import approval_key_line, approver_key_file, install_target
 from tests.fix_db import ensure_plpgsql_check
 
 REPO = Path(__file__).resolve().parents[1]
+BOB_KEY = str(approver_key_file("bob"))
 
-GRANTS_TOML = """\
+GRANTS_TOML = f"""\
 [principals.agent]
-grants = [{ connector = "*", environments = ["dev"], access = "write" }]
+grants = [{{ connector = "*", environments = ["dev"], access = "write" }}]
 
 [principals.bob]
 roles = ["dba"]
+{approval_key_line("bob")}
 
 [principals.alice]
 roles = ["dba"]
-grants = [{ connector = "*", environments = ["dev"], access = "write" }]
+{approval_key_line("alice")}
+grants = [{{ connector = "*", environments = ["dev"], access = "write" }}]
 
 [principals.reader]
-grants = [{ connector = "*", environments = ["dev"], access = "read" }]
+grants = [{{ connector = "*", environments = ["dev"], access = "read" }}]
 """
 
 # -- PostgreSQL: a function with dependent views and functions ------------------------------------
@@ -292,7 +295,7 @@ def test_pg_capture_plan_approve_apply_verify_compensate(pg_cli: tuple[Cli, URL,
     refused = cli("ddl", "apply", h, "--case", "CHG-1", "--as", "agent", rc=4)
     assert refused["code"] == "CG201"
     # four eyes: bob (dba), not the requester, approves -- with the usual command
-    approved = cli("approve", h, "--by", "bob", "--role", "dba")
+    approved = cli("approve", h, "--by", "bob", "--role", "dba", "--key", BOB_KEY)
     assert approved["operation_id"] == "code.premium_due_total"
 
     applied = cli("ddl", "apply", h, "--case", "CHG-1", "--as", "agent")
@@ -339,9 +342,10 @@ def test_pg_replay_plan_verify_snapshots_export(pg_cli_inproc: tuple[Cli, URL, P
     h = cli("ddl", "plan", str(tmp / "new.sql"), "--operation", "code.premium_due_total",
             "--case", "CHG-3", "--as", "agent")["plan_hash"]
     assert cli("ddl", "apply", h, "--case", "CHG-4", "--as", "agent", rc=1)["code"] == "CG302"
-    cli("approve", h, "--by", "alice", "--role", "dba")
-    # four eyes: the approver may not use her own approval; bob holds no write grant
-    assert cli("ddl", "apply", h, "--case", "CHG-3", "--as", "alice", rc=1)["code"] == "CG205"
+    cli("approve", h, "--by", "alice", "--role", "dba", "--key", str(approver_key_file("alice")))
+    # the plan is agent's: nobody else applies it (not even the approver); bob holds no
+    # write grant at all
+    assert cli("ddl", "apply", h, "--case", "CHG-3", "--as", "alice", rc=4)["code"] == "CG204"
     assert cli("ddl", "apply", h, "--case", "CHG-3", "--as", "bob", rc=1)["code"] == "CG200"
     applied = cli("ddl", "apply", h, "--case", "CHG-3", "--as", "agent")
     # the same plan again in the same case: the recorded outcome, nothing executed
@@ -445,7 +449,7 @@ def test_mariadb_package_spec_and_body_loop(maria_cli: tuple[Cli, URL, Path]) ->
     assert any("holds state" in w for w in plan["warnings"])
     assert scalar(url, "SELECT billing.premium(100)", "ORACLE") == 110
 
-    cli("approve", h, "--by", "bob", "--role", "dba")
+    cli("approve", h, "--by", "bob", "--role", "dba", "--key", BOB_KEY)
     applied = cli("ddl", "apply", h, "--case", "PKG-1", "--as", "agent")
     assert applied["status"] == "applied_verified", applied
     intent = applied["intent_id"]

@@ -26,6 +26,7 @@ from capgate.api import open as open_executor
 from capgate.cli import main
 from ddl.service import DdlService
 from registry.errors import CapgateError
+from tests.fix_capgate import KEYS, approval_key_line, approver_key_file
 from tests.fix_db import ensure_plpgsql_check
 
 pytestmark = pytest.mark.postgresql
@@ -50,12 +51,13 @@ CREATE TABLE pol (id int PRIMARY KEY, base numeric NOT NULL);
 INSERT INTO pol VALUES (1, 100), (2, 200);
 CREATE VIEW v_base AS SELECT id, base FROM pol;
 """
-GRANTS = """\
+GRANTS = f"""\
 [principals.agent]
-grants = [{ connector = "*", environments = ["dev"], access = "write" }]
+grants = [{{ connector = "*", environments = ["dev"], access = "write" }}]
 
 [principals.bob]
 roles = ["dba"]
+{approval_key_line("bob")}
 """
 ROW = """\
   - operation_id: {op}
@@ -144,7 +146,7 @@ def test_capgates_own_apply_is_the_base_of_the_next_plan(target: URL, tmp_path: 
         svc.capture("code", ["function:premium"])
         plan = svc.plan("code.premium", [PREMIUM_V1.replace("1.10", "1.20")], case="C1",
                         who="agent")
-        executor.approve(plan["plan_hash"], by="bob", role="dba")
+        executor.approve(plan["plan_hash"], by="bob", role="dba", key=KEYS["bob"])
         outcome, result = svc.apply(plan["plan_hash"], case="C1", who="agent")
         assert outcome.status == "applied_verified"
         plan2 = svc.plan("code.premium", [PREMIUM_V1.replace("1.10", "1.30")], case="C2",
@@ -171,7 +173,7 @@ def test_a_false_positive_declared_on_the_row_lets_the_change_through(target: UR
         plan = svc.plan("code.tmp", [new], case="T1", who="agent")
         assert any("accepted on the row (the function creates tmp_totals" in w
                    for w in plan["warnings"])
-        executor.approve(plan["plan_hash"], by="bob", role="dba")
+        executor.approve(plan["plan_hash"], by="bob", role="dba", key=KEYS["bob"])
         outcome, _ = svc.apply(plan["plan_hash"], case="T1", who="agent")
         assert outcome.status == "applied_verified", outcome.to_dict()
 
@@ -242,7 +244,8 @@ def test_remote_dependents_are_found_and_need_a_far_side_step(
                          "code.view_far", "--case", "R2", "--as", "agent")
     assert code == 0, plan
     assert [s["name"] for s in plan["far_side_steps"]] == ["foreign table still reads"]
-    assert run_cli(config, "approve", plan["plan_hash"], "--by", "bob", "--role", "dba")[0] == 0
+    assert run_cli(config, "approve", plan["plan_hash"], "--by", "bob", "--role", "dba",
+                   "--key", str(approver_key_file("bob")))[0] == 0
     code, applied = run_cli(config, "ddl", "apply", plan["plan_hash"], "--case", "R2",
                             "--as", "agent")
     assert code == 0 and applied["status"] == "applied_verified", applied

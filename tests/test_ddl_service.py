@@ -29,6 +29,7 @@ from ddl.service import DdlService, check_scope, classify_ddl_intent, in_scope, 
 from executor.call import Executor
 from registry.errors import ReconciliationRequired
 from registry.loader import load_registry
+from tests.fix_capgate import KEYS
 from tests.test_ddl_cli import (
     BILLING_ROW,
     BODY_V2,
@@ -136,7 +137,7 @@ def pg(pg_url: URL, ledger_url: URL, tmp_path: Path
 
 
 def _approve(executor: Executor, plan_hash: str) -> None:
-    executor.approve(plan_hash, by="bob", role="dba")
+    executor.approve(plan_hash, by="bob", role="dba", key=KEYS["bob"])
 
 
 def _events(executor: Executor, case: str, intent_id: str) -> list[tuple[str, dict[str, Any]]]:

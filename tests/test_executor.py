@@ -16,7 +16,7 @@ from sqlalchemy.engine import URL
 
 from executor.call import Executor
 from registry import errors
-from tests.fix_capgate import table_dump
+from tests.fix_capgate import KEYS, table_dump
 
 NOTE = {"policy_id": 1, "author": "jdoe", "body": "Called the holder."}
 
@@ -209,7 +209,7 @@ def _approved_purge(ex: Executor, policy_id: int, case: str = "C-purge") -> Any:
     with pytest.raises(errors.ApprovalRequired) as info:
         ex.call("policy.purge_orphan", {"policy_id": policy_id}, case=case, who="agent")
     plan_hash = info.value.details["plan_hash"]
-    ex.approve(plan_hash, by="bob", role="dba")
+    ex.approve(plan_hash, by="bob", role="dba", key=KEYS["bob"])
     return ex.call("policy.purge_orphan", {"policy_id": policy_id}, case=case, who="agent")
 
 
@@ -222,7 +222,7 @@ def test_gate_requires_approval_then_single_use(executor: Executor) -> None:
     plan = info.value.details["plan"]
     assert plan["statements"][0]["expect_rows"] == 2
     assert table_dump(url, "policy") == before  # nothing opened
-    executor.approve(info.value.details["plan_hash"], by="bob", role="dba")
+    executor.approve(info.value.details["plan_hash"], by="bob", role="dba", key=KEYS["bob"])
     out = executor.call("policy.purge_orphan", {"policy_id": 9}, case="C-gate", who="agent")
     assert out.status == "applied_verified"
 
@@ -230,14 +230,20 @@ def test_gate_requires_approval_then_single_use(executor: Executor) -> None:
 def test_used_approval_is_not_reused(executor: Executor) -> None:
     out = _approved_purge(executor, 1, case="C-reuse")
     assert out.status == "rolled_back"
+    # the one approval went with the one intent that prepared; no second intent gets it
     with pytest.raises(errors.ApprovalUsed):
-        executor.call("policy.purge_orphan", {"policy_id": 1}, case="C-reuse2", who="agent",
-                      key="another-key")
+        executor.ledger.consume_approval(out.evidence.get("plan_hash") or _plan_of(
+            executor, "C-reuse"), "another-intent")
+
+
+def _plan_of(ex: Executor, case: str) -> str:
+    (state,) = (ex.ledger.snapshot(case) or {})["intents"].values()
+    return str(state["plan_hash"])
 
 
 def test_expired_approval(executor: Executor) -> None:
     plan = executor.plan("policy.purge_orphan", {"policy_id": 9}, case="C-exp", who="agent")
-    executor.approve(plan.plan_hash, by="bob", role="dba", ttl_seconds=60)
+    executor.approve(plan.plan_hash, by="bob", role="dba", key=KEYS["bob"], ttl_seconds=60)
     real_clock = executor.clock
     executor.clock = lambda: real_clock() + dt.timedelta(minutes=5)
     with pytest.raises(errors.ApprovalExpired):
@@ -246,7 +252,7 @@ def test_expired_approval(executor: Executor) -> None:
 
 def test_mismatched_plan_is_refused(executor: Executor) -> None:
     plan = executor.plan("policy.purge_orphan", {"policy_id": 9}, case="C-mm", who="agent")
-    executor.approve(plan.plan_hash, by="bob", role="dba")
+    executor.approve(plan.plan_hash, by="bob", role="dba", key=KEYS["bob"])
     with pytest.raises(errors.ApprovalMismatch):
         executor.call("policy.purge_orphan", {"policy_id": 2}, case="C-mm", who="agent",
                       plan_hash=plan.plan_hash)
@@ -257,11 +263,11 @@ def test_mismatched_plan_is_refused(executor: Executor) -> None:
 def test_four_eyes_refuses_self_approval(executor: Executor) -> None:
     plan = executor.plan("policy.purge_orphan", {"policy_id": 9}, case="C-4e", who="alice")
     with pytest.raises(errors.SelfApproval):
-        executor.approve(plan.plan_hash, by="alice", role="dba")
+        executor.approve(plan.plan_hash, by="alice", role="dba", key=KEYS["alice"])
     with pytest.raises(errors.ApproverLacksRole):
-        executor.approve(plan.plan_hash, by="bob", role="underwriting_lead")
+        executor.approve(plan.plan_hash, by="bob", role="underwriting_lead", key=KEYS["bob"])
     with pytest.raises(errors.ApproverLacksRole):
-        executor.approve(plan.plan_hash, by="agent", role="dba")
+        executor.approve(plan.plan_hash, by="agent", role="dba", key=KEYS["bob"])
 
 
 def test_plan_performs_no_dml(executor: Executor) -> None:
@@ -279,7 +285,8 @@ def test_plan_performs_no_dml(executor: Executor) -> None:
 def test_compensable_row_applies_with_post_commit_check(executor: Executor) -> None:
     with pytest.raises(errors.ApprovalRequired) as info:
         executor.call("premium.apply_discount", _discount(), case="C-disc", who="agent")
-    executor.approve(info.value.details["plan_hash"], by="alice", role="underwriting_lead")
+    executor.approve(info.value.details["plan_hash"], by="alice", role="underwriting_lead",
+                     key=KEYS["alice"])
     out = executor.call("premium.apply_discount", _discount(), case="C-disc", who="agent")
     assert out.status == "applied_verified", out.reason
     assert all(c["ok"] for c in out.evidence["post_commit"])

@@ -72,8 +72,9 @@ def test_init_then_a_gated_write_and_mcp_work_with_no_edits(tmp_path: Path) -> N
     gated = capgate(["call", "policy.purge_orphan", "--input", '{"policy_id": 9}', "--case",
                      "T-2", "--json"], proj, env, code=4)
     plan_hash = json.loads(gated.stdout)["details"]["plan_hash"]
-    capgate(["approve", plan_hash, "--by", "claims-agent", "--role", "dba"], proj, env, code=1)
-    capgate(["approve", plan_hash, "--by", "bob", "--role", "dba"], proj, env)
+    signed = ["--role", "dba", "--key", "keys/bob.key"]
+    capgate(["approve", plan_hash, "--by", "claims-agent", *signed], proj, env, code=1)
+    capgate(["approve", plan_hash, "--by", "bob", *signed], proj, env)
     done = capgate(["call", "policy.purge_orphan", "--input", '{"policy_id": 9}', "--case",
                     "T-2", "--json"], proj, env)
     assert json.loads(done.stdout)["status"] == "applied_verified"

@@ -35,19 +35,20 @@ from capgate.mcp_server import CASE_META_KEY, OUTPUT_SCHEMA
 from capgate.sqlfiles import apply_schema
 from registry.loader import load_registry
 from registry.model import thaw
-from tests.fix_capgate import install_target, table_dump
+from tests.fix_capgate import approval_key_line, approver_key_file, install_target, table_dump
 
 ROOT = Path(__file__).resolve().parent.parent
 CAPABILITIES = ROOT / "capabilities"
 TOKENS = {"agent-token-0123456789abcdef": "agent", "reader-token-0123456789abcdef": "reader"}
 
-GRANTS = """
+GRANTS = f"""
 [principals.agent]
-grants = [{ connector = "*", environments = ["dev"], access = "write" }]
+grants = [{{ connector = "*", environments = ["dev"], access = "write" }}]
 [principals.reader]
-grants = [{ connector = "*", environments = ["dev"], access = "read" }]
+grants = [{{ connector = "*", environments = ["dev"], access = "read" }}]
 [principals.alice]
 roles = ["dba", "underwriting_lead"]
+{approval_key_line("alice")}
 """
 
 EXTRA_ROW = """
@@ -110,7 +111,8 @@ class Place:
 
     async def approve(self, plan_hash: str, by: str = "alice", role: str = "dba") -> Any:
         done = await anyio.run_process(
-            self.command("approve", plan_hash, "--by", by, "--role", role, "--json"),
+            self.command("approve", plan_hash, "--by", by, "--role", role, "--json",
+                         "--key", str(approver_key_file(by))),
             cwd=ROOT, env=self.env(), check=False)
         assert done.returncode == 0, done.stderr.decode()
         return json.loads(done.stdout)

@@ -38,12 +38,14 @@ def test_explain_every_code(cls: type[CapgateError]) -> None:
     assert doc.splitlines()[0] in text
     assert text.endswith("\n")
     assert cls.exit_code in (errors.EXIT_REFUSED, errors.EXIT_USAGE, errors.EXIT_UNKNOWN,
-                             errors.EXIT_APPROVAL_REQUIRED)
+                             errors.EXIT_APPROVAL_REQUIRED, errors.EXIT_INTERNAL)
+    # the internal-error exit code is the bug's alone: no refusal a user causes shares it
+    assert (cls.exit_code == errors.EXIT_INTERNAL) == (cls is errors.InternalError)
 
 
 def test_lookup_of_an_unknown_code_is_a_usage_error() -> None:
     with pytest.raises(UnknownErrorCode) as info:
-        errors.lookup("CG999")
+        errors.lookup("CG998")
     assert info.value.code == "CG901"
     assert info.value.exit_code == errors.EXIT_USAGE
     assert "capgate explain --all" in info.value.message

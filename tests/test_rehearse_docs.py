@@ -57,7 +57,7 @@ def test_the_workflow_sample_uses_real_commands() -> None:
                                                 'capabilities"', "git:HEAD:capabilities"))
                 args = parser.parse_args(argv[1:])
                 seen.append(args.command)
-    assert seen == ["validate", "diff", "rehearse"]
+    assert seen == ["validate", "diff", "target", "rehearse"]
 
 
 def _commands(step: dict[str, Any]) -> list[str]:
