@@ -27,6 +27,7 @@ def build_executor(settings: Settings, *, registry: Registry | None = None,
                    ledger: Ledger | None = None, grants: Grants | None = None) -> Executor:
     """An executor wired from settings (each part may be supplied instead)."""
     return Executor(
+        max_request_bytes=settings.max_request_bytes,
         registry=registry if registry is not None else load_registry(settings.capabilities),
         connectors=Connectors(dict(settings.connectors)),
         ledger=ledger if ledger is not None else open_ledger(settings.ledger_url),

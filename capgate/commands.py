@@ -82,12 +82,15 @@ def cmd_validate(args: argparse.Namespace) -> int:
         "files": result.files,
         "rows": len(result.rows),
         "problems": [p.to_dict() for p in result.problems],
+        "warnings": [w.to_dict() for w in result.warnings],
     }
     if args.json:
         emit(args, payload)
     else:
         for problem in result.problems:
             print(problem.render())
+        for warning in result.warnings:
+            print(f"warning: {warning.render()}")
         if result.ok:
             print(f"ok: {len(result.rows)} rows in {len(result.files)} file(s)")
         else:

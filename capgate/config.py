@@ -35,7 +35,7 @@ from registry.errors import ConfigError
 
 DEFAULT_CONFIG = "capgate.toml"
 DEFAULT_LEDGER = "sqlite:///.capgate/ledger.db"
-_TOP_KEYS = {"capabilities", "grants", "ledger", "agent"}
+_TOP_KEYS = {"capabilities", "grants", "ledger", "agent", "max_request_bytes"}
 _CONNECTOR_KEYS = {"url", "environment", "session_budget", "db_user_budget",
                    "budget_wait_seconds", "statement_timeout", "simulation_approver_roles"}
 
@@ -47,6 +47,8 @@ class Settings:
     ledger_url: str = DEFAULT_LEDGER
     agent: str | None = None
     connectors: Mapping[str, ConnectorConfig] = field(default_factory=dict)
+    max_request_bytes: int = 1_048_576
+    """Largest request a call accepts (canonical JSON bytes of its inputs)."""
     source: str = "(defaults)"
 
 
@@ -137,6 +139,10 @@ def load_settings(path: str | Path | None = None, env: Mapping[str, str] | None 
             )
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"{source}: connectors.{name}: {exc}") from None
+    max_bytes = top.get("max_request_bytes", 1_048_576)
+    if not isinstance(max_bytes, int) or isinstance(max_bytes, bool) or max_bytes < 1:
+        raise ConfigError(f"{source}: max_request_bytes must be a positive integer of bytes")
     return Settings(capabilities=tuple(caps), grants=grants, ledger_url=ledger,
+                    max_request_bytes=max_bytes,
                     agent=env.get("CAPGATE_AGENT") or top.get("agent"),
                     connectors=connectors, source=source)

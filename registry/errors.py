@@ -18,6 +18,8 @@ from __future__ import annotations
 import inspect
 from typing import Any, ClassVar
 
+from registry.excerpt import bounded, cut
+
 EXIT_OK = 0
 EXIT_REFUSED = 1
 EXIT_USAGE = 2
@@ -59,9 +61,12 @@ class CapgateError(Exception):
             cls.retryable = retryable
 
     def __init__(self, message: str, **details: Any) -> None:
+        # never the whole of a huge value: an error travels to CLIs, MCP clients and
+        # ledger records (registry.excerpt)
+        message = cut(message, 4000)
         super().__init__(message)
         self.message = message
-        self.details: dict[str, Any] = details
+        self.details: dict[str, Any] = bounded(details)
 
     def __str__(self) -> str:
         return f"{self.code}: {self.message}"
@@ -373,6 +378,16 @@ class EnvironmentNotAllowed(CapgateError, code="CG143"):
     """
 
 
+class UnboundedInput(RegistryError, code="CG160"):
+    """A warning, not an error: a string input of a write row declares no ``maxLength``.
+
+    Every input of a write is recorded in the ledger with its intent; an input
+    without a declared bound is limited only by the executor's
+    ``max_request_bytes``.  Declare ``maxLength`` (or an ``enum``, ``const`` or
+    ``format``) so that the contract itself says how large it may be.
+    """
+
+
 class CapabilityPathError(RegistryError, code="CG150"):
     """A capability path does not exist or holds no capability files."""
 
@@ -480,6 +495,17 @@ class CaseConflict(CapgateError, code="CG302"):
 
 class UnknownConnector(CapgateError, code="CG303", exit_code=EXIT_USAGE):
     """The row names a connector that the configuration does not define."""
+
+
+class RequestTooLarge(CapgateError, code="CG307"):
+    """The request's inputs are larger than the configured ``max_request_bytes``.
+
+    Every input is recorded in the ledger with the intent (a retry after a
+    crash needs it), so the size of a request is bounded by configuration
+    (``[capgate] max_request_bytes``, 1 MiB by default).  Nothing was recorded.
+    Declare ``maxLength`` on the row's string inputs so that the contract says
+    so too (``capgate validate`` warns where it does not).
+    """
 
 
 class ConnectorUnavailable(CapgateError, code="CG304", retryable=True):

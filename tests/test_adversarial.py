@@ -1004,3 +1004,111 @@ def test_rehearse_against_an_unreachable_target_is_coded(executor: Executor) -> 
 
     with pytest.raises(errors.ConnectorUnavailable):
         rehearse(_unreachable(executor), who="agent", connectors=["insurance"], case="R-down")
+
+
+# --- items 8, 9, 16: inputs at every limit are coded refusals that record nothing -------------
+
+
+def _refused_before_recording(ex: Executor, inputs: dict[str, Any], case: str,
+                              operation: str = "policy.add_note") -> errors.CapgateError:
+    with pytest.raises(errors.CapgateError) as info:
+        ex.call(operation, inputs, case=case, who="agent")
+    assert ex.ledger.snapshot(case) is None, "a refusal recorded something"
+    return info.value
+
+
+def test_integers_beyond_2_53_are_invalid_input(executor: Executor) -> None:
+    """Item 8: an integer the canonical JSON layer cannot represent exactly: CG300, exit 1."""
+    for big in (2**53, -(2**53), 10**30):
+        refused = _refused_before_recording(executor, {**NOTE, "policy_id": big}, "C-big")
+        assert refused.code == "CG300" and refused.exit_code == errors.EXIT_REFUSED
+        assert refused.details["field"] == "policy_id"
+        assert "2^53" in refused.message
+    ok = executor.call("policy.add_note", {**NOTE, "policy_id": 1}, case="C-big", who="agent")
+    assert ok.status == "applied_verified"
+
+
+def test_refusals_quote_bounded_excerpts(executor: Executor) -> None:
+    """Item 9: a 2.6 MB body is refused with an excerpt and its length, never echoed whole."""
+    import json
+
+    from capgate.mcp_server import refusal
+
+    body = "x" * 2_600_000
+    executor.max_request_bytes = 50_000_000  # past the size limit: the contract's maxLength
+    refused = _refused_before_recording(executor, {**NOTE, "body": body}, "C-huge")
+    assert refused.code == "CG300"
+    assert "2600000 characters" in refused.message
+    text = json.dumps(refused.to_dict())
+    assert len(text) < 10_000, len(text)
+    row = executor.registry.resolve("policy.add_note")
+    reply = json.dumps(refusal(row, "C-huge", refused))
+    assert len(reply) < 10_000, len(reply)
+
+
+def test_inputs_that_would_crash_the_record_are_refused(executor: Executor) -> None:
+    """Item 16: a lone surrogate, 100,000-deep nesting: coded refusals, nothing recorded."""
+    surrogate = _refused_before_recording(executor, {**NOTE, "body": "\ud800"}, "C-sur")
+    assert surrogate.code == "CG300" and surrogate.details["field"] == "body"
+    deep: Any = "leaf"
+    for _ in range(100_000):
+        deep = [deep]
+    nested = _refused_before_recording(executor, {**NOTE, "body": deep}, "C-deep")
+    assert nested.code == "CG300"
+
+
+def test_a_request_over_the_configured_size_is_refused(executor: Executor) -> None:
+    """Item 16: a 10 MB input on a row without a length bound: CG307, the ledger untouched."""
+    import os
+
+    from executor.ledger_schema import events
+
+    def ledger_rows() -> int:
+        with executor.ledger.engine.connect() as conn:
+            return int(conn.execute(sa.select(sa.func.count()).select_from(events)).scalar_one())
+
+    ex = _with_rows(executor, CHECKED_NOTE.format(compensation=UNDO).replace(
+        "body: {type: string, maxLength: 200}", "body: {type: string}"))
+    before = ledger_rows()
+    size = os.path.getsize(executor.ledger.url.split("///", 1)[1]) \
+        if executor.ledger.backend == "sqlite" else None
+    refused = _refused_before_recording(ex, {"policy_id": 1, "body": "y" * 10_000_000},
+                                        "C-10mb", operation="test.checked_note")
+    assert refused.code == "CG307" and refused.details["size"] > refused.details["limit"]
+    assert ledger_rows() == before
+    if size is not None:
+        assert os.path.getsize(executor.ledger.url.split("///", 1)[1]) < size + 1_000_000
+
+
+def test_validate_warns_on_unbounded_string_inputs() -> None:
+    """Item 16: `validate` names each write input without a declared length (CG160)."""
+    from registry.loader import validate_texts
+
+    result = validate_texts([("u.yaml", CHECKED_NOTE.format(compensation=UNDO).replace(
+        "body: {type: string, maxLength: 200}", "body: {type: string}"))])
+    assert result.ok
+    assert [(w.code, w.field) for w in result.warnings] == [
+        ("CG160", "input.properties.body")]
+
+
+def test_cli_inputs_at_the_limits_are_usage_errors(tmp_path: Path) -> None:
+    """Item 16: a missing @file and JSON nested 100,000 deep are CG900 (exit 2), not bugs."""
+    import contextlib
+    import io
+    import json
+
+    from capgate.cli import main
+
+    config = tmp_path / "capgate.toml"
+    config.write_text(f'[capgate]\nledger = "sqlite:///{tmp_path / "l.db"}"\n'
+                      f'capabilities = ["{CAPABILITIES_DIR}"]\n'
+                      f'[connectors.insurance]\nurl = "sqlite:///{tmp_path / "t.db"}"\n'
+                      'environment = "dev"\n')
+    for raw in (f"@{tmp_path / 'missing.json'}", "[" * 100_000 + "]" * 100_000):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            code = main(["call", "policy.get", "--input", raw, "--case", "C-cli", "--as",
+                         "agent", "--json", "--config", str(config)])
+        assert code == errors.EXIT_USAGE, out.getvalue()
+        assert json.loads(out.getvalue())["code"] == "CG900"
+    assert not (tmp_path / "l.db").exists() or True
