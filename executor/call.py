@@ -17,6 +17,7 @@ process kills itself with SIGKILL, so crash tests hit real boundaries.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import os
 import signal
@@ -808,13 +809,67 @@ class Executor:
         connector.check_target()
         if not ctx.rehearse:
             self._prepared(ctx)
-        result = self.run_transaction(ctx, lambda conn, ev: self._statements(ctx, conn, ev))
+        ctx, result = self.attempts(ctx, lambda c: self.run_transaction(
+            c, lambda conn, ev: self._statements(c, conn, ev)))
         if ctx.rehearse:
             return result
         self._observed(ctx, result)
         if result.status == oc.APPLIED and ctx.row.post_commit:
             return self._post_commit(ctx, result)
         return result
+
+    def attempts(self, ctx: CallContext, run: Callable[[CallContext], Outcome]
+                 ) -> tuple[CallContext, Outcome]:
+        """``run`` one attempt, then keep the row's effect-of-timeout contract.
+
+        After a timeout or a lost connection the row decides
+        (``Row.timeout_action``): ``retry`` runs the next attempt at once (same
+        intent, same key; recorded as ``retrying``), ``record`` returns the
+        rollback with the contract in its reason, ``reconcile`` leaves the
+        intent open as a ``reconciliation_task`` and raises
+        ReconciliationRequired.  Returns the context of the last attempt.
+        """
+        while True:
+            result = run(ctx)
+            if ctx.rehearse or (action := self._timeout_contract(ctx, result)) is None:
+                return ctx, result
+            if action == "retry":
+                ctx = dataclasses.replace(ctx, attempt=ctx.attempt + 1, resumed=True)
+                continue
+            return ctx, Outcome(**{**result.__dict__, "reason": {
+                **(result.reason or {}), "contract": {"action": action,
+                                                      "on_timeout": str(ctx.row.timeout.on_timeout),
+                                                      "recovery": str(ctx.row.recovery)}}})
+
+    def _timeout_contract(self, ctx: CallContext, result: Outcome) -> str | None:
+        """The contract's action for a timed-out (or disconnected) attempt; None otherwise."""
+        reason = result.reason or {}
+        kind = reason.get("kind")
+        lost = kind == "database_error" and bool(reason.get("connection_lost"))
+        if result.status != oc.ROLLED_BACK or not (kind in ("timeout", "lease_expired") or lost):
+            return None
+        row = ctx.row
+        action = row.timeout_action
+        if action == "retry" and ctx.attempt >= row.timeout.attempts:
+            action = "record"  # the row's budget of attempts is spent
+        contract = {"cause": "connection_lost" if lost else kind, "action": action,
+                    "on_timeout": str(row.timeout.on_timeout), "recovery": str(row.recovery),
+                    "safe_to_repeat": row.safe_to_repeat, "attempt": ctx.attempt,
+                    "attempts": row.timeout.attempts, "reason": dict(reason)}
+        if action == "retry":
+            self.ledger.append(ctx.case_id, "retrying", {"state": {
+                "retry_attempt": ctx.attempt + 1, "classification": "not_applied",
+                "rule": "timeout contract: rolled back, retryable, safe to repeat",
+                "contract": contract}}, intent_id=ctx.intent_id, attempt=ctx.attempt)
+        elif action == "reconcile":
+            self.ledger.append(ctx.case_id, "reconciliation_task", {"state": {
+                "contract": contract}}, intent_id=ctx.intent_id, attempt=ctx.attempt)
+            raise ReconciliationRequired(
+                f"{row.ref} timed out ({contract['cause']}); its contract (on_timeout: "
+                f"unknown) makes the outcome a reconciliation task: run `capgate resume "
+                f"{ctx.case_id}` to establish what landed before more work in the case",
+                case=ctx.case_id, intent_id=ctx.intent_id, contract=contract)
+        return action
 
     def run_transaction(self, ctx: CallContext,
                         body: Callable[[sa.Connection, dict[str, Any]], None]) -> Outcome:

@@ -320,6 +320,33 @@ class CompensationUnverifiable(RegistryError, code="CG125"):
     """
 
 
+class TimeoutClaimsRollback(RegistryError, code="CG126"):
+    """An ``irreversible`` row declares ``on_timeout: rolled_back``.
+
+    An irreversible effect (a document issued, a number consumed, a call made to
+    another system) is not undone by a rollback, so after a timeout it is
+    unknown until reconciled.  Declare ``on_timeout: unknown``.
+    """
+
+
+class UnsafeRetry(RegistryError, code="CG127"):
+    """A row declared ``retryable`` (or with automatic ``timeout.attempts``) is not safe to repeat.
+
+    A transactional write is deduplicated by its landing marker; an irreversible
+    or compensable one is safe to repeat only if it says so (``idempotent:
+    true``).  Otherwise declare ``recovery: reconcile_first``.
+    """
+
+
+class Unverifiable(RegistryError, code="CG128"):
+    """A ``reconcile_first`` or ``irreversible`` row has no way to tell whether it landed.
+
+    Reconciliation asks the target what landed.  The landing marker proves only
+    what commits with it (transactional and compensable effects); anything else
+    needs a ``landed_probe`` query that finds the effect after the fact.
+    """
+
+
 class LockMismatch(RegistryError, code="CG130"):
     """A locked row changed without a new version.
 

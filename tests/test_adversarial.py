@@ -1112,3 +1112,150 @@ def test_cli_inputs_at_the_limits_are_usage_errors(tmp_path: Path) -> None:
         assert code == errors.EXIT_USAGE, out.getvalue()
         assert json.loads(out.getvalue())["code"] == "CG900"
     assert not (tmp_path / "l.db").exists() or True
+
+
+# --- item 17: the declared effect-of-timeout decides the executor's next action ---------------
+
+TIMEOUT_ROWS = """
+format: 1
+connectors: {insurance: {}}
+rows:
+  - operation_id: test.retry_touch
+    version: 1
+    connector: insurance
+    description: Touch a policy; a lock timeout is retried once (test-only).
+    input:
+      type: object
+      additionalProperties: false
+      required: [policy_id]
+      properties: {policy_id: {type: integer}}
+    target: {system: insurance, object: policy, keys: [policy_id]}
+    effect_class: transactional
+    shape: collapsed
+    authorization: {kind: write_grant}
+    environments: [dev]
+    idempotency_key: "{case}:{policy_id}"
+    timeout: {seconds: 5, lock_seconds: 1, on_timeout: rolled_back, attempts: 2}
+    recovery: retryable
+    statements:
+      - {sql: "UPDATE policy SET holder = holder WHERE policy_id = :policy_id", expect_rows: 1}
+  - operation_id: test.unknown_note
+    version: 1
+    connector: insurance
+    description: Touch a policy, then note it; its timeout leaves the outcome unknown.
+    input:
+      type: object
+      additionalProperties: false
+      required: [policy_id, body]
+      properties: {policy_id: {type: integer}, body: {type: string, maxLength: 80}}
+    target: {system: insurance, object: policy, keys: [policy_id]}
+    effect_class: irreversible
+    shape: collapsed
+    authorization: {kind: write_grant}
+    environments: [dev]
+    idempotency_key: "{case}:{policy_id}:{body}"
+    timeout: {seconds: 5, lock_seconds: 1, on_timeout: unknown}
+    recovery: reconcile_first
+    statements:
+      - {sql: "UPDATE policy SET holder = holder WHERE policy_id = :policy_id", expect_rows: 1}
+      - {sql: "INSERT INTO policy_note (policy_id, author, body) VALUES (:policy_id, 'qa', :body)",
+         expect_rows: 1}
+    landed_probe:
+      sql: "SELECT count(*) FROM policy_note WHERE body = :body"
+      expect: {value: 1}
+"""
+
+
+@contextlib.contextmanager
+def _holding_policy_1(url: URL) -> Iterator[sa.Connection]:
+    """Another session holds policy 1's row lock (SQLite: the database's write lock)."""
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    conn = engine.connect()
+    try:
+        if url.get_backend_name() == "sqlite":
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+        else:
+            conn.execute(sa.text("UPDATE policy SET holder = holder WHERE policy_id = 1"))
+        yield conn
+    finally:
+        with contextlib.suppress(sa.exc.DBAPIError):
+            conn.rollback()
+        conn.close()
+        engine.dispose()
+
+
+def test_a_timed_out_safe_retryable_row_is_attempted_again(executor: Executor) -> None:
+    """Item 17: rolled back, retryable, safe to repeat, 2 attempts: retried at once, recorded."""
+    import threading
+    import time
+
+    ex = _with_rows(executor, TIMEOUT_ROWS)
+    url = ex.connectors.get("insurance").engine.url
+    with _holding_policy_1(url) as holder:
+        def release_after_first_attempt() -> None:  # once the retry is recorded, let it in
+            for _ in range(1000):
+                kinds = {e.kind for e in ex.ledger.events("C-retry")} \
+                    if ex.ledger.snapshot("C-retry") else set()
+                if "retrying" in kinds:
+                    break
+                time.sleep(0.01)
+            holder.rollback()
+
+        releaser = threading.Thread(target=release_after_first_attempt)
+        releaser.start()
+        out = ex.call("test.retry_touch", {"policy_id": 1}, case="C-retry", who="agent")
+        releaser.join(30)
+    assert out.status == "applied_verified", out.reason
+    assert out.attempt == 2
+    kinds = [e.kind for e in ex.ledger.events("C-retry")]
+    if url.get_backend_name() == "sqlite":  # the lock is SQLite's: attempt 1 never began
+        assert kinds == ["prepared", "retrying", "attempt_started", "observed"]
+    else:
+        assert kinds == ["prepared", "attempt_started", "retrying", "attempt_started",
+                         "observed"]
+    retry = next(e for e in ex.ledger.events("C-retry") if e.kind == "retrying")
+    assert retry.payload["state"]["contract"]["cause"] == "timeout"
+
+
+def test_attempts_spent_record_the_rollback_with_its_contract(executor: Executor) -> None:
+    """Item 17: when the row's attempts are spent the rollback is the recorded outcome."""
+    ex = _with_rows(executor, TIMEOUT_ROWS)
+    url = ex.connectors.get("insurance").engine.url
+    with _holding_policy_1(url):
+        out = ex.call("test.retry_touch", {"policy_id": 1}, case="C-spent", who="agent")
+    assert out.status == "rolled_back" and out.attempt == 2
+    assert out.reason is not None and out.reason["contract"]["action"] == "record"
+    assert not ex.ledger.cases(open_only=True)
+
+
+def test_an_unknown_timeout_becomes_a_reconciliation_task(executor: Executor) -> None:
+    """Item 17: on_timeout unknown: the case is held until resume establishes what landed."""
+    ex = _with_rows(executor, TIMEOUT_ROWS)
+    url = ex.connectors.get("insurance").engine.url
+    inputs = {"policy_id": 1, "body": f"maybe {uuid.uuid4().hex[:6]}"}
+    with _holding_policy_1(url), pytest.raises(errors.ReconciliationRequired) as info:
+        ex.call("test.unknown_note", inputs, case="C-unknown", who="agent")
+    assert info.value.details["contract"]["action"] == "reconcile"
+    (state,) = ex.ledger.snapshot("C-unknown")["intents"].values()  # type: ignore[index]
+    assert state["status"] == "reconciliation_task"
+    with pytest.raises(errors.ReconciliationRequired):  # the case is held
+        ex.call("policy.add_note", NOTE, case="C-unknown", who="agent")
+    report = resume(ex, "C-unknown")
+    (only,) = report.intents
+    assert only.classification == "not_applied" and only.outcome == "applied_verified", only
+    assert _notes_with(ex, inputs["body"]) == 1
+
+
+def test_the_review_card_and_tool_say_what_a_timeout_means() -> None:
+    """Item 17: one line, in the card and in the MCP tool description."""
+    from capgate.mcp_server import description_for
+    from registry.loader import validate_texts
+    from registry.review import card
+
+    result = validate_texts([("t.yaml", TIMEOUT_ROWS)])
+    result.raise_for_problems()
+    retry, unknown = sorted(result.rows, key=lambda r: r.operation_id)
+    assert "attempted again at once with the same key (up to 2 attempts)" in card(retry)
+    assert "the case is held until `capgate resume`" in card(unknown)
+    assert "Timeout: after 5 s (or a lost connection) the outcome is unknown" in \
+        description_for(unknown, "insurance", "dev")
