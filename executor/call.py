@@ -57,6 +57,7 @@ from registry.errors import (
     ApprovalUsed,
     AttemptSuperseded,
     BudgetExhausted,
+    CallerKeyRefused,
     CaseConflict,
     ConnectorUnavailable,
     DdlError,
@@ -413,7 +414,7 @@ class Executor:
                 f"(`capgate ddl plan` / `capgate ddl apply`), never as a plain call",
                 operation_id=row.operation_id, version=row.version)
         fp = fingerprint(row, inputs, connector.name, connector.environment)
-        idem = key or idempotency_key(row, inputs, case)
+        idem = self._key_for(row, inputs, case, key)
         if idem is not None and not rehearse:
             # one read: a recorded (or running) execution of this key answers for us --
             # a replay, or a wait for the identical call in flight, is no new work
@@ -499,6 +500,23 @@ class Executor:
             raise CaseConflict(
                 f"case {case!r} was opened for task {recorded!r}, not {task!r}; "
                 "use a new case for new work", case=case, recorded=recorded, task=task)
+
+    @staticmethod
+    def _key_for(row: Row, inputs: Mapping[str, Any], case: str,
+                 caller_key: str | None) -> str | None:
+        """The idempotency key: the row's reviewed template, plus a caller key it accepts."""
+        reviewed = idempotency_key(row, inputs, case)
+        if caller_key is None:
+            return reviewed
+        if not row.accepts_caller_key:
+            raise CallerKeyRefused(
+                f"{row.ref} takes no caller key: its idempotency key {row.idempotency_key!r} "
+                "is part of the reviewed contract (a row may declare accepts_caller_key: "
+                "true); nothing was recorded", operation_id=row.operation_id,
+                version=row.version)
+        if not caller_key or len(caller_key) > 200:
+            raise InputInvalid("a caller key must be 1 to 200 characters", field="key")
+        return f"{reviewed}|caller:{caller_key}"
 
     def _owner_soon(self, idem: str, ctx: CallContext) -> IdempotencyRecord | None:
         """The owner of ``idem``, waiting while an identical call may be about to prepare.

@@ -535,6 +535,17 @@ class RequestTooLarge(CapgateError, code="CG307"):
     """
 
 
+class CallerKeyRefused(CapgateError, code="CG308"):
+    """A caller-supplied idempotency key (``--key``) for a row that does not accept one.
+
+    The row's ``idempotency_key`` template is part of the reviewed contract: it
+    decides which requests are the same request.  A caller key is accepted only
+    where the row says ``accepts_caller_key: true``, and then it is combined
+    with the row's key (``ROWKEY|caller:KEY``), never substituted for it.
+    Nothing was recorded.
+    """
+
+
 class ConnectorUnavailable(CapgateError, code="CG304", retryable=True):
     """The connector's database could not be reached; nothing was sent to it.
 

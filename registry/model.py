@@ -356,6 +356,9 @@ class Row:
     retired: bool = False
     idempotency_key: str | None = None
     idempotent: bool = False
+    accepts_caller_key: bool = False
+    """Whether a caller may add its own key (``capgate call --key``); it is combined with
+    the row's reviewed template, never substituted for it."""
     max_rows: int | None = None
     statements: tuple[Statement, ...] = ()
     steps: tuple[Step, ...] = ()
@@ -482,6 +485,7 @@ class Row:
             retired=bool(d.get("retired", False)),
             idempotency_key=d.get("idempotency_key"),
             idempotent=bool(d.get("idempotent", effect is EffectClass.READ)),
+            accepts_caller_key=bool(d.get("accepts_caller_key", False)),
             max_rows=d.get("max_rows"),
             statements=tuple(Statement.from_dict(s) for s in d.get("statements", ())),
             steps=tuple(Step.from_dict(s) for s in d.get("steps", ())),

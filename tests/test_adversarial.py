@@ -1259,3 +1259,36 @@ def test_the_review_card_and_tool_say_what_a_timeout_means() -> None:
     assert "the case is held until `capgate resume`" in card(unknown)
     assert "Timeout: after 5 s (or a lost connection) the outcome is unknown" in \
         description_for(unknown, "insurance", "dev")
+
+
+# --- item 15: a caller key is refused unless the row accepts one, then combined --------------
+
+
+def test_a_caller_key_never_replaces_the_reviewed_key(executor: Executor) -> None:
+    """Item 15: `--key` on a row that does not accept one is CG308 and records nothing."""
+    with pytest.raises(errors.CallerKeyRefused) as info:
+        executor.call("policy.add_note", NOTE, case="C-key", who="agent", key="mine-1")
+    assert info.value.code == "CG308"
+    assert executor.ledger.snapshot("C-key") is None
+    for _ in range(3):  # the row's own key allows one comment, whatever the caller says
+        executor.call("policy.add_note", NOTE, case="C-key", who="agent")
+    assert _notes_with(executor, NOTE["body"]) == 1
+
+
+def test_an_accepted_caller_key_is_combined_with_the_row_key(executor: Executor) -> None:
+    """Item 15: where the row accepts one, the caller key refines the reviewed key."""
+    text = CHECKED_NOTE.format(compensation=UNDO).replace(
+        "    post_commit:", "    accepts_caller_key: true\n    post_commit:").replace(
+        "expect: {value: 2}", "expect: {value: 1}")
+    ex = _with_rows(executor, text)
+    body = f"keyed {uuid.uuid4().hex[:6]}"
+    first = ex.call("test.checked_note", {"policy_id": 1, "body": body}, case="C-ck",
+                    who="agent", key="attempt-a")
+    assert first.status == "applied_verified", first.reason
+    assert first.idempotency_key == f"C-ck:1:{body}|caller:attempt-a"
+    again = ex.call("test.checked_note", {"policy_id": 1, "body": body}, case="C-ck",
+                    who="agent", key="attempt-a")
+    assert again.replayed and again.intent_id == first.intent_id
+    other_case = ex.call("test.checked_note", {"policy_id": 1, "body": body + "2"},
+                         case="C-ck2", who="agent", key="attempt-a")
+    assert other_case.idempotency_key.startswith("C-ck2:")  # type: ignore[union-attr]
