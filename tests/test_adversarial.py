@@ -1292,3 +1292,66 @@ def test_an_accepted_caller_key_is_combined_with_the_row_key(executor: Executor)
     other_case = ex.call("test.checked_note", {"policy_id": 1, "body": body + "2"},
                          case="C-ck2", who="agent", key="attempt-a")
     assert other_case.idempotency_key.startswith("C-ck2:")  # type: ignore[union-attr]
+
+
+# --- item 11: a user's mistake is never an internal error -------------------------------------
+
+
+def test_user_mistakes_are_coded_never_internal(tmp_path: Path) -> None:
+    """Item 11: every mistake below is a CapgateError with its code; none is CG999 (exit 5)."""
+    import contextlib
+    import io
+    import json
+
+    from capgate.cli import main
+
+    db = tmp_path / "t.db"
+    config = tmp_path / "capgate.toml"
+    (tmp_path / "grants.toml").write_text(
+        '[principals.agent]\ngrants = [{ connector = "*", environments = ["dev"], '
+        'access = "write" }]\n')
+    config.write_text(f'[capgate]\nledger = "sqlite:///{tmp_path / "l.db"}"\n'
+                      f'grants = "grants.toml"\ncapabilities = ["{CAPABILITIES_DIR}"]\n'
+                      f'[connectors.insurance]\nurl = "sqlite:///{db}"\nenvironment = "dev"\n'
+                      f'[connectors.insurance_code]\nurl = "sqlite:///{db}"\n'
+                      'environment = "dev"\n')
+    engine = sa.create_engine(f"sqlite:///{db}")
+    apply_schema(engine)
+    engine.dispose()
+    common = ["--json", "--config", str(config)]
+    mistakes = [
+        ["call", "policy.get", "--input", "{", "--case", "C", "--as", "agent"],
+        ["call", "policy.get", "--input", "[1]", "--case", "C", "--as", "agent"],
+        ["call", "policy.gett", "--input", "{}", "--case", "C", "--as", "agent"],
+        ["call", "policy.get@x", "--input", "{}", "--case", "C", "--as", "agent"],
+        ["call", "policy.get@99", "--input", "{}", "--case", "C", "--as", "agent"],
+        ["call", "policy.add_note", "--input", '{"policy_id": 1}', "--case", "C", "--as",
+         "agent"],
+        ["call", "policy.add_note", "--input", json.dumps(NOTE), "--case", "C", "--as",
+         "nobody"],
+        ["call", "policy.add_note", "--input", json.dumps(NOTE), "--case", "C", "--as",
+         "agent"],  # capgate's tables are not installed here: CG305
+        ["plan", "policy.purge_orphan", "--input", '{"policy_id": "x"}', "--case", "C",
+         "--as", "agent"],
+        ["approve", "sha256:" + "0" * 64, "--by", "bob", "--role", "dba", "--key",
+         str(tmp_path / "no.key")],
+        ["resume", "NO-SUCH-CASE"],
+        ["ledger", "show", "NO-SUCH-CASE"],
+        ["ledger", "verify", "--case", "NO-SUCH-CASE"],
+        ["target", "install", "no_such_connector"],
+        ["target", "check", "no_such_connector"],
+        ["explain", "CG1234"],
+        ["ddl", "capture", "function:no_such_function_xyz", "--connector", "insurance_code"],
+        ["rehearse", "--connector", "no_such_connector", "--as", "agent"],
+        ["show", "no.such.operation"],
+        ["validate", str(tmp_path / "missing")],
+    ]
+    for argv in mistakes:
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main([*argv, *common])
+        assert code not in (0, errors.EXIT_INTERNAL), (argv, code, out.getvalue(),
+                                                       err.getvalue())
+        text = out.getvalue().strip()
+        assert text and "CG999" not in text, (argv, text, err.getvalue())
+        assert "internal error" not in text + err.getvalue(), (argv, text)
