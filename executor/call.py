@@ -625,7 +625,7 @@ class Executor:
             raise ApprovalRequired(
                 f"{ctx.row.ref} is gated: approve plan {plan.plan_hash} with "
                 f"`capgate approve {plan.plan_hash} --by WHO --role "
-                f"{'|'.join(ctx.row.authorization.approver_roles)}`", **details)
+                f"{'|'.join(ctx.row.authorization.approver_roles)} --key FILE`", **details)
 
     # --- ledger boundaries ---------------------------------------------------
 
