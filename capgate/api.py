@@ -32,6 +32,7 @@ def build_executor(settings: Settings, *, registry: Registry | None = None,
     again, and rows are built when first used.
     """
     return Executor(
+        max_request_bytes=settings.max_request_bytes,
         registry=registry if registry is not None else load_registry(settings.capabilities,
                                                                      cache=True),
         connectors=Connectors(dict(settings.connectors)),

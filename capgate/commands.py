@@ -108,6 +108,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         "files": result.files,
         "rows": len(result.rows),
         "problems": [p.to_dict() for p in result.problems],
+        "warnings": [w.to_dict() for w in result.warnings],
     }
     if checked_config:
         payload["configuration_problems"] = [p.to_dict() for p in config_problems]
@@ -118,6 +119,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
             print(config_problem.render())
         for problem in result.problems:
             print(problem.render())
+        for warning in result.warnings:
+            print(f"warning: {warning.render()}")
         count = len(result.problems) + len(config_problems)
         if ok:
             print(f"ok: {len(result.rows)} rows in {len(result.files)} file(s)")

@@ -284,7 +284,8 @@ def _plan_text(plan: dict[str, Any]) -> str:
     roles = "|".join(auth.get("approver_roles") or [])
     lines.append(f"  approval needed from: {roles}"
                  f"{' (four eyes)' if auth.get('four_eyes') else ''}")
-    lines.append(f"  next: capgate approve {h} --by WHO --role {roles.split('|')[0]}")
+    lines.append(f"  next: capgate approve {h} --by WHO --role {roles.split('|')[0]} "
+                 "--key FILE")
     return "\n".join(lines)
 
 

@@ -81,13 +81,22 @@ def _executor(args: argparse.Namespace) -> Executor:
 
 
 def _inputs(raw: str) -> dict[str, Any]:
+    """``--input``: a JSON object, or ``@FILE`` holding one; every mistake is a usage error."""
     if raw.startswith("@"):
-        with open(raw[1:], encoding="utf-8") as fh:
-            raw = fh.read()
+        try:
+            with open(raw[1:], encoding="utf-8") as fh:
+                raw = fh.read()
+        except OSError as exc:
+            raise UsageError(f"--input {raw}: cannot read the file: {exc.strerror}",
+                             path=raw[1:]) from None
+        except UnicodeDecodeError:
+            raise UsageError(f"--input {raw}: the file is not UTF-8 text", path=raw[1:]) from None
     try:
         value = json.loads(raw)
     except json.JSONDecodeError as exc:
         raise UsageError(f"--input is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise UsageError("--input is nested too deeply to read") from None
     if not isinstance(value, dict):
         raise UsageError("--input must be a JSON object")
     return value

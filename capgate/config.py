@@ -75,6 +75,8 @@ class Settings:
     ledger_url: str = DEFAULT_LEDGER
     agent: str | None = None
     connectors: Mapping[str, ConnectorConfig] = field(default_factory=dict)
+    max_request_bytes: int = 1_048_576
+    """Largest request a call accepts (canonical JSON bytes of its inputs)."""
     source: str = "(defaults)"
     configured: bool = False
     """Whether a file or the environment configured anything (else these are defaults)."""
@@ -249,10 +251,11 @@ def read_settings(path: str | Path | None = None, env: Mapping[str, str] | None 
         problem(("capgate",), "ledger", f"cannot be parsed as a URL: {ledger!r} (expected "
                                         "sqlite:///path or postgresql://user@host/db)")
     agent = env.get("CAPGATE_AGENT") or text_value("agent")
-    budget = top.get("max_request_bytes")
-    if budget is not None and (not isinstance(budget, int) or isinstance(budget, bool)
-                               or budget < 1):
-        problem(("capgate",), "max_request_bytes", f"must be an integer >= 1, got {budget!r}")
+    max_bytes = top.get("max_request_bytes", 1_048_576)
+    if not isinstance(max_bytes, int) or isinstance(max_bytes, bool) or max_bytes < 1:
+        problem(("capgate",), "max_request_bytes",
+                f"must be a positive integer of bytes, got {max_bytes!r}")
+        max_bytes = 1_048_576
 
     connectors: dict[str, ConnectorConfig] = {}
     raw_connectors = data.get("connectors", {})
@@ -281,7 +284,8 @@ def read_settings(path: str | Path | None = None, env: Mapping[str, str] | None 
             connectors[name] = connector
     configured = file is not None or configured_by_env(env)
     settings = Settings(capabilities=tuple(caps), grants=grants, ledger_url=ledger, agent=agent,
-                        connectors=connectors, source=str(file) if file else "(environment)"
+                        connectors=connectors, max_request_bytes=max_bytes,
+                        source=str(file) if file else "(environment)"
                         if configured else "(defaults)", configured=configured)
     return settings, problems
 

@@ -181,6 +181,7 @@ def description_for(row: Row, connector: str, environment: str) -> str:
     if row.idempotency_key:
         lines.append(f"A repeated call with the same key ({row.idempotency_key}) returns the "
                      "recorded outcome and executes nothing.")
+    lines.append(f"Timeout: {row.timeout_meaning()}.")
     return "\n".join(lines)
 
 

@@ -617,7 +617,8 @@ class DdlService:
                                "are single use); ask for a new one", **details)
         raise ApprovalRequired(
             f"{row.ref} is gated: approve plan {plan_hash} with `capgate approve {plan_hash} "
-            f"--by WHO --role {roles}`{' (four eyes: not the requester)' if four_eyes else ''}",
+            f"--by WHO --role {roles} --key FILE`"
+            f"{' (four eyes: not the requester)' if four_eyes else ''}",
             **details)
 
     def _now(self) -> str:

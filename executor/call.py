@@ -17,6 +17,7 @@ process kills itself with SIGKILL, so crash tests hit real boundaries.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import os
 import signal
@@ -56,6 +57,7 @@ from registry.errors import (
     ApprovalUsed,
     AttemptSuperseded,
     BudgetExhausted,
+    CallerKeyRefused,
     CaseConflict,
     ConnectorUnavailable,
     DdlError,
@@ -64,10 +66,12 @@ from registry.errors import (
     OutcomeUnknown,
     ReconciliationRequired,
     RequestInFlight,
+    RequestTooLarge,
     SelfApproval,
     UnknownPlan,
     UsageError,
 )
+from registry.excerpt import bounded, cut, excerpt
 from registry.model import AuthKind, EffectClass, Row, Shape
 from registry.registry import Registry
 
@@ -91,6 +95,13 @@ def now_utc() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
 
+MAX_REQUEST_BYTES = 1_048_576
+"""Default bound on a request's inputs as recorded (canonical JSON); see RequestTooLarge."""
+MAX_INPUT_DEPTH = 64
+"""Inputs nested deeper than this are refused before anything else looks at them."""
+_SAFE_INT = 2**53 - 1
+
+
 @lru_cache(maxsize=4096)
 def _input_validator(row_hash: str, schema_json: str) -> jsonschema.Draft202012Validator:
     import json
@@ -98,14 +109,79 @@ def _input_validator(row_hash: str, schema_json: str) -> jsonschema.Draft202012V
     return jsonschema.Draft202012Validator(json.loads(schema_json))
 
 
-def validate_input(row: Row, inputs: Mapping[str, Any]) -> None:
-    """Refuse inputs that break the row's contract, naming the field."""
+def _representable(row: Row, inputs: Mapping[str, Any]) -> None:
+    """Refuse inputs the ledger cannot record exactly (RFC 8785 JSON), naming the field.
+
+    Integers beyond 2^53, NaN and infinities, strings with lone surrogates,
+    non-string keys and nesting deeper than :data:`MAX_INPUT_DEPTH` would
+    either change on the way into the record or crash the canonical encoder
+    after the intent was half-recorded; they are invalid input instead.
+    """
+    stack: list[tuple[str, Any, int]] = [("", dict(inputs), 0)]
+    while stack:
+        where, value, depth = stack.pop()
+        problem: str | None = None
+        if depth > MAX_INPUT_DEPTH:
+            problem = f"nested deeper than {MAX_INPUT_DEPTH} levels"
+        elif isinstance(value, bool) or value is None:
+            continue
+        elif isinstance(value, int):
+            if not -_SAFE_INT <= value <= _SAFE_INT:
+                problem = (f"the integer {excerpt(value, 40)} is beyond 2^53 and cannot be "
+                           "recorded exactly (JSON numbers are IEEE-754 doubles); send it as "
+                           "a string")
+        elif isinstance(value, float):
+            if value != value or value in (float("inf"), float("-inf")):
+                problem = f"{value!r} is not a JSON number"
+        elif isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                problem = "the text holds a lone surrogate (not valid Unicode text)"
+        elif isinstance(value, Mapping):
+            for key, item in value.items():
+                if not isinstance(key, str):
+                    problem = f"the key {excerpt(key, 40)} is not a string"
+                    break
+                stack.append((f"{where}.{key}" if where else key, item, depth + 1))
+        elif isinstance(value, list | tuple):
+            stack.extend((f"{where}[{i}]", item, depth + 1) for i, item in enumerate(value))
+        else:
+            problem = f"a {type(value).__name__} is not JSON data"
+        if problem is not None:
+            field = excerpt(where, 80) if len(where) > 80 else (where or "(input)")
+            raise InputInvalid(f"input does not satisfy the contract of {row.ref}: "
+                               f"{field}: {problem}", field=field,
+                               operation_id=row.operation_id, version=row.version)
+
+
+def validate_input(row: Row, inputs: Mapping[str, Any],
+                   max_bytes: int = MAX_REQUEST_BYTES) -> None:
+    """Refuse inputs that break the row's contract, naming the field.
+
+    Before the row's JSON Schema: what the ledger could not record exactly
+    (:func:`_representable`) and requests over ``max_bytes``.  Messages quote
+    offending values as bounded excerpts, never whole.
+    """
     import json
 
+    from registry.canonical import canonical_bytes
     from registry.model import thaw
 
+    _representable(row, inputs)
+    size = len(canonical_bytes(dict(inputs)))
+    if size > max_bytes:
+        raise RequestTooLarge(
+            f"the request to {row.ref} is {size} bytes of JSON; this executor takes at most "
+            f"{max_bytes} (`max_request_bytes`); nothing was recorded",
+            size=size, limit=max_bytes, operation_id=row.operation_id)
     validator = _input_validator(row.row_hash, json.dumps(thaw(row.input), sort_keys=True))
-    errors = sorted(validator.iter_errors(dict(inputs)), key=lambda e: list(e.absolute_path))
+    try:
+        errors = sorted(validator.iter_errors(dict(inputs)), key=lambda e: list(e.absolute_path))
+    except RecursionError:
+        raise InputInvalid(f"input does not satisfy the contract of {row.ref}: nested too "
+                           "deeply to check", field="(input)",
+                           operation_id=row.operation_id, version=row.version) from None
     if errors:
         first = errors[0]
         where = ".".join(str(p) for p in first.absolute_path) or "(input)"
@@ -120,11 +196,25 @@ def validate_input(row: Row, inputs: Mapping[str, Any]) -> None:
             missing = [r for r in required if r not in first.instance]
             where = ", ".join(missing) or where
         raise InputInvalid(
-            f"input does not satisfy the contract of {row.ref}: {where}: {first.message}",
+            f"input does not satisfy the contract of {row.ref}: {excerpt(where, 120)[1:-1]}: "
+            f"{_schema_message(first)}",
             field=where, problems=[{"field": ".".join(str(p) for p in e.absolute_path),
-                                    "message": e.message} for e in errors],
+                                    "message": _schema_message(e)} for e in errors[:20]],
             operation_id=row.operation_id, version=row.version,
         )
+
+
+def _schema_message(error: jsonschema.ValidationError) -> str:
+    """jsonschema's message without the offending value quoted whole."""
+    if error.validator in ("maxLength", "minLength") and isinstance(error.instance, str):
+        return (f"{len(error.instance)} characters, "
+                f"{'at most' if error.validator == 'maxLength' else 'at least'} "
+                f"{error.validator_value} allowed")
+    text = error.message
+    shown = repr(error.instance)
+    if len(shown) > 120 and shown in text:
+        text = text.replace(shown, excerpt(error.instance, 60))
+    return cut(text, 500)
 
 
 @dataclass(frozen=True)
@@ -150,11 +240,16 @@ class CallContext:
 
     def outcome(self, status: str, evidence: Mapping[str, Any],
                 reason: Mapping[str, Any] | None = None) -> Outcome:
+        """This call's outcome.  A write's evidence and every reason are bounded
+        (``registry.excerpt``): they are recorded and replayed; a read's rows go
+        back to its caller whole and are never recorded."""
+        if self.row.is_write:
+            evidence = bounded(evidence)
         return Outcome(status=status, intent_id=self.intent_id, case_id=self.case_id,
                        operation_id=self.row.operation_id, version=self.row.version,
                        row_hash=self.row.row_hash, idempotency_key=self.idem_key,
                        fingerprint=self.fingerprint, attempt=self.attempt,
-                       evidence=evidence, reason=reason)
+                       evidence=evidence, reason=bounded(reason) if reason else reason)
 
 
 class Rollback(Exception):
@@ -169,8 +264,11 @@ class Executor:
     """Runs declared operations against configured connectors, recording everything."""
 
     def __init__(self, registry: Registry, connectors: Connectors, ledger: Ledger,
-                 grants: Grants, *, clock: Callable[[], dt.datetime] = now_utc):
+                 grants: Grants, *, clock: Callable[[], dt.datetime] = now_utc,
+                 max_request_bytes: int = MAX_REQUEST_BYTES):
         self.registry = registry
+        self.max_request_bytes = max_request_bytes
+        """Largest request (canonical JSON bytes of the inputs) a call accepts."""
         self.connectors = connectors
         self.ledger = ledger
         self.grants = grants
@@ -202,7 +300,7 @@ class Executor:
              version: int | None = None, record: bool = True) -> Plan:
         """Render the plan (no DML); record it so an approver can find it by hash."""
         row, connector = self.resolve(operation_id, version)
-        validate_input(row, inputs)
+        validate_input(row, inputs, self.max_request_bytes)
         self.grants.check_call(who, row, connector.name, connector.environment)
         plan = render(row, inputs, connector.name, connector.environment, case=case,
                       requester=who)
@@ -302,7 +400,7 @@ class Executor:
         """Run one declared operation; answer with an outcome and its evidence."""
         row, connector = self.resolve(operation_id, version)
         inputs = dict(inputs)
-        validate_input(row, inputs)
+        validate_input(row, inputs, self.max_request_bytes)
         self.grants.check_call(who, row, connector.name, connector.environment)
         plan = render(row, inputs, connector.name, connector.environment, case=case,
                       requester=who)
@@ -316,7 +414,7 @@ class Executor:
                 f"(`capgate ddl plan` / `capgate ddl apply`), never as a plain call",
                 operation_id=row.operation_id, version=row.version)
         fp = fingerprint(row, inputs, connector.name, connector.environment)
-        idem = key or idempotency_key(row, inputs, case)
+        idem = self._key_for(row, inputs, case, key)
         if idem is not None and not rehearse:
             # one read: a recorded (or running) execution of this key answers for us --
             # a replay, or a wait for the identical call in flight, is no new work
@@ -402,6 +500,23 @@ class Executor:
             raise CaseConflict(
                 f"case {case!r} was opened for task {recorded!r}, not {task!r}; "
                 "use a new case for new work", case=case, recorded=recorded, task=task)
+
+    @staticmethod
+    def _key_for(row: Row, inputs: Mapping[str, Any], case: str,
+                 caller_key: str | None) -> str | None:
+        """The idempotency key: the row's reviewed template, plus a caller key it accepts."""
+        reviewed = idempotency_key(row, inputs, case)
+        if caller_key is None:
+            return reviewed
+        if not row.accepts_caller_key:
+            raise CallerKeyRefused(
+                f"{row.ref} takes no caller key: its idempotency key {row.idempotency_key!r} "
+                "is part of the reviewed contract (a row may declare accepts_caller_key: "
+                "true); nothing was recorded", operation_id=row.operation_id,
+                version=row.version)
+        if not caller_key or len(caller_key) > 200:
+            raise InputInvalid("a caller key must be 1 to 200 characters", field="key")
+        return f"{reviewed}|caller:{caller_key}"
 
     def _owner_soon(self, idem: str, ctx: CallContext) -> IdempotencyRecord | None:
         """The owner of ``idem``, waiting while an identical call may be about to prepare.
@@ -510,7 +625,7 @@ class Executor:
             raise ApprovalRequired(
                 f"{ctx.row.ref} is gated: approve plan {plan.plan_hash} with "
                 f"`capgate approve {plan.plan_hash} --by WHO --role "
-                f"{'|'.join(ctx.row.authorization.approver_roles)}`", **details)
+                f"{'|'.join(ctx.row.authorization.approver_roles)} --key FILE`", **details)
 
     # --- ledger boundaries ---------------------------------------------------
 
@@ -693,7 +808,7 @@ class Executor:
     def _db_error_reason(self, ctx: CallContext, exc: sa.exc.DBAPIError,
                          where: str) -> dict[str, Any]:
         dialect = ctx.connector.dialect
-        message = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
+        message = cut(str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc), 500)
         if dialect.is_timeout(exc):
             return {"kind": "timeout", "where": where, "message": message,
                     "timeout_seconds": ctx.row.timeout.seconds,
@@ -712,13 +827,67 @@ class Executor:
         connector.check_target()
         if not ctx.rehearse:
             self._prepared(ctx)
-        result = self.run_transaction(ctx, lambda conn, ev: self._statements(ctx, conn, ev))
+        ctx, result = self.attempts(ctx, lambda c: self.run_transaction(
+            c, lambda conn, ev: self._statements(c, conn, ev)))
         if ctx.rehearse:
             return result
         self._observed(ctx, result)
         if result.status == oc.APPLIED and ctx.row.post_commit:
             return self._post_commit(ctx, result)
         return result
+
+    def attempts(self, ctx: CallContext, run: Callable[[CallContext], Outcome]
+                 ) -> tuple[CallContext, Outcome]:
+        """``run`` one attempt, then keep the row's effect-of-timeout contract.
+
+        After a timeout or a lost connection the row decides
+        (``Row.timeout_action``): ``retry`` runs the next attempt at once (same
+        intent, same key; recorded as ``retrying``), ``record`` returns the
+        rollback with the contract in its reason, ``reconcile`` leaves the
+        intent open as a ``reconciliation_task`` and raises
+        ReconciliationRequired.  Returns the context of the last attempt.
+        """
+        while True:
+            result = run(ctx)
+            if ctx.rehearse or (action := self._timeout_contract(ctx, result)) is None:
+                return ctx, result
+            if action == "retry":
+                ctx = dataclasses.replace(ctx, attempt=ctx.attempt + 1, resumed=True)
+                continue
+            return ctx, Outcome(**{**result.__dict__, "reason": {
+                **(result.reason or {}), "contract": {"action": action,
+                                                      "on_timeout": str(ctx.row.timeout.on_timeout),
+                                                      "recovery": str(ctx.row.recovery)}}})
+
+    def _timeout_contract(self, ctx: CallContext, result: Outcome) -> str | None:
+        """The contract's action for a timed-out (or disconnected) attempt; None otherwise."""
+        reason = result.reason or {}
+        kind = reason.get("kind")
+        lost = kind == "database_error" and bool(reason.get("connection_lost"))
+        if result.status != oc.ROLLED_BACK or not (kind in ("timeout", "lease_expired") or lost):
+            return None
+        row = ctx.row
+        action = row.timeout_action
+        if action == "retry" and ctx.attempt >= row.timeout.attempts:
+            action = "record"  # the row's budget of attempts is spent
+        contract = {"cause": "connection_lost" if lost else kind, "action": action,
+                    "on_timeout": str(row.timeout.on_timeout), "recovery": str(row.recovery),
+                    "safe_to_repeat": row.safe_to_repeat, "attempt": ctx.attempt,
+                    "attempts": row.timeout.attempts, "reason": dict(reason)}
+        if action == "retry":
+            self.ledger.append(ctx.case_id, "retrying", {"state": {
+                "retry_attempt": ctx.attempt + 1, "classification": "not_applied",
+                "rule": "timeout contract: rolled back, retryable, safe to repeat",
+                "contract": contract}}, intent_id=ctx.intent_id, attempt=ctx.attempt)
+        elif action == "reconcile":
+            self.ledger.append(ctx.case_id, "reconciliation_task", {"state": {
+                "contract": contract}}, intent_id=ctx.intent_id, attempt=ctx.attempt)
+            raise ReconciliationRequired(
+                f"{row.ref} timed out ({contract['cause']}); its contract (on_timeout: "
+                f"unknown) makes the outcome a reconciliation task: run `capgate resume "
+                f"{ctx.case_id}` to establish what landed before more work in the case",
+                case=ctx.case_id, intent_id=ctx.intent_id, contract=contract)
+        return action
 
     def run_transaction(self, ctx: CallContext,
                         body: Callable[[sa.Connection, dict[str, Any]], None]) -> Outcome:

@@ -398,9 +398,15 @@ def run_leased(executor: Executor, ctx: CallContext) -> Outcome:
 
     if not ctx.rehearse:
         executor._prepared(ctx)
-    result = executor.run_transaction(ctx, body)
-    if leases:
-        result = _settle(executor, ctx, leases[0], result)
+
+    def attempt(current: CallContext) -> Outcome:
+        nonlocal ctx
+        ctx = current  # the steps above run under the attempt's context
+        leases.clear()
+        result = executor.run_transaction(current, body)
+        return _settle(executor, current, leases[0], result) if leases else result
+
+    ctx, result = executor.attempts(ctx, attempt)
     if ctx.rehearse:
         return result
     return executor._observed(ctx, result)

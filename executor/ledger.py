@@ -1314,7 +1314,7 @@ class Ledger:
                 )
             return ApprovalRequired(
                 f"plan {plan_hash} has no approval; ask an approver to run `capgate approve "
-                f"{plan_hash} --by WHO --role ROLE`",
+                f"{plan_hash} --by WHO --role ROLE --key FILE`",
                 plan_hash=plan_hash,
             )
         used = sum(1 for r in rows if r.used_by_intent is not None)

@@ -394,11 +394,14 @@ def _mariadb(connector: Connector, items: list[Pending], facts: dict[str, Facts]
              terminate: bool, wait_seconds: float, probe_writes: bool = True) -> None:
     """No commit-outcome API: the recorded connection, on the same server incarnation.
 
-    Finished means: the connection is gone from ``PROCESSLIST`` *and* its
-    transaction is gone from ``INNODB_TRX``.  Both are needed: a killed
-    thread leaves ``PROCESSLIST`` as soon as its socket is closed, before its
-    rollback ends; and ``INNODB_TRX`` is a cache that MariaDB refreshes only
-    after 100 ms without readers, so its reads are spaced further apart.
+    Finished means: the recorded connection's transaction is gone from
+    ``INNODB_TRX`` on two reads a cache period apart.  ``INNODB_TRX`` is a cache
+    that MariaDB refreshes only after 100 ms without readers, so one read may
+    be stale; a killed thread leaves ``PROCESSLIST`` as soon as its socket is
+    closed, before its rollback ends.  A connection that is alive but has no
+    transaction (a pooled session, idle after its call rolled back) is not
+    killed: its transaction is over.  Only a session with an open transaction
+    is terminated -- and never resume's own connection.
     """
     dialect = connector.dialect
     with _autocommit(connector) as conn:
@@ -419,6 +422,8 @@ def _mariadb(connector: Connector, items: list[Pending], facts: dict[str, Facts]
                 watched[p.intent_id] = p
         deadline = _deadline(wait_seconds)
         killed_at: dict[str, float] = {}
+        idle_since: dict[str, float] = {}
+        own = int(conn.execute(sa.text("SELECT CONNECTION_ID()")).scalar_one())
         busy: list[str] = []
         while True:
             alive, open_tx = _mariadb_sessions(conn, watched.values())
@@ -432,16 +437,21 @@ def _mariadb(connector: Connector, items: list[Pending], facts: dict[str, Facts]
                 cid = int(p.tx["connection_id"])
                 facts[intent_id].note("session", {"connection_id": cid, "alive": cid in alive,
                                                   "open_transaction": cid in open_tx})
-                if cid in alive and terminate and intent_id not in killed_at:
+                if cid in open_tx and terminate and intent_id not in killed_at and cid != own:
                     try:
                         conn.exec_driver_sql("KILL CONNECTION %s", (cid,))
                         facts[intent_id].note("terminated_session", {"connection_id": cid})
                     except sa.exc.DBAPIError as exc:  # ended meanwhile (1094 unknown thread)
                         facts[intent_id].note("terminate_error", _first_line(exc))
                     killed_at[intent_id] = now
-                # A killed thread leaves PROCESSLIST before its rollback ends: only a
-                # fresh INNODB_TRX read, taken a cache period after the kill, settles it.
-                if (cid in alive or cid in open_tx
+                if cid in open_tx:
+                    idle_since.pop(intent_id, None)
+                elif cid in alive:
+                    idle_since.setdefault(intent_id, now)
+                # Only fresh INNODB_TRX reads, a cache period after a kill or after the
+                # connection was first seen without a transaction, settle it.
+                if (cid in open_tx
+                        or now - idle_since.get(intent_id, -1e9) < _INNODB_TRX_REFRESH
                         or now - killed_at.get(intent_id, -1e9) < _INNODB_TRX_REFRESH):
                     busy.append(intent_id)
             if not busy or time.monotonic() >= deadline:

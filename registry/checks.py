@@ -224,6 +224,8 @@ def check_row(ctx: RowContext, declared_connectors: set[str]) -> list[Problem]:
                           "`compensation_verify` checks a compensation this row does not "
                           "declare"))
 
+    out.extend(_timeout_checks(ctx))
+
     auth = row["authorization"]
     if auth["kind"] == "gate" and not auth.get("approver_roles"):
         out.append(ctx.at(("authorization",), "CG115",
@@ -234,6 +236,44 @@ def check_row(ctx: RowContext, declared_connectors: set[str]) -> list[Problem]:
 
     if contract_ok:
         out.extend(_example_checks(ctx))
+    return out
+
+
+def _timeout_checks(ctx: RowContext) -> list[Problem]:
+    """The effect-of-timeout contract must be one the executor can keep.
+
+    The row's ``timeout.on_timeout``, ``idempotent`` and ``recovery`` decide what
+    happens after a timeout or a lost connection (``Row.timeout_action``); these
+    combinations would make that decision a lie.
+    """
+    row = ctx.row
+    effect = row["effect_class"]
+    out: list[Problem] = []
+    if effect in ("read", "ddl"):
+        return out
+    on_timeout = row["timeout"]["on_timeout"]
+    recovery = row["recovery"]
+    idempotent = bool(row.get("idempotent", False))
+    if effect == "irreversible" and on_timeout == "rolled_back":
+        out.append(ctx.at(("timeout", "on_timeout"), "CG126",
+                          "an irreversible effect is not undone by a rollback: a timeout "
+                          "leaves it unknown (on_timeout: unknown)"))
+    if recovery == "retryable" and effect in ("irreversible", "compensable") and not idempotent:
+        out.append(ctx.at(("recovery",), "CG127",
+                          f"a retryable {effect} row must be safe to repeat: declare "
+                          "`idempotent: true` if it is, else recovery: reconcile_first"))
+    if (effect == "irreversible" or recovery == "reconcile_first") \
+            and "landed_probe" not in row and effect not in ("transactional", "compensable"):
+        out.append(ctx.at(("recovery",), "CG128",
+                          "nothing can tell after the fact whether this effect landed: "
+                          "declare a `landed_probe` (the landing marker proves only what "
+                          "commits with it)"))
+    safe = idempotent or effect == "transactional"  # the marker deduplicates a repeat
+    if row["timeout"].get("attempts", 1) > 1 and not (safe and recovery == "retryable"
+                                                      and on_timeout == "rolled_back"):
+        out.append(ctx.at(("timeout", "attempts"), "CG127",
+                          "automatic attempts after a timeout need an idempotent, retryable "
+                          "row whose timeout rolls back"))
     return out
 
 

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from registry.excerpt import bounded, cut
+
 EXIT_OK = 0
 EXIT_REFUSED = 1
 EXIT_USAGE = 2
@@ -58,9 +60,12 @@ class CapgateError(Exception):
             cls.retryable = retryable
 
     def __init__(self, message: str, **details: Any) -> None:
+        # never the whole of a huge value: an error travels to CLIs, MCP clients and
+        # ledger records (registry.excerpt)
+        message = cut(message, 4000)
         super().__init__(message)
         self.message = message
-        self.details: dict[str, Any] = details
+        self.details: dict[str, Any] = bounded(details)
 
     def __str__(self) -> str:
         return f"{self.code}: {self.message}"
@@ -403,6 +408,33 @@ class CompensationUnverifiable(RegistryError, code="CG125"):
     """
 
 
+class TimeoutClaimsRollback(RegistryError, code="CG126"):
+    """An ``irreversible`` row declares ``on_timeout: rolled_back``.
+
+    An irreversible effect (a document issued, a number consumed, a call made to
+    another system) is not undone by a rollback, so after a timeout it is
+    unknown until reconciled.  Declare ``on_timeout: unknown``.
+    """
+
+
+class UnsafeRetry(RegistryError, code="CG127"):
+    """A row declared ``retryable`` (or with automatic ``timeout.attempts``) is not safe to repeat.
+
+    A transactional write is deduplicated by its landing marker; an irreversible
+    or compensable one is safe to repeat only if it says so (``idempotent:
+    true``).  Otherwise declare ``recovery: reconcile_first``.
+    """
+
+
+class Unverifiable(RegistryError, code="CG128"):
+    """A ``reconcile_first`` or ``irreversible`` row has no way to tell whether it landed.
+
+    Reconciliation asks the target what landed.  The landing marker proves only
+    what commits with it (transactional and compensable effects); anything else
+    needs a ``landed_probe`` query that finds the effect after the fact.
+    """
+
+
 class LockMismatch(RegistryError, code="CG130"):
     """A locked row changed without a new version.
 
@@ -458,6 +490,16 @@ class EnvironmentNotAllowed(CapgateError, code="CG143"):
     """The row does not allow the connector's environment (e.g. ``prod``).
 
     The row's ``environments`` list is reviewed by a DBA; change it there.
+    """
+
+
+class UnboundedInput(RegistryError, code="CG160"):
+    """A warning, not an error: a string input of a write row declares no ``maxLength``.
+
+    Every input of a write is recorded in the ledger with its intent; an input
+    without a declared bound is limited only by the executor's
+    ``max_request_bytes``.  Declare ``maxLength`` (or an ``enum``, ``const`` or
+    ``format``) so that the contract itself says how large it may be.
     """
 
 
@@ -568,6 +610,28 @@ class CaseConflict(CapgateError, code="CG302"):
 
 class UnknownConnector(CapgateError, code="CG303", exit_code=EXIT_USAGE):
     """The row names a connector that the configuration does not define."""
+
+
+class RequestTooLarge(CapgateError, code="CG307"):
+    """The request's inputs are larger than the configured ``max_request_bytes``.
+
+    Every input is recorded in the ledger with the intent (a retry after a
+    crash needs it), so the size of a request is bounded by configuration
+    (``[capgate] max_request_bytes``, 1 MiB by default).  Nothing was recorded.
+    Declare ``maxLength`` on the row's string inputs so that the contract says
+    so too (``capgate validate`` warns where it does not).
+    """
+
+
+class CallerKeyRefused(CapgateError, code="CG308"):
+    """A caller-supplied idempotency key (``--key``) for a row that does not accept one.
+
+    The row's ``idempotency_key`` template is part of the reviewed contract: it
+    decides which requests are the same request.  A caller key is accepted only
+    where the row says ``accepts_caller_key: true``, and then it is combined
+    with the row's key (``ROWKEY|caller:KEY``), never substituted for it.
+    Nothing was recorded.
+    """
 
 
 class ConnectorUnavailable(CapgateError, code="CG304", retryable=True):

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import gc
 import os
-from collections.abc import Iterable, Iterator, Sequence
+import re
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from registry.errors import CapabilityPathError, Problem, RegistryError
 from registry.lock import (
@@ -25,7 +26,7 @@ from registry.lock import (
     read_lock,
     write_lock,
 )
-from registry.model import Row
+from registry.model import EffectClass, Row
 from registry.registry import Registry
 
 if TYPE_CHECKING:
@@ -47,6 +48,8 @@ class Validation:
     files: list[str] = field(default_factory=list)
     rows: list[Row] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
+    warnings: list[Problem] = field(default_factory=list)
+    """Findings that do not stop a row from loading (e.g. CG160 unbounded inputs)."""
     lock_path: Path | None = None
     #: each loaded row's index in its file, to locate its ``version`` for a lock finding
     row_index: dict[tuple[str, int], int] = field(default_factory=dict)
@@ -159,7 +162,42 @@ def _validate_texts(items: list[tuple[str, str]], workers: int | None) -> Valida
                 result.rows.append(row)
                 result.row_index[key] = index
     result.problems.sort(key=lambda p: (p.path, p.line, p.col, p.code))
+    result.warnings = [w for row in result.rows for w in unbounded_inputs(row)]
     return result
+
+
+def unbounded_inputs(row: Row) -> list[Problem]:
+    """CG160 warnings: a write row's string inputs (at any depth) without a declared bound.
+
+    DDL rows are left out: their input is stored code, bounded by the DDL loop.
+    """
+    if not row.is_write or row.effect_class is EffectClass.DDL:
+        return []
+    out: list[Problem] = []
+    stack: list[tuple[str, Any]] = [("input", row.input)]
+    while stack:
+        where, schema = stack.pop()
+        if not isinstance(schema, Mapping):
+            continue
+        kinds = schema.get("type")
+        is_string = kinds == "string" or (isinstance(kinds, list | tuple) and "string" in kinds)
+        if is_string and not any(k in schema for k in ("maxLength", "enum", "const", "format")) \
+                and not _bounded_pattern(schema.get("pattern")):
+            out.append(Problem(row.source_path, row.source_line, 1, "CG160", where,
+                               "string input without maxLength: bounded only by the "
+                               "executor's max_request_bytes; declare maxLength"))
+        for name, sub in (schema.get("properties") or {}).items():
+            stack.append((f"{where}.properties.{name}", sub))
+        if isinstance(schema.get("items"), Mapping):
+            stack.append((f"{where}.items", schema["items"]))
+    return sorted(out, key=lambda p: p.field)
+
+
+def _bounded_pattern(pattern: Any) -> bool:
+    """An anchored pattern with no unbounded repetition (``*``, ``+``, ``{n,}``) bounds length."""
+    if not isinstance(pattern, str) or not (pattern.startswith("^") and pattern.endswith("$")):
+        return False
+    return re.search(r"(?<!\\)[*+]|\{\d*,\}", pattern) is None
 
 
 def validate_paths(paths: Sequence[str | Path], *, check_lock: bool = True,

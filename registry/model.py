@@ -251,7 +251,13 @@ class Authorization:
 class Timeout:
     seconds: float
     on_timeout: OnTimeout
+    """What a timeout or a lost connection means for the effect: ``rolled_back`` (all of
+    it inside the transaction the server rolls back) or ``unknown`` (it may have
+    escaped: a reconciliation task holds the case)."""
     lock_seconds: float | None = None
+    attempts: int = 1
+    """How many attempts an idempotent, retryable row gets after a timeout whose
+    effect is known rolled back (the same intent and key each time)."""
 
 
 @dataclass(frozen=True)
@@ -350,6 +356,9 @@ class Row:
     retired: bool = False
     idempotency_key: str | None = None
     idempotent: bool = False
+    accepts_caller_key: bool = False
+    """Whether a caller may add its own key (``capgate call --key``); it is combined with
+    the row's reviewed template, never substituted for it."""
     max_rows: int | None = None
     statements: tuple[Statement, ...] = ()
     steps: tuple[Step, ...] = ()
@@ -369,6 +378,51 @@ class Row:
     @property
     def key(self) -> tuple[str, int]:
         return (self.operation_id, self.version)
+
+    @property
+    def safe_to_repeat(self) -> bool:
+        """A repeat with the same key cannot double the effect: declared ``idempotent``,
+        or a transactional write, which its landing marker deduplicates."""
+        return self.idempotent or self.effect_class is EffectClass.TRANSACTIONAL
+
+    @property
+    def timeout_action(self) -> str:
+        """What the executor does when a call of this row times out or loses its connection.
+
+        The spec's effect-of-timeout contract, decided by the row:
+
+        * ``reconcile`` -- ``on_timeout: unknown``: the effect may have escaped
+          the transaction, so the intent stays open, holding the case, until
+          ``capgate resume`` has established what landed;
+        * ``retry`` -- the rollback is known, the row is ``retryable``, safe to
+          repeat and has ``timeout.attempts`` > 1: attempted again at once,
+          same intent and key, up to that many attempts;
+        * ``record`` -- otherwise: the rollback is the outcome (``never_retry``
+          rows are never attempted again).
+        """
+        if self.timeout.on_timeout is OnTimeout.UNKNOWN:
+            return "reconcile"
+        if self.recovery is Recovery.RETRYABLE and self.safe_to_repeat \
+                and self.timeout.attempts > 1:
+            return "retry"
+        return "record"
+
+    def timeout_meaning(self) -> str:
+        """One line for the review card and the MCP tool description."""
+        seconds = f"{self.timeout.seconds:g} s"
+        if self.effect_class is EffectClass.READ:
+            return f"after {seconds} the read is cancelled; nothing changes"
+        action = self.timeout_action
+        if action == "reconcile":
+            return (f"after {seconds} (or a lost connection) the outcome is unknown: the case "
+                    "is held until `capgate resume` has established what landed")
+        if action == "retry":
+            return (f"after {seconds} the transaction is rolled back and attempted again at "
+                    f"once with the same key (up to {self.timeout.attempts} attempts)")
+        then = {Recovery.NEVER_RETRY: "never retried",
+                Recovery.RECONCILE_FIRST: "a retry is safe once reconciled",
+                Recovery.RETRYABLE: "safe to call again with the same key"}[self.recovery]
+        return f"after {seconds} (or a lost connection) the transaction is rolled back; {then}"
 
     @property
     def ref(self) -> str:
@@ -421,6 +475,7 @@ class Row:
                 lock_seconds=(
                     float(timeout["lock_seconds"]) if "lock_seconds" in timeout else None
                 ),
+                attempts=int(timeout.get("attempts", 1)),
             ),
             recovery=_member(_RECOVERIES, Recovery, d["recovery"]),
             row_hash=row_hash,
@@ -430,6 +485,7 @@ class Row:
             retired=bool(d.get("retired", False)),
             idempotency_key=d.get("idempotency_key"),
             idempotent=bool(d.get("idempotent", effect is EffectClass.READ)),
+            accepts_caller_key=bool(d.get("accepts_caller_key", False)),
             max_rows=d.get("max_rows"),
             statements=tuple(Statement.from_dict(s) for s in d.get("statements", ())),
             steps=tuple(Step.from_dict(s) for s in d.get("steps", ())),

@@ -51,6 +51,7 @@ def card(row: Row) -> str:
     if row.idempotency_key:
         lines.append(f"  idempotency:   {row.idempotency_key}")
     lines.append(f"  timeout:       {row.timeout.seconds:g}s, on timeout: {row.timeout.on_timeout}")
+    lines.append(f"                 {row.timeout_meaning()}")
     lines.append(f"  recovery:      {row.recovery}")
     if row.max_rows:
         lines.append(f"  row cap:       {row.max_rows}")

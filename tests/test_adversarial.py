@@ -1004,3 +1004,354 @@ def test_rehearse_against_an_unreachable_target_is_coded(executor: Executor) -> 
 
     with pytest.raises(errors.ConnectorUnavailable):
         rehearse(_unreachable(executor), who="agent", connectors=["insurance"], case="R-down")
+
+
+# --- items 8, 9, 16: inputs at every limit are coded refusals that record nothing -------------
+
+
+def _refused_before_recording(ex: Executor, inputs: dict[str, Any], case: str,
+                              operation: str = "policy.add_note") -> errors.CapgateError:
+    with pytest.raises(errors.CapgateError) as info:
+        ex.call(operation, inputs, case=case, who="agent")
+    assert ex.ledger.snapshot(case) is None, "a refusal recorded something"
+    return info.value
+
+
+def test_integers_beyond_2_53_are_invalid_input(executor: Executor) -> None:
+    """Item 8: an integer the canonical JSON layer cannot represent exactly: CG300, exit 1."""
+    for big in (2**53, -(2**53), 10**30):
+        refused = _refused_before_recording(executor, {**NOTE, "policy_id": big}, "C-big")
+        assert refused.code == "CG300" and refused.exit_code == errors.EXIT_REFUSED
+        assert refused.details["field"] == "policy_id"
+        assert "2^53" in refused.message
+    ok = executor.call("policy.add_note", {**NOTE, "policy_id": 1}, case="C-big", who="agent")
+    assert ok.status == "applied_verified"
+
+
+def test_refusals_quote_bounded_excerpts(executor: Executor) -> None:
+    """Item 9: a 2.6 MB body is refused with an excerpt and its length, never echoed whole."""
+    import json
+
+    from capgate.mcp_server import refusal
+
+    body = "x" * 2_600_000
+    executor.max_request_bytes = 50_000_000  # past the size limit: the contract's maxLength
+    refused = _refused_before_recording(executor, {**NOTE, "body": body}, "C-huge")
+    assert refused.code == "CG300"
+    assert "2600000 characters" in refused.message
+    text = json.dumps(refused.to_dict())
+    assert len(text) < 10_000, len(text)
+    row = executor.registry.resolve("policy.add_note")
+    reply = json.dumps(refusal(row, "C-huge", refused))
+    assert len(reply) < 10_000, len(reply)
+
+
+def test_inputs_that_would_crash_the_record_are_refused(executor: Executor) -> None:
+    """Item 16: a lone surrogate, 100,000-deep nesting: coded refusals, nothing recorded."""
+    surrogate = _refused_before_recording(executor, {**NOTE, "body": "\ud800"}, "C-sur")
+    assert surrogate.code == "CG300" and surrogate.details["field"] == "body"
+    deep: Any = "leaf"
+    for _ in range(100_000):
+        deep = [deep]
+    nested = _refused_before_recording(executor, {**NOTE, "body": deep}, "C-deep")
+    assert nested.code == "CG300"
+
+
+def test_a_request_over_the_configured_size_is_refused(executor: Executor) -> None:
+    """Item 16: a 10 MB input on a row without a length bound: CG307, the ledger untouched."""
+    import os
+
+    from executor.ledger_schema import events
+
+    def ledger_rows() -> int:
+        with executor.ledger.engine.connect() as conn:
+            return int(conn.execute(sa.select(sa.func.count()).select_from(events)).scalar_one())
+
+    ex = _with_rows(executor, CHECKED_NOTE.format(compensation=UNDO).replace(
+        "body: {type: string, maxLength: 200}", "body: {type: string}"))
+    before = ledger_rows()
+    size = os.path.getsize(executor.ledger.url.split("///", 1)[1]) \
+        if executor.ledger.backend == "sqlite" else None
+    refused = _refused_before_recording(ex, {"policy_id": 1, "body": "y" * 10_000_000},
+                                        "C-10mb", operation="test.checked_note")
+    assert refused.code == "CG307" and refused.details["size"] > refused.details["limit"]
+    assert ledger_rows() == before
+    if size is not None:
+        assert os.path.getsize(executor.ledger.url.split("///", 1)[1]) < size + 1_000_000
+
+
+def test_validate_warns_on_unbounded_string_inputs() -> None:
+    """Item 16: `validate` names each write input without a declared length (CG160)."""
+    from registry.loader import validate_texts
+
+    result = validate_texts([("u.yaml", CHECKED_NOTE.format(compensation=UNDO).replace(
+        "body: {type: string, maxLength: 200}", "body: {type: string}"))])
+    assert result.ok
+    assert [(w.code, w.field) for w in result.warnings] == [
+        ("CG160", "input.properties.body")]
+
+
+def test_cli_inputs_at_the_limits_are_usage_errors(tmp_path: Path) -> None:
+    """Item 16: a missing @file and JSON nested 100,000 deep are CG900 (exit 2), not bugs."""
+    import contextlib
+    import io
+    import json
+
+    from capgate.cli import main
+
+    config = tmp_path / "capgate.toml"
+    config.write_text(f'[capgate]\nledger = "sqlite:///{tmp_path / "l.db"}"\n'
+                      f'capabilities = ["{CAPABILITIES_DIR}"]\n'
+                      f'[connectors.insurance]\nurl = "sqlite:///{tmp_path / "t.db"}"\n'
+                      'environment = "dev"\n')
+    for raw in (f"@{tmp_path / 'missing.json'}", "[" * 100_000 + "]" * 100_000):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            code = main(["call", "policy.get", "--input", raw, "--case", "C-cli", "--as",
+                         "agent", "--json", "--config", str(config)])
+        assert code == errors.EXIT_USAGE, out.getvalue()
+        assert json.loads(out.getvalue())["code"] == "CG900"
+    assert not (tmp_path / "l.db").exists() or True
+
+
+# --- item 17: the declared effect-of-timeout decides the executor's next action ---------------
+
+TIMEOUT_ROWS = """
+format: 1
+connectors: {insurance: {}}
+rows:
+  - operation_id: test.retry_touch
+    version: 1
+    connector: insurance
+    description: Touch a policy; a lock timeout is retried once (test-only).
+    input:
+      type: object
+      additionalProperties: false
+      required: [policy_id]
+      properties: {policy_id: {type: integer}}
+    target: {system: insurance, object: policy, keys: [policy_id]}
+    effect_class: transactional
+    shape: collapsed
+    authorization: {kind: write_grant}
+    environments: [dev]
+    idempotency_key: "{case}:{policy_id}"
+    timeout: {seconds: 5, lock_seconds: 1, on_timeout: rolled_back, attempts: 2}
+    recovery: retryable
+    statements:
+      - {sql: "UPDATE policy SET holder = holder WHERE policy_id = :policy_id", expect_rows: 1}
+  - operation_id: test.unknown_note
+    version: 1
+    connector: insurance
+    description: Touch a policy, then note it; its timeout leaves the outcome unknown.
+    input:
+      type: object
+      additionalProperties: false
+      required: [policy_id, body]
+      properties: {policy_id: {type: integer}, body: {type: string, maxLength: 80}}
+    target: {system: insurance, object: policy, keys: [policy_id]}
+    effect_class: irreversible
+    shape: collapsed
+    authorization: {kind: write_grant}
+    environments: [dev]
+    idempotency_key: "{case}:{policy_id}:{body}"
+    timeout: {seconds: 5, lock_seconds: 1, on_timeout: unknown}
+    recovery: reconcile_first
+    statements:
+      - {sql: "UPDATE policy SET holder = holder WHERE policy_id = :policy_id", expect_rows: 1}
+      - {sql: "INSERT INTO policy_note (policy_id, author, body) VALUES (:policy_id, 'qa', :body)",
+         expect_rows: 1}
+    landed_probe:
+      sql: "SELECT count(*) FROM policy_note WHERE body = :body"
+      expect: {value: 1}
+"""
+
+
+@contextlib.contextmanager
+def _holding_policy_1(url: URL) -> Iterator[sa.Connection]:
+    """Another session holds policy 1's row lock (SQLite: the database's write lock)."""
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    conn = engine.connect()
+    try:
+        if url.get_backend_name() == "sqlite":
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+        else:
+            conn.execute(sa.text("UPDATE policy SET holder = holder WHERE policy_id = 1"))
+        yield conn
+    finally:
+        with contextlib.suppress(sa.exc.DBAPIError):
+            conn.rollback()
+        conn.close()
+        engine.dispose()
+
+
+def test_a_timed_out_safe_retryable_row_is_attempted_again(executor: Executor) -> None:
+    """Item 17: rolled back, retryable, safe to repeat, 2 attempts: retried at once, recorded."""
+    import threading
+    import time
+
+    ex = _with_rows(executor, TIMEOUT_ROWS)
+    url = ex.connectors.get("insurance").engine.url
+    with _holding_policy_1(url) as holder:
+        def release_after_first_attempt() -> None:  # once the retry is recorded, let it in
+            for _ in range(1000):
+                kinds = {e.kind for e in ex.ledger.events("C-retry")} \
+                    if ex.ledger.snapshot("C-retry") else set()
+                if "retrying" in kinds:
+                    break
+                time.sleep(0.01)
+            holder.rollback()
+
+        releaser = threading.Thread(target=release_after_first_attempt)
+        releaser.start()
+        out = ex.call("test.retry_touch", {"policy_id": 1}, case="C-retry", who="agent")
+        releaser.join(30)
+    assert out.status == "applied_verified", out.reason
+    assert out.attempt == 2
+    kinds = [e.kind for e in ex.ledger.events("C-retry")]
+    if url.get_backend_name() == "sqlite":  # the lock is SQLite's: attempt 1 never began
+        assert kinds == ["prepared", "retrying", "attempt_started", "observed"]
+    else:
+        assert kinds == ["prepared", "attempt_started", "retrying", "attempt_started",
+                         "observed"]
+    retry = next(e for e in ex.ledger.events("C-retry") if e.kind == "retrying")
+    assert retry.payload["state"]["contract"]["cause"] == "timeout"
+
+
+def test_attempts_spent_record_the_rollback_with_its_contract(executor: Executor) -> None:
+    """Item 17: when the row's attempts are spent the rollback is the recorded outcome."""
+    ex = _with_rows(executor, TIMEOUT_ROWS)
+    url = ex.connectors.get("insurance").engine.url
+    with _holding_policy_1(url):
+        out = ex.call("test.retry_touch", {"policy_id": 1}, case="C-spent", who="agent")
+    assert out.status == "rolled_back" and out.attempt == 2
+    assert out.reason is not None and out.reason["contract"]["action"] == "record"
+    assert not ex.ledger.cases(open_only=True)
+
+
+def test_an_unknown_timeout_becomes_a_reconciliation_task(executor: Executor) -> None:
+    """Item 17: on_timeout unknown: the case is held until resume establishes what landed."""
+    ex = _with_rows(executor, TIMEOUT_ROWS)
+    url = ex.connectors.get("insurance").engine.url
+    inputs = {"policy_id": 1, "body": f"maybe {uuid.uuid4().hex[:6]}"}
+    with _holding_policy_1(url), pytest.raises(errors.ReconciliationRequired) as info:
+        ex.call("test.unknown_note", inputs, case="C-unknown", who="agent")
+    assert info.value.details["contract"]["action"] == "reconcile"
+    (state,) = ex.ledger.snapshot("C-unknown")["intents"].values()  # type: ignore[index]
+    assert state["status"] == "reconciliation_task"
+    with pytest.raises(errors.ReconciliationRequired):  # the case is held
+        ex.call("policy.add_note", NOTE, case="C-unknown", who="agent")
+    report = resume(ex, "C-unknown")
+    (only,) = report.intents
+    assert only.classification == "not_applied" and only.outcome == "applied_verified", only
+    assert _notes_with(ex, inputs["body"]) == 1
+
+
+def test_the_review_card_and_tool_say_what_a_timeout_means() -> None:
+    """Item 17: one line, in the card and in the MCP tool description."""
+    from capgate.mcp_server import description_for
+    from registry.loader import validate_texts
+    from registry.review import card
+
+    result = validate_texts([("t.yaml", TIMEOUT_ROWS)])
+    result.raise_for_problems()
+    retry, unknown = sorted(result.rows, key=lambda r: r.operation_id)
+    assert "attempted again at once with the same key (up to 2 attempts)" in card(retry)
+    assert "the case is held until `capgate resume`" in card(unknown)
+    assert "Timeout: after 5 s (or a lost connection) the outcome is unknown" in \
+        description_for(unknown, "insurance", "dev")
+
+
+# --- item 15: a caller key is refused unless the row accepts one, then combined --------------
+
+
+def test_a_caller_key_never_replaces_the_reviewed_key(executor: Executor) -> None:
+    """Item 15: `--key` on a row that does not accept one is CG308 and records nothing."""
+    with pytest.raises(errors.CallerKeyRefused) as info:
+        executor.call("policy.add_note", NOTE, case="C-key", who="agent", key="mine-1")
+    assert info.value.code == "CG308"
+    assert executor.ledger.snapshot("C-key") is None
+    for _ in range(3):  # the row's own key allows one comment, whatever the caller says
+        executor.call("policy.add_note", NOTE, case="C-key", who="agent")
+    assert _notes_with(executor, NOTE["body"]) == 1
+
+
+def test_an_accepted_caller_key_is_combined_with_the_row_key(executor: Executor) -> None:
+    """Item 15: where the row accepts one, the caller key refines the reviewed key."""
+    text = CHECKED_NOTE.format(compensation=UNDO).replace(
+        "    post_commit:", "    accepts_caller_key: true\n    post_commit:").replace(
+        "expect: {value: 2}", "expect: {value: 1}")
+    ex = _with_rows(executor, text)
+    body = f"keyed {uuid.uuid4().hex[:6]}"
+    first = ex.call("test.checked_note", {"policy_id": 1, "body": body}, case="C-ck",
+                    who="agent", key="attempt-a")
+    assert first.status == "applied_verified", first.reason
+    assert first.idempotency_key == f"C-ck:1:{body}|caller:attempt-a"
+    again = ex.call("test.checked_note", {"policy_id": 1, "body": body}, case="C-ck",
+                    who="agent", key="attempt-a")
+    assert again.replayed and again.intent_id == first.intent_id
+    other_case = ex.call("test.checked_note", {"policy_id": 1, "body": body + "2"},
+                         case="C-ck2", who="agent", key="attempt-a")
+    assert other_case.idempotency_key.startswith("C-ck2:")  # type: ignore[union-attr]
+
+
+# --- item 11: a user's mistake is never an internal error -------------------------------------
+
+
+def test_user_mistakes_are_coded_never_internal(tmp_path: Path) -> None:
+    """Item 11: every mistake below is a CapgateError with its code; none is CG999 (exit 5)."""
+    import contextlib
+    import io
+    import json
+
+    from capgate.cli import main
+
+    db = tmp_path / "t.db"
+    config = tmp_path / "capgate.toml"
+    (tmp_path / "grants.toml").write_text(
+        '[principals.agent]\ngrants = [{ connector = "*", environments = ["dev"], '
+        'access = "write" }]\n')
+    config.write_text(f'[capgate]\nledger = "sqlite:///{tmp_path / "l.db"}"\n'
+                      f'grants = "grants.toml"\ncapabilities = ["{CAPABILITIES_DIR}"]\n'
+                      f'[connectors.insurance]\nurl = "sqlite:///{db}"\nenvironment = "dev"\n'
+                      f'[connectors.insurance_code]\nurl = "sqlite:///{db}"\n'
+                      'environment = "dev"\n')
+    engine = sa.create_engine(f"sqlite:///{db}")
+    apply_schema(engine)
+    engine.dispose()
+    common = ["--json", "--config", str(config)]
+    mistakes = [
+        ["call", "policy.get", "--input", "{", "--case", "C", "--as", "agent"],
+        ["call", "policy.get", "--input", "[1]", "--case", "C", "--as", "agent"],
+        ["call", "policy.gett", "--input", "{}", "--case", "C", "--as", "agent"],
+        ["call", "policy.get@x", "--input", "{}", "--case", "C", "--as", "agent"],
+        ["call", "policy.get@99", "--input", "{}", "--case", "C", "--as", "agent"],
+        ["call", "policy.add_note", "--input", '{"policy_id": 1}', "--case", "C", "--as",
+         "agent"],
+        ["call", "policy.add_note", "--input", json.dumps(NOTE), "--case", "C", "--as",
+         "nobody"],
+        ["call", "policy.add_note", "--input", json.dumps(NOTE), "--case", "C", "--as",
+         "agent"],  # capgate's tables are not installed here: CG305
+        ["plan", "policy.purge_orphan", "--input", '{"policy_id": "x"}', "--case", "C",
+         "--as", "agent"],
+        ["approve", "sha256:" + "0" * 64, "--by", "bob", "--role", "dba", "--key",
+         str(tmp_path / "no.key")],
+        ["resume", "NO-SUCH-CASE"],
+        ["ledger", "show", "NO-SUCH-CASE"],
+        ["ledger", "verify", "--case", "NO-SUCH-CASE"],
+        ["target", "install", "no_such_connector"],
+        ["target", "check", "no_such_connector"],
+        ["explain", "CG1234"],
+        ["ddl", "capture", "function:no_such_function_xyz", "--connector", "insurance_code"],
+        ["rehearse", "--connector", "no_such_connector", "--as", "agent"],
+        ["show", "no.such.operation"],
+        ["validate", str(tmp_path / "missing")],
+    ]
+    for argv in mistakes:
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main([*argv, *common])
+        assert code not in (0, errors.EXIT_INTERNAL), (argv, code, out.getvalue(),
+                                                       err.getvalue())
+        text = out.getvalue().strip()
+        assert text and "CG999" not in text, (argv, text, err.getvalue())
+        assert "internal error" not in text + err.getvalue(), (argv, text)

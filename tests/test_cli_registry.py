@@ -108,6 +108,7 @@ def test_validate_ok_and_its_json(batch: dict[str, Run]) -> None:
         "files": [str(GOOD / "office.yaml"), str(GOOD / "stored_code.yaml")],
         "rows": 7,
         "problems": [],
+        "warnings": [],
     }
 
 
