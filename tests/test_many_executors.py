@@ -134,7 +134,7 @@ def test_the_overlap_detector_sees_overlap_without_claims(pg_url: URL,
     """The same workload with claims switched off overlaps: the detector is not vacuous."""
     prepare(pg_url, pg_ledger)
     calls = [(1 + i % TARGETS, f"n{i:03d}") for i in range(24)]
-    results = run_workers(pg_url, pg_ledger, calls, workers=8, claims=False, dwell_ms=20)
+    results = run_workers(pg_url, pg_ledger, calls, workers=8, claims=False, dwell_ms=100)
     assert sum(len(r["applied"]) for r in results) == 24
     assert not any(r["conflicts"] for r in results)
     log = rows(pg_url, "SELECT call_ref, target_id, started, ended FROM lab_log")
