@@ -39,13 +39,13 @@ import sqlalchemy as sa
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import executor.call as call  # noqa: E402
+import executor.context as call  # noqa: E402
 from capgate.sqlfiles import apply_schema  # noqa: E402
 from executor.call import Executor  # noqa: E402
 from executor.connectors import ConnectorConfig, Connectors  # noqa: E402
 from executor.grants import Grants  # noqa: E402
 from executor.ledger import open_ledger  # noqa: E402
-from executor.resume import resume_many  # noqa: E402
+from executor.recovery.resume import resume_many  # noqa: E402
 from executor.target import install_at  # noqa: E402
 from registry.loader import load_registry  # noqa: E402
 

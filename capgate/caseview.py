@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from executor.ledger import Event, Ledger
-from executor.ledger_chain import TERMINAL_STATUSES
+from executor.ledger.chain import TERMINAL_STATUSES
 
 #: outcome status -> the colour class used by the HTML view (and its legend).
 OUTCOME_CLASS = {

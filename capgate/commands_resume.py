@@ -1,6 +1,6 @@
 """``capgate resume``: settle a case's in-flight intents from evidence; and the crash demo.
 
-The logic lives in :mod:`executor.resume`; this module parses, prints and maps
+The logic lives in :mod:`executor.recovery.resume`; this module parses, prints and maps
 the report to an exit code: 0 when every intent is resolved, 3 when anything
 is escalated, unknown, held or changed outside the case.
 """
@@ -52,7 +52,7 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
 def cmd_resume(args: argparse.Namespace) -> int:
     from capgate.api import build_executor
     from capgate.config import load_settings
-    from executor.resume import resolve_escalation, resume, resume_many
+    from executor.recovery.resume import resolve_escalation, resume, resume_many
 
     if bool(args.case) == bool(args.all):
         raise UsageError("name one CASE, or --all for every open case")
@@ -195,7 +195,7 @@ def crash_and_resume_demo(config: str | Path | None = None, *,
     """
     from capgate.api import build_executor
     from capgate.config import load_settings
-    from executor.resume import resume
+    from executor.recovery.resume import resume
     from registry.errors import CapgateError
 
     environ = {**os.environ, **(env or {})}

@@ -764,11 +764,11 @@ def classify_ddl_intent(executor: Executor, case_id: str, intent_id: str,
                         state: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
     """Tell what a DDL intent left on its target, from live signatures; never acts.
 
-    For ``executor.resume``: ``state`` is the intent's state from the case
+    For ``executor.recovery.resume``: ``state`` is the intent's state from the case
     snapshot (``plan_hash``, ``connector``, ``applied_signatures``, ``status``).
     Returns ``(classification, evidence)`` with classification one of
     ``applied``, ``not_applied``, ``partly_applied``, ``unknown`` (the values
-    of ``executor.reconcile_evidence.Classification``) and evidence a JSON
+    of ``executor.recovery.evidence.Classification``) and evidence a JSON
     dict with ``rule``, ``plan_hash``, ``apply_started``, ``next_action`` and
     per object its live, snapshot and planned signatures.  An unreachable
     target, a missing plan or snapshot is ``unknown`` with the error.

@@ -51,7 +51,7 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -59,15 +59,16 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from executor.claims import StoreAccess
+from executor.hooks import CallHooks, HasHooks
 from registry.errors import BudgetExhausted, LedgerError
 
 if TYPE_CHECKING:
-    from executor.call import CallContext, Executor
     from executor.connectors import Connector
+    from executor.context import CallContext
     from executor.ledger import Ledger
 
-__all__ = ["BUDGET_MARGIN_SECONDS", "SlotStore", "Ticket", "connect", "release_unused",
-           "reserve", "scopes_for"]
+__all__ = ["BUDGET_MARGIN_SECONDS", "SessionBudgets", "SlotStore", "Ticket", "holding",
+           "scopes_for", "slot_store"]
 
 BUDGET_MARGIN_SECONDS = 5.0
 """How long past a call's timeout a slot outlives a holder that vanished."""
@@ -214,89 +215,12 @@ class SlotStore:
             waited_seconds=round(waited, 3), holders=holders)
 
 
-# --- per-executor bookkeeping and the executor's hooks ------------------------------
-
-
-@dataclass
-class _Book:
-    store: SlotStore
-    reserved: dict[str, tuple[str, Ticket]] = field(default_factory=dict)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-
-_BOOKS: weakref.WeakKeyDictionary[Any, _Book] = weakref.WeakKeyDictionary()
-_BOOKS_LOCK = threading.Lock()
-_HOOKED: weakref.WeakSet[sa.Engine] = weakref.WeakSet()
-
-
-def _book(executor: Executor) -> _Book:
-    with _BOOKS_LOCK:
-        book = _BOOKS.get(executor)
-        if book is None or book.store.store.engine is not executor.ledger.engine:
-            book = _Book(SlotStore(executor.ledger))
-            _BOOKS[executor] = book
-        return book
-
-
-def slot_store(executor: Executor) -> SlotStore:
-    return _book(executor).store
-
-
-def case_holds_session(executor: Executor, connector: Connector, case_id: str) -> bool:
-    """Whether a call of ``case_id`` (any process) holds a session slot of ``connector``."""
-    store = _book(executor).store
-    return any(h["case_id"] == case_id for scope in scopes_for(connector)
-               for h in store.holders(scope))
+# --- the executor's hook ----------------------------------------------------------------
 
 
 def _ttl(connector: Connector, ctx: CallContext | None) -> float:
     seconds = ctx.row.timeout.seconds if ctx is not None else connector.config.statement_timeout
     return float(seconds) + BUDGET_MARGIN_SECONDS
-
-
-def acquire_for(executor: Executor, connector: Connector,
-                ctx: CallContext | None = None) -> Ticket:
-    return _book(executor).store.acquire(
-        scopes_for(connector), wait=connector.config.budget_wait_seconds,
-        ttl=_ttl(connector, ctx), case_id=ctx.case_id if ctx else None,
-        intent_id=ctx.intent_id if ctx else None)
-
-
-def prepare_target(executor: Executor, connector: Connector,
-                   ctx: CallContext | None = None) -> None:
-    """Once per process and connector: check capgate's tables, under a budget slot.
-
-    The check opens a session of its own; it is counted like any other.  It
-    never creates anything (``capgate target install`` does, once).
-    """
-    if connector.target_checked:
-        return
-    ticket = acquire_for(executor, connector, ctx)
-    try:
-        connector.check_target()
-    finally:
-        ticket.release()
-
-
-def reserve(executor: Executor, ctx: CallContext) -> None:
-    """``Executor.call``, before ``prepared``: the slots of the call's first session."""
-    if ctx.rehearse:
-        return
-    if ctx.row.is_write:
-        prepare_target(executor, ctx.connector, ctx)
-    ticket = acquire_for(executor, ctx.connector, ctx)
-    book = _book(executor)
-    with book.lock:
-        book.reserved[ctx.intent_id] = (ctx.connector.name, ticket)
-
-
-def release_unused(executor: Executor, ctx: CallContext) -> None:
-    """The end of ``Executor.call``: a reservation no session used goes back."""
-    book = _book(executor)
-    with book.lock:
-        entry = book.reserved.pop(ctx.intent_id, None)
-    if entry is not None:
-        entry[1].release()
 
 
 def _on_checkin(_dbapi_conn: Any, record: Any) -> None:
@@ -305,49 +229,118 @@ def _on_checkin(_dbapi_conn: Any, record: Any) -> None:
         ticket.release()
 
 
-def _hook(connector: Connector) -> None:
-    engine = connector.engine
-    if engine in _HOOKED:
-        return
-    with _BOOKS_LOCK:
-        if not sa.event.contains(engine, "checkin", _on_checkin):
-            sa.event.listen(engine, "checkin", _on_checkin)
-        _HOOKED.add(engine)
+class SessionBudgets(CallHooks):
+    """The executor's session budgets: a hook (see :mod:`executor.hooks`) with its own state.
+
+    * ``before_prepared``: reserve the slots of the call's first session, so an
+      exhausted budget refuses before anything is recorded;
+    * ``check_target``: the once-per-process check of capgate's tables, under a
+      slot of its own;
+    * ``open_session``: every target session takes its slots (the call's
+      reservation, or new ones) and gives them back when the connection returns
+      to its pool;
+    * ``after_call``: a reservation no session used goes back.
+    """
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.store = SlotStore(ledger)
+        self._reserved: dict[str, tuple[str, Ticket]] = {}
+        self._lock = threading.Lock()
+        self._hooked: weakref.WeakSet[sa.Engine] = weakref.WeakSet()
+
+    def acquire(self, connector: Connector, ctx: CallContext | None = None) -> Ticket:
+        return self.store.acquire(
+            scopes_for(connector), wait=connector.config.budget_wait_seconds,
+            ttl=_ttl(connector, ctx), case_id=ctx.case_id if ctx else None,
+            intent_id=ctx.intent_id if ctx else None)
+
+    def holds_session(self, connector: Connector, case_id: str) -> bool:
+        """Whether a call of ``case_id`` (any process) holds a session slot of ``connector``."""
+        return any(h["case_id"] == case_id for scope in scopes_for(connector)
+                   for h in self.store.holders(scope))
+
+    def before_prepared(self, ctx: CallContext) -> None:
+        if ctx.rehearse:
+            return
+        if ctx.row.is_write:
+            # the once-per-process check of the target's tables runs first, under a slot
+            # of its own that goes back before the call's reservation is taken (a budget
+            # of 1 would otherwise wait for itself)
+            self.check_target(ctx.connector, ctx)
+        ticket = self.acquire(ctx.connector, ctx)
+        with self._lock:
+            self._reserved[ctx.intent_id] = (ctx.connector.name, ticket)
+
+    def check_target(self, connector: Connector, ctx: CallContext | None) -> None:
+        """The tables' check opens a session of its own; it is counted like any other."""
+        if connector.target_checked:
+            return
+        ticket = self.acquire(connector, ctx)
+        try:
+            connector.check_target()
+        finally:
+            ticket.release()
+
+    def open_session(self, connector: Connector, ctx: CallContext | None,
+                     open_: Callable[[], Connection]) -> Connection:
+        ticket: Ticket | None = None
+        if ctx is not None:
+            with self._lock:
+                entry = self._reserved.get(ctx.intent_id)
+                if entry is not None and entry[0] == connector.name:
+                    ticket = self._reserved.pop(ctx.intent_id)[1]
+        if ticket is None:
+            ticket = self.acquire(connector, ctx)
+        self._hook(connector)
+        try:
+            conn = open_()
+        except BaseException:
+            ticket.release()
+            raise
+        info: dict[str, Any] | None = conn.connection.record_info
+        if info is not None:
+            info[_RECORD_KEY] = ticket
+        else:  # no pool record to carry it: the slot expires on its own
+            ticket.release()
+        opened: Connection = conn
+        return opened
+
+    def after_call(self, ctx: CallContext, error: BaseException | None) -> None:
+        with self._lock:
+            entry = self._reserved.pop(ctx.intent_id, None)
+        if entry is not None:
+            entry[1].release()
+
+    def _hook(self, connector: Connector) -> None:
+        engine = connector.engine
+        if engine in self._hooked:
+            return
+        with self._lock:
+            if not sa.event.contains(engine, "checkin", _on_checkin):
+                sa.event.listen(engine, "checkin", _on_checkin)
+            self._hooked.add(engine)
 
 
-def connect(executor: Executor, connector: Connector,
-            ctx: CallContext | None = None) -> Connection:
-    """``Executor._connect``: a budget slot first (the call's reservation, or a new one)."""
-    ticket: Ticket | None = None
-    if ctx is not None:
-        book = _book(executor)
-        with book.lock:
-            entry = book.reserved.get(ctx.intent_id)
-            if entry is not None and entry[0] == connector.name:
-                ticket = book.reserved.pop(ctx.intent_id)[1]
-    if ticket is None:
-        ticket = acquire_for(executor, connector, ctx)
-    _hook(connector)
-    try:
-        conn = connector.engine.connect()
-    except BaseException:
-        ticket.release()
-        raise
-    info: dict[str, Any] | None = conn.connection.record_info
-    if info is not None:
-        info[_RECORD_KEY] = ticket
-    else:  # no pool record to carry it: the slot expires on its own
-        ticket.release()
-    return conn
+def budgets_of(owner: HasHooks) -> SessionBudgets:
+    found = owner.hooks.find(SessionBudgets)
+    if found is None:
+        raise LookupError("this executor has no session-budgets hook")
+    return found
+
+
+def slot_store(owner: HasHooks) -> SlotStore:
+    return budgets_of(owner).store
 
 
 @contextlib.contextmanager
-def holding(executor: Executor, connector: Connector, count: int) -> Iterator[list[Connection]]:
+def holding(owner: HasHooks, connector: Connector,
+            count: int) -> Iterator[list[Connection]]:
     """Hold ``count`` budgeted sessions open (tests, tools): a busy neighbour on demand."""
+    budgets = budgets_of(owner)
     conns: list[Connection] = []
     try:
         for _ in range(count):
-            conns.append(connect(executor, connector))
+            conns.append(budgets.open_session(connector, None, connector.engine.connect))
             probe = "SELECT 1 FROM dual" if connector.dialect.name == "oracle" else "SELECT 1"
             conns[-1].execute(sa.text(probe))
             conns[-1].rollback()

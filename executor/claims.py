@@ -61,9 +61,15 @@ timeout (re-armed by the lease to the time left) before the margin runs out,
 so it cannot COMMIT afterwards.  On engines without a server-side lease
 (SQLite, Oracle) that last window is bounded only by the margin.
 
-Same case, same key: a case claiming a key it already holds takes it over
-with a new token (a resumed retry of a crashed intent, a compensation): the
-older attempt of that case is fenced out exactly like another case's would be.
+Same case, same key: a call of a case that already holds the key joins the
+hold (same token; the newest claimant becomes the holder that releases it), so
+two calls of one case never fence each other out.  Resume's retry of an
+attempt takes the key over with a new token: the older attempt of that case
+is fenced out exactly like another case's would be.
+
+The claims are a hook of the executor (:class:`ImpactClaims`, see
+:mod:`executor.hooks`): claimed in the ``prepared`` transaction, fenced before
+COMMIT, released after ``observed`` or at the end of the call.
 """
 
 from __future__ import annotations
@@ -75,15 +81,16 @@ import os
 import socket
 import threading
 import uuid
-import weakref
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
+from executor.context import CallContext, Rollback
 from executor.dialects.base import FENCE_TABLE
+from executor.hooks import CallHooks, HasHooks
 from executor.plan import impact_keys
 from registry.errors import (
     CapgateError,
@@ -95,7 +102,6 @@ from registry.errors import (
 from registry.model import EffectClass
 
 if TYPE_CHECKING:
-    from executor.call import CallContext, Executor
     from executor.ledger import Ledger
 
 __all__ = [
@@ -103,6 +109,7 @@ __all__ = [
     "FENCE_TABLE",
     "ClaimStore",
     "HeldClaim",
+    "ImpactClaims",
     "claim_ttl",
     "claims_enabled",
     "set_claims",
@@ -345,49 +352,7 @@ class ClaimStore:
         return out
 
 
-# --- per-executor bookkeeping -----------------------------------------------------
-
-
-@dataclass
-class _Book:
-    store: ClaimStore
-    enabled: bool = True
-    held: dict[str, HeldClaim] = field(default_factory=dict)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-
-_BOOKS: weakref.WeakKeyDictionary[Any, _Book] = weakref.WeakKeyDictionary()
-_BOOKS_LOCK = threading.Lock()
-
-
-def _book(executor: Executor) -> _Book:
-    with _BOOKS_LOCK:
-        book = _BOOKS.get(executor)
-        if book is None or book.store.store.engine is not executor.ledger.engine:
-            enabled = book.enabled if book is not None else True
-            book = _Book(ClaimStore(executor.ledger), enabled)
-            _BOOKS[executor] = book
-        return book
-
-
-def store_for(executor: Executor) -> ClaimStore:
-    """The claim store of ``executor``'s ledger."""
-    return _book(executor).store
-
-
-def set_claims(executor: Executor, enabled: bool) -> None:
-    """Turn impact claims (and the fence) on or off for one executor (benchmarks only)."""
-    _book(executor).enabled = enabled
-
-
-def claims_enabled(executor: Executor) -> bool:
-    return _book(executor).enabled
-
-
-def held(executor: Executor, intent_id: str) -> HeldClaim | None:
-    book = _book(executor)
-    with book.lock:
-        return book.held.get(intent_id)
+# --- the executor's hook ------------------------------------------------------------
 
 
 def claim_ttl(ctx: CallContext) -> float:
@@ -405,114 +370,131 @@ def fence_margin(ctx: CallContext) -> float:
     return float(ctx.row.timeout.seconds) + CLAIM_MARGIN_SECONDS
 
 
-def _wants_claim(executor: Executor, ctx: CallContext) -> bool:
-    return (not ctx.rehearse and ctx.row.effect_class is not EffectClass.READ
-            and _book(executor).enabled)
+class ImpactClaims(CallHooks):
+    """The executor's impact claims: a hook (see :mod:`executor.hooks`) with its own state.
 
-
-def _take(executor: Executor, ctx: CallContext, *, release_on_observed: bool) -> HeldClaim:
-    book = _book(executor)
-    keys = impact_keys(ctx.row, ctx.inputs, ctx.connector.environment)
-    claim = book.store.acquire(keys, case_id=ctx.case_id, intent_id=ctx.intent_id,
-                               operation_id=ctx.row.operation_id, ttl=claim_ttl(ctx),
-                               takeover=ctx.resumed)
-    if release_on_observed:
-        claim = dataclasses.replace(claim, release_on_observed=True)
-    with book.lock:
-        book.held[ctx.intent_id] = claim
-    return claim
-
-
-# --- the executor's hooks (executor/call.py) ---------------------------------------
-
-
-def claim_within_prepared(executor: Executor, ctx: CallContext,
-                          conn: Connection) -> HeldClaim | None:
-    """``Executor._prepared``: claim the write's impact keys in the ``prepared`` transaction.
-
-    The claim is remembered by the caller (:func:`remember`) once that
-    transaction committed.
+    * ``within_prepared``: claim the write's keys in the ``prepared`` transaction
+      (kept once that transaction committed, ``after_prepared``);
+    * ``before_write``: a write reached without a call (resume's retry, a
+      compensation) claims now -- resume's retry takes the key over with a new
+      token, fencing the older attempt;
+    * ``before_commit``: the fence (target row, then ledger renewal);
+    * ``after_observed`` / ``after_call``: release (kept until expiry after an
+      unknown outcome).
     """
-    if not _wants_claim(executor, ctx):
-        return None
-    keys = impact_keys(ctx.row, ctx.inputs, ctx.connector.environment)
-    return _book(executor).store.acquire_on(
-        conn, keys, case_id=ctx.case_id, intent_id=ctx.intent_id,
-        operation_id=ctx.row.operation_id, ttl=claim_ttl(ctx))
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.store = ClaimStore(ledger)
+        self.enabled = True
+        """False turns claims and the fence off (benchmarks only)."""
+        self._held: dict[str, HeldClaim] = {}
+        self._pending: dict[str, HeldClaim] = {}
+        self._lock = threading.Lock()
+
+    def held(self, intent_id: str) -> HeldClaim | None:
+        """The claim an intent holds in this executor, if any."""
+        with self._lock:
+            return self._held.get(intent_id)
+
+    def _wants(self, ctx: CallContext) -> bool:
+        return (self.enabled and not ctx.rehearse
+                and ctx.row.effect_class is not EffectClass.READ)
+
+    def within_prepared(self, ctx: CallContext, conn: Connection) -> None:
+        if not self._wants(ctx):
+            return
+        keys = impact_keys(ctx.row, ctx.inputs, ctx.connector.environment)
+        taken = self.store.acquire_on(conn, keys, case_id=ctx.case_id, intent_id=ctx.intent_id,
+                                      operation_id=ctx.row.operation_id, ttl=claim_ttl(ctx))
+        with self._lock:  # may run again (a lost race is retried): the last run counts
+            self._pending[ctx.intent_id] = taken
+
+    def after_prepared(self, ctx: CallContext) -> None:
+        with self._lock:
+            taken = self._pending.pop(ctx.intent_id, None)
+            if taken is not None:
+                self._held[ctx.intent_id] = taken
+
+    def before_write(self, ctx: CallContext) -> None:
+        if not self._wants(ctx) or self.held(ctx.intent_id) is not None:
+            return
+        keys = impact_keys(ctx.row, ctx.inputs, ctx.connector.environment)
+        taken = self.store.acquire(keys, case_id=ctx.case_id, intent_id=ctx.intent_id,
+                                   operation_id=ctx.row.operation_id, ttl=claim_ttl(ctx),
+                                   takeover=ctx.resumed)
+        with self._lock:
+            self._held[ctx.intent_id] = dataclasses.replace(taken, release_on_observed=True)
+
+    def before_commit(self, ctx: CallContext, conn: Connection) -> None:
+        """Just before COMMIT: refuse (roll back) a write whose claim was taken over."""
+        claim = self.held(ctx.intent_id)
+        if claim is None:
+            return
+        stale = target_fence(ctx, conn, claim, namespace=self.store.ledger_id())
+        if stale is not None:
+            raise Rollback({"kind": "stale_fence", "code": StaleFence.code, "where": "target",
+                            **stale,
+                            "message": "a newer claim of this target already wrote; this "
+                                       "holder's claim had expired and was taken over"})
+        lost = self.store.renew(claim, margin=fence_margin(ctx))
+        if lost:
+            now = self.store.current(lost[0]) or {}
+            raise Rollback({"kind": "stale_fence", "code": StaleFence.code, "where": "ledger",
+                            "impact_key": lost[0],
+                            "token": claim.tokens[lost[0]], "current_token": now.get("token"),
+                            "holder_case": now.get("case_id"),
+                            "holder_intent": now.get("intent_id"),
+                            "message": "the impact claim expired and was taken over before "
+                                       "COMMIT; nothing was committed"})
+
+    def after_observed(self, ctx: CallContext) -> None:
+        """Release what ``before_write`` took (a call releases its own in ``after_call``)."""
+        claim = self.held(ctx.intent_id)
+        if claim is not None and claim.release_on_observed:
+            self._release(ctx.intent_id)
+
+    def after_call(self, ctx: CallContext, error: BaseException | None) -> None:
+        """The end of ``Executor.call``: release, unless the outcome is unknown.
+
+        After ``OutcomeUnknown`` (connection lost around COMMIT) the claim is kept
+        until it expires: the target may still be settling, and resume takes the
+        key over for the same case.
+        """
+        with self._lock:
+            self._pending.pop(ctx.intent_id, None)
+        if isinstance(error, OutcomeUnknown):
+            with self._lock:
+                self._held.pop(ctx.intent_id, None)
+            return
+        self._release(ctx.intent_id)
+
+    def _release(self, intent_id: str) -> None:
+        with self._lock:
+            claim = self._held.pop(intent_id, None)
+        if claim is not None:
+            with contextlib.suppress(LedgerError):  # it expires on its own
+                self.store.release(claim)
 
 
-def remember(executor: Executor, claim: HeldClaim) -> None:
-    """Hold ``claim`` for its intent (released at the end of its call)."""
-    book = _book(executor)
-    with book.lock:
-        book.held[claim.intent_id] = claim
+def _claims_of(owner: HasHooks) -> ImpactClaims:
+    found = owner.hooks.find(ImpactClaims)
+    if found is None:
+        raise LookupError("this executor has no impact-claims hook")
+    return found
 
 
-def ensure_claimed(executor: Executor, ctx: CallContext) -> None:
-    """``run_transaction``: a write reached without ``call`` (resume, compensation) claims now."""
-    if not _wants_claim(executor, ctx) or held(executor, ctx.intent_id) is not None:
-        return
-    from executor.budget import prepare_target
-
-    prepare_target(executor, ctx.connector, ctx)
-    _take(executor, ctx, release_on_observed=True)
+def store_for(owner: HasHooks) -> ClaimStore:
+    """The claim store of an executor (tests, tools)."""
+    return _claims_of(owner).store
 
 
-def release_after_observed(executor: Executor, ctx: CallContext) -> None:
-    """``_observed``: release what ``ensure_claimed`` took (``call`` releases its own)."""
-    claim = held(executor, ctx.intent_id)
-    if claim is not None and claim.release_on_observed:
-        _release(executor, ctx.intent_id)
+def set_claims(owner: HasHooks, enabled: bool) -> None:
+    """Turn impact claims (and the fence) on or off for one executor (benchmarks only)."""
+    _claims_of(owner).enabled = enabled
 
 
-def release_after_call(executor: Executor, ctx: CallContext,
-                       error: BaseException | None) -> None:
-    """The end of ``Executor.call``: release, unless the outcome is unknown.
-
-    After ``OutcomeUnknown`` (connection lost around COMMIT) the claim is kept
-    until it expires: the target may still be settling, and resume takes the
-    key over for the same case.
-    """
-    if isinstance(error, OutcomeUnknown):
-        book = _book(executor)
-        with book.lock:
-            book.held.pop(ctx.intent_id, None)
-        return
-    _release(executor, ctx.intent_id)
-
-
-def _release(executor: Executor, intent_id: str) -> None:
-    book = _book(executor)
-    with book.lock:
-        claim = book.held.pop(intent_id, None)
-    if claim is not None:
-        with contextlib.suppress(LedgerError):  # it expires on its own
-            book.store.release(claim)
-
-
-def fence(executor: Executor, ctx: CallContext, conn: Connection) -> None:
-    """Just before COMMIT: refuse (roll back) a write whose claim was taken over."""
-    claim = held(executor, ctx.intent_id)
-    if claim is None:
-        return
-    from executor.call import Rollback
-
-    stale = target_fence(ctx, conn, claim, namespace=_book(executor).store.ledger_id())
-    if stale is not None:
-        raise Rollback({"kind": "stale_fence", "code": StaleFence.code, "where": "target",
-                        **stale,
-                        "message": "a newer claim of this target already wrote; this "
-                                   "holder's claim had expired and was taken over"})
-    lost = _book(executor).store.renew(claim, margin=fence_margin(ctx))
-    if lost:
-        now = _book(executor).store.current(lost[0]) or {}
-        raise Rollback({"kind": "stale_fence", "code": StaleFence.code, "where": "ledger",
-                        "impact_key": lost[0],
-                        "token": claim.tokens[lost[0]], "current_token": now.get("token"),
-                        "holder_case": now.get("case_id"),
-                        "holder_intent": now.get("intent_id"),
-                        "message": "the impact claim expired and was taken over before "
-                                   "COMMIT; nothing was committed"})
+def claims_enabled(owner: HasHooks) -> bool:
+    return _claims_of(owner).enabled
 
 
 # --- the target's fence row -------------------------------------------------------------

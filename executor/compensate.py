@@ -7,8 +7,8 @@ marker, observed -- so that a crash during compensation is reconciled like
 any other write.  ``compensated`` is claimed only when that compensation
 committed *and* the row's ``compensation_verify`` checks, re-reading the
 restored state after its COMMIT, say so; anything else is
-``compensation_failed``, and the compensation intent escalates with its
-evidence (the case stays open until a person decides).  The original
+``compensation_failed``: the compensation intent escalates with its evidence
+(it stays open, holding the case, until a person decides).  The original
 intent's recorded outcome becomes the final one, so a replay of the same
 request never says ``applied_verified`` for an effect that was undone.
 """
@@ -17,26 +17,28 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import sqlalchemy as sa
 
+from executor import boundaries
 from executor import outcome as oc
 from executor.checks import CheckResult
+from executor.context import CallContext
 from executor.outcome import Outcome
-from executor.plan import binds_for
+from executor.runtime import Runtime
+from executor.transaction import run_checks, run_statements, run_transaction
 
-if TYPE_CHECKING:
-    from executor.call import CallContext, Executor
+__all__ = ["compensate", "finish_compensation", "record_final", "run_compensation"]
 
 
-def compensate(executor: Executor, ctx: CallContext, applied: Outcome,
+def compensate(rt: Runtime, ctx: CallContext, applied: Outcome,
                failed: list[CheckResult], evidence: dict[str, Any]) -> Outcome:
+    """Run the row's compensation for ``ctx``'s applied effect; the final outcome."""
     comp = dataclasses.replace(
         ctx, intent_id=uuid.uuid4().hex,
         idem_key=f"{ctx.idem_key}#compensation" if ctx.idem_key else None)
-    ledger = executor.ledger
-    ledger.append(ctx.case_id, "prepared", {
+    rt.ledger.append(ctx.case_id, "prepared", {
         "request": {"compensates": ctx.intent_id, "operation_id": ctx.row.operation_id,
                     "version": ctx.row.version},
         "state": {"operation_id": ctx.row.operation_id, "version": ctx.row.version,
@@ -46,21 +48,16 @@ def compensate(executor: Executor, ctx: CallContext, applied: Outcome,
                   "effect_class": "compensation", "attempt": 0,
                   "inputs": dict(ctx.inputs), "who": ctx.who},
     }, intent_id=comp.intent_id)
-    failures = [f.to_dict() for f in failed]
     if not ctx.row.compensation:
         # only a row built in code can get here (validation refuses it, CG124): nothing
         # can undo the effect, so nothing may claim it was undone
         result = comp.outcome(oc.ROLLED_BACK, {}, {"kind": "no_compensation",
                                                    "message": "the row declares no "
                                                               "compensation; nothing ran"})
-        checks: list[dict[str, Any]] = []
     else:
-        result = executor.run_transaction(comp, lambda conn, ev: run_compensation(comp, conn, ev))
-        executor._observed(comp, result)
-        checks = []
-        if result.status == oc.APPLIED:
-            checks = verify_restored(executor, comp)
-    restored = result.status == oc.APPLIED and bool(checks) and all(c["ok"] for c in checks)
+        result = run_transaction(rt, comp, lambda conn, ev: run_compensation(comp, conn, ev))
+    restored, checks = finish_compensation(rt, comp, result)
+    failures = [f.to_dict() for f in failed]
     comp_evidence = {"intent_id": comp.intent_id, "status": result.status,
                      "evidence": dict(result.evidence), "restored_checks": checks}
     if restored:
@@ -76,26 +73,49 @@ def compensate(executor: Executor, ctx: CallContext, applied: Outcome,
         reason = {"kind": "compensation_failed", "checks": failures, "why": why,
                   "compensation_intent": comp.intent_id,
                   "compensation": dict(result.reason or {}), "restored_checks": checks}
-        ledger.append(ctx.case_id, "escalated", {
-            "state": {"escalation": reason}}, intent_id=comp.intent_id)
     final = Outcome(**{**applied.__dict__, "status": status,
                        "evidence": {**evidence, "compensation": comp_evidence},
                        "reason": reason})
     record = final.to_dict()
     # the original intent's recorded outcome is the final one (a replay must not say applied)
-    ledger.append(ctx.case_id, "observed", {
+    rt.ledger.append(ctx.case_id, "observed", {
         "outcome": record, "after_compensation": comp.intent_id,
         "state": {"outcome": status, "outcome_record": record}}, intent_id=ctx.intent_id)
-    ledger.append(ctx.case_id, "post_commit_failed", {
+    rt.ledger.append(ctx.case_id, "post_commit_failed", {
         "case_state": {"last_compensation": {"intent_id": ctx.intent_id,
                                              "status": status}}})
     return final
 
 
-def record_final(executor: Executor, case_id: str, original: str, compensation: str,
+def finish_compensation(rt: Runtime, comp: CallContext, result: Outcome
+                        ) -> tuple[bool, list[dict[str, Any]]]:
+    """Record how a compensation attempt ended: observed when restored, else escalated.
+
+    Restored means the compensation committed *and* its ``compensation_verify``
+    checks pass on a re-read after COMMIT.  A compensation that is not restored
+    never closes: it escalates (a person decides), and stays open, holding the
+    case.  Returns (restored, the checks as recorded).
+    """
+    checks = verify_restored(rt, comp) if result.status == oc.APPLIED else []
+    restored = result.status == oc.APPLIED and bool(checks) and all(c["ok"] for c in checks)
+    if restored:
+        boundaries.observed(rt, comp, result)
+    else:
+        record = result.to_dict()
+        rt.ledger.append(comp.case_id, "escalated", {"outcome": record, "state": {
+            "outcome": result.status, "outcome_record": record,
+            "escalation": {"kind": "compensation_failed", "by": "executor",
+                           "compensation": dict(result.reason or {}),
+                           "restored_checks": checks}}},
+            intent_id=comp.intent_id, attempt=comp.attempt)
+        rt.hooks.after_observed(comp)
+    return restored, checks
+
+
+def record_final(rt: Runtime, case_id: str, original: str, compensation: str,
                  status: str, checks: list[dict[str, Any]]) -> None:
     """Resume finished a compensation: the original intent's outcome becomes ``status``."""
-    state = executor.ledger.intent(case_id, original)
+    state = rt.ledger.intent(case_id, original)
     record = dict(state.get("outcome_record") or {})
     if not record:
         return  # the original was never observed: resume settles it on its own
@@ -104,32 +124,21 @@ def record_final(executor: Executor, case_id: str, original: str, compensation: 
                                          oc.COMPENSATED else "compensation_failed",
                                          "compensation_intent": compensation,
                                          "restored_checks": checks}, replayed=False)
-    executor.ledger.append(case_id, "observed", {
+    rt.ledger.append(case_id, "observed", {
         "outcome": record, "after_compensation": compensation,
         "state": {"outcome": status, "outcome_record": record}}, intent_id=original)
 
 
 def run_compensation(ctx: CallContext, conn: sa.Connection, evidence: dict[str, Any]) -> None:
     """The row's compensation statements with their expected counts, in ``conn``'s transaction."""
-    from executor.call import Rollback
-
-    dialect = ctx.connector.dialect
-    counts: list[int] = []
-    evidence["counts"] = counts
-    for i, st in enumerate(ctx.row.compensation):
-        n = conn.execute(sa.text(dialect.sql(st.sql, ctx.tag)),
-                         binds_for(st.sql, ctx.inputs)).rowcount
-        counts.append(n)
-        if st.expect_rows is not None and not st.expect_rows.matches(n):
-            raise Rollback({"kind": "count", "statement": i, "sql": st.sql,
-                            "expected": st.expect_rows.to_value(), "actual": n})
+    run_statements(ctx, conn, evidence, ctx.row.compensation)
 
 
-def verify_restored(executor: Executor, ctx: CallContext) -> list[dict[str, Any]]:
+def verify_restored(rt: Runtime, ctx: CallContext) -> list[dict[str, Any]]:
     """The row's ``compensation_verify`` checks, after the compensation's COMMIT."""
     if not ctx.row.compensation_verify:
         return []
-    results = executor.run_checks(ctx, ctx.row.compensation_verify)
-    executor.ledger.append(ctx.case_id, "compensation_verified", {
+    results = run_checks(rt, ctx, ctx.row.compensation_verify)
+    rt.ledger.append(ctx.case_id, "compensation_verified", {
         "checks": [r.to_dict() for r in results]}, intent_id=None)
     return [r.to_dict() for r in results]

@@ -37,9 +37,9 @@ transaction is open, and it is enforced three times:
    intent whose recorded deadline has passed, and ``resume`` classifies the
    intent from the target's evidence as usual.
 
-The Python API :func:`lease` (also ``Executor.lease``) runs a leased row and
-accepts the registered step functions it expects to run, as names or as the
-very function objects registered; an unregistered callable is refused.
+The Python API ``Executor.lease`` runs a leased row and accepts the
+registered step functions it expects to run, as names or as the very
+function objects registered; an unregistered callable is refused.
 """
 
 from __future__ import annotations
@@ -57,22 +57,29 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
+from executor import boundaries
 from executor import outcome as oc
-from executor.checks import evaluate
+from executor.claims import ImpactClaims
+from executor.context import CallContext, Rollback
 from executor.outcome import Outcome
-from executor.plan import binds_for
-from registry.errors import AttemptSuperseded, LeaseExpired, UsageError
-from registry.model import Shape
+from executor.runtime import Runtime
+from executor.steps import require, run_registered
+from executor.transaction import (
+    checked,
+    counted,
+    expect_count,
+    run_transaction,
+    verify_and_replay,
+)
+from registry.errors import AttemptSuperseded, LeaseExpired
 
 if TYPE_CHECKING:
-    from executor.call import CallContext, Executor
     from executor.connectors import Connector
     from executor.ledger import Ledger
 
 __all__ = [
     "ESCALATE_AFTER_SECONDS",
     "Lease",
-    "lease",
     "run_leased",
     "sweep_expired_leases",
 ]
@@ -218,8 +225,6 @@ class Lease:
             self.step_at_deadline = self.step
             self.enforced_by = "deadline_check"
         if self.expired:
-            from executor.call import Rollback
-
             self.state = "done"
             if self.terminated:
                 conn.invalidate()  # the watchdog ended the session: nothing to roll back
@@ -321,25 +326,21 @@ class Lease:
 # --- the runner -----------------------------------------------------------------------
 
 
-def check_steps(executor: Executor, ctx: CallContext) -> None:
+def check_steps(ctx: CallContext) -> None:
     """Refuse, before anything is recorded, a row naming a function nobody registered."""
-    from executor.steps import require
-
     for step in ctx.row.steps:
         if step.function is not None:
             require(step.function)
 
 
-def run_leased(executor: Executor, ctx: CallContext) -> Outcome:
-    from executor.call import Rollback
-
+def run_leased(rt: Runtime, ctx: CallContext) -> Outcome:
+    """Shape B: the row's declared steps in one transaction under its deadline."""
     row = ctx.row
-    ctx.connector.check_target()
-    check_steps(executor, ctx)
+    rt.check_target(ctx.connector, ctx)
+    check_steps(ctx)
     leases: list[Lease] = []
 
     def body(conn: sa.Connection, evidence: dict[str, Any]) -> None:
-        dialect = ctx.connector.dialect
         current = Lease(ctx, conn)
         leases.append(current)
         _WATCHDOG.at(current.deadline, current, current.fire)
@@ -349,13 +350,12 @@ def run_leased(executor: Executor, ctx: CallContext) -> Outcome:
         evidence["counts"] = counts
         try:
             if not ctx.rehearse:
-                from executor.claims import held
-
-                claim = held(executor, ctx.intent_id)
                 record = current.record()
+                claims = rt.hooks.find(ImpactClaims)
+                claim = claims.held(ctx.intent_id) if claims is not None else None
                 if claim is not None:
                     record["claims"] = dict(claim.tokens)
-                executor.ledger.append(ctx.case_id, "lease_started", {"state": {
+                rt.ledger.append(ctx.case_id, "lease_started", {"state": {
                     "lease": record}}, intent_id=ctx.intent_id, attempt=ctx.attempt)
             skip_to: str | None = None
             for step in row.steps:
@@ -366,17 +366,11 @@ def run_leased(executor: Executor, ctx: CallContext) -> Outcome:
                     skip_to = None
                 current.enter(conn, step.name)
                 if step.sql is not None:
-                    n = conn.execute(sa.text(dialect.sql(step.sql, ctx.tag)),
-                                     binds_for(step.sql, ctx.inputs)).rowcount
-                    counts.append(n)
+                    n = counted(ctx, conn, step.sql, counts)
                     trace.append({"step": step.name, "rows": n})
-                    if step.expect_rows is not None and not step.expect_rows.matches(n):
-                        raise Rollback({"kind": "count", "step": step.name, "sql": step.sql,
-                                        "expected": step.expect_rows.to_value(), "actual": n})
+                    expect_count(n, step.expect_rows, step.sql, {"step": step.name})
                 elif step.check is not None and step.expect is not None:
-                    rows = conn.execute(sa.text(dialect.sql(step.check, ctx.tag)),
-                                        binds_for(step.check, ctx.inputs)).fetchmany(1001)
-                    result = evaluate(step.name, step.expect, rows)
+                    result = checked(ctx, conn, step.name, step.check, step.expect)
                     trace.append({"step": step.name, "check": result.to_dict()})
                     if result.ok:
                         continue
@@ -386,33 +380,31 @@ def run_leased(executor: Executor, ctx: CallContext) -> Outcome:
                                         "actual": result.actual})
                     skip_to = step.skip_to
                 else:
-                    from executor.steps import run_registered
-
                     trace.append(run_registered(step.function or "", conn, ctx))
             current.enter(conn, "verify")
-            executor.verify_and_replay(ctx, conn, evidence)
+            verify_and_replay(ctx, conn, evidence)
             current.finish(conn)
         finally:
             current.close()
             evidence["lease"] = current.summary()
 
     if not ctx.rehearse:
-        executor._prepared(ctx)
+        boundaries.prepared(rt, ctx)
 
     def attempt(current: CallContext) -> Outcome:
         nonlocal ctx
         ctx = current  # the steps above run under the attempt's context
         leases.clear()
-        result = executor.run_transaction(current, body)
-        return _settle(executor, current, leases[0], result) if leases else result
+        result = run_transaction(rt, current, body)
+        return _settle(rt, current, leases[0], result) if leases else result
 
-    ctx, result = executor.attempts(ctx, attempt)
+    ctx, result = boundaries.attempts(rt, ctx, attempt)
     if ctx.rehearse:
         return result
-    return executor._observed(ctx, result)
+    return boundaries.observed(rt, ctx, result)
 
 
-def _settle(executor: Executor, ctx: CallContext, current: Lease, result: Outcome) -> Outcome:
+def _settle(rt: Runtime, ctx: CallContext, current: Lease, result: Outcome) -> Outcome:
     """Name the expiry in the outcome; record ``lease_released`` / ``lease_expired``."""
     reason = dict(result.reason) if result.reason is not None else None
     if result.status == oc.ROLLED_BACK and not current.expired and reason is not None \
@@ -430,48 +422,12 @@ def _settle(executor: Executor, ctx: CallContext, current: Lease, result: Outcom
     if not ctx.rehearse:
         kind = "lease_expired" if current.expired else "lease_released"
         try:
-            executor.ledger.append(ctx.case_id, kind, {"state": {"lease": {
+            rt.ledger.append(ctx.case_id, kind, {"state": {"lease": {
                 **current.record(), **current.summary(), "outcome": result.status,
                 "ended_at": _iso(time.time())}}}, intent_id=ctx.intent_id, attempt=ctx.attempt)
         except AttemptSuperseded as late:  # woken after resume settled or retried the intent
-            from executor.reconcile_fence import record_stale
-
-            record_stale(executor.ledger, ctx, result, late)
+            boundaries.record_stale(rt, ctx, result, late)
     return result
-
-
-# --- the Python API -------------------------------------------------------------------
-
-
-def lease(executor: Executor, operation_id: str, inputs: Mapping[str, Any], *, case: str,
-          who: str, steps: Sequence[str | Callable[..., Any]] | None = None,
-          version: int | None = None, key: str | None = None, task: str | None = None,
-          plan_hash: str | None = None) -> Outcome:
-    """Run a leased row: its declared steps, under its deadline, then COMMIT or ROLLBACK.
-
-    ``steps`` names the registered step functions the caller expects the row to
-    run, as names or as the registered function objects themselves.  Each must
-    be registered (else UnregisteredStep, before anything is recorded) and
-    together they must be the row's ``function`` steps in order (else
-    UsageError): what runs inside a lease is always the reviewed row, never
-    code handed in by the caller.
-    """
-    from executor.steps import registered_name, require
-
-    row, _ = executor.resolve(operation_id, version)
-    if row.shape is not Shape.LEASED:
-        raise UsageError(f"{row.ref} is not a leased row (shape {row.shape}); use call()")
-    declared = [s.function for s in row.steps if s.function is not None]
-    for name in declared:
-        require(name)
-    if steps is not None:
-        offered = [registered_name(s) for s in steps]
-        if offered != declared:
-            raise UsageError(f"{row.ref} runs the step functions {declared}, not {offered}; "
-                             "a lease runs exactly the reviewed row's steps",
-                             declared=declared, offered=offered)
-    return executor.call(operation_id, inputs, case=case, who=who, version=version, key=key,
-                         task=task, plan_hash=plan_hash)
 
 
 # --- after a crash --------------------------------------------------------------------

@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from registry.errors import UnregisteredStep
 
 if TYPE_CHECKING:
-    from executor.call import CallContext
+    from executor.context import CallContext
 
 StepFunction = Callable[[sa.Connection, "CallContext"], dict[str, Any]]
 _REGISTRY: dict[str, StepFunction] = {}

@@ -44,16 +44,16 @@ def _install_stop(stop_at: str | None) -> None:
     """Make the executor's boundary hook stop (SIGSTOP) this process at ``stop_at``."""
     if not stop_at:
         return
-    import executor.call as call
+    import executor.context as context
 
-    original = call.crash_point
+    original = context.crash_point
 
     def hook(name: str) -> None:
         if name == stop_at:
             os.kill(os.getpid(), signal.SIGSTOP)
         original(name)
 
-    call.crash_point = hook
+    context.crash_point = hook
 
 
 def run(spec: Mapping[str, Any]) -> int:
@@ -75,7 +75,7 @@ def run(spec: Mapping[str, Any]) -> int:
                             executor.connectors, executor.ledger, executor.grants)
     try:
         if spec.get("resume"):  # resume the case instead: a crash inside resume's retry
-            from executor.resume import resume
+            from executor.recovery.resume import resume
 
             report = resume(executor, spec["case"])
             result: dict[str, Any] = report.to_dict()
@@ -109,7 +109,7 @@ def _describe(pid: int, status: int) -> dict[str, Any]:
 
 def serve() -> None:
     """The zygote loop (see the module docstring)."""
-    import executor.resume  # noqa: F401  (warm the imports the children need)
+    import executor.recovery.resume  # noqa: F401  (warm the imports the children need)
     from tests.fix_capgate import registry
 
     registry()

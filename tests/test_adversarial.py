@@ -21,7 +21,7 @@ from capgate.sqlfiles import apply_schema
 from executor.call import Executor
 from executor.dialects import dialect_for
 from executor.dialects.base import MARKER_TABLE
-from executor.resume import resume
+from executor.recovery.resume import resume
 from registry import errors
 from tests.crash_child import Zygote
 from tests.fix_capgate import make_executor, table_dump
@@ -334,7 +334,7 @@ def test_a_taken_marker_key_is_evidence_not_a_rollback(target_url: URL,
 def _edit_snapshot(ex: Executor, case: str, edit: Callable[[dict[str, Any]], None]) -> None:
     import json
 
-    from executor.ledger_schema import cases
+    from executor.ledger.schema import cases
 
     with ex.ledger.engine.begin() as conn:
         text = conn.execute(sa.select(cases.c.snapshot).where(cases.c.case_id == case)
@@ -739,7 +739,7 @@ def _forge(ex: Executor, plan_hash: str, approver: str, role: str) -> str:
     """An approval row written straight into the store, as an agent with its credentials could."""
     import datetime as dt
 
-    from executor.ledger_schema import approvals
+    from executor.ledger.schema import approvals
 
     approval_id = "apr_" + uuid.uuid4().hex
     now = dt.datetime.now(dt.UTC)
@@ -756,7 +756,7 @@ def test_a_forged_or_altered_approval_is_refused_when_consumed(executor: Executo
     """Item 4: the signature is re-checked when the approval is consumed."""
     import datetime as dt
 
-    from executor.ledger_schema import approvals
+    from executor.ledger.schema import approvals
     from tests.fix_capgate import KEYS
 
     url = executor.connectors.get("insurance").engine.url
@@ -1061,7 +1061,7 @@ def test_a_request_over_the_configured_size_is_refused(executor: Executor) -> No
     """Item 16: a 10 MB input on a row without a length bound: CG307, the ledger untouched."""
     import os
 
-    from executor.ledger_schema import events
+    from executor.ledger.schema import events
 
     def ledger_rows() -> int:
         with executor.ledger.engine.connect() as conn:

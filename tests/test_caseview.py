@@ -20,7 +20,7 @@ import pytest
 
 from capgate.caseview import clip, compact
 from capgate.commands_resume import resume_lines
-from executor.resume import IntentReport, ResumeReport
+from executor.recovery.resume import IntentReport, ResumeReport
 from tests.test_init import capgate, clean_env
 
 LONG_BODY = ("Holder asked for a paper schedule and a second copy for the broker; "

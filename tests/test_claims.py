@@ -202,7 +202,7 @@ def test_claims_can_be_switched_off_for_a_baseline(lab: Callable[..., Executor],
 @pytest.mark.crash
 def test_a_crashed_cases_claim_holds_until_resume_takes_it_over(
         lab: Callable[..., Executor], pg_url: URL, tmp_path: Path) -> None:
-    from executor.resume import resume
+    from executor.recovery.resume import resume
 
     ledger = f"sqlite:///{tmp_path / 'ledger.db'}"
     ex = lab(pg_url, ledger)

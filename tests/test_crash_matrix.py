@@ -31,7 +31,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
 from executor.call import CRASH_POINTS, Executor
-from executor.resume import resume
+from executor.recovery.resume import resume
 from registry.errors import ReconciliationRequired
 from tests.crash_child import Zygote
 

@@ -30,7 +30,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL, make_url
 
 from executor.call import CRASH_POINTS, Executor
-from executor.resume import resume
+from executor.recovery.resume import resume
 from tests.crash_child import Zygote
 from tests.fix_db import fresh_mariadb, fresh_pg, require_server
 

@@ -257,7 +257,7 @@ def _lock_row(target: URL, seconds: float) -> float:
 @pytest.mark.crash
 def test_sigkill_mid_lease_releases_locks_and_resume_says_not_applied(
         lab: Callable[..., Executor], server_target: URL, tmp_path: Path) -> None:
-    from executor.resume import resume
+    from executor.recovery.resume import resume
 
     ledger = f"sqlite:///{tmp_path / 'ledger.db'}"
     ex = lab(server_target, ledger)

@@ -28,7 +28,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, make_url
 
-from executor.call import CallContext, Executor
+from executor.call import Executor
+from executor.context import CallContext
 from executor.steps import register_step, registered_steps
 
 ROOT = Path(__file__).resolve().parent.parent

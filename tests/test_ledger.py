@@ -36,7 +36,7 @@ from executor.ledger import (
     is_open_status,
     open_ledger,
 )
-from executor.ledger_chain import canonical_text
+from executor.ledger.chain import canonical_text
 from registry.errors import (
     ApprovalExpired,
     ApprovalRequired,

@@ -23,8 +23,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
 from executor.call import Executor
-from executor.reconcile_evidence import Classification, Facts, Pending, classify
-from executor.resume import resolve_escalation, resume, resume_many
+from executor.recovery.evidence import Classification, Facts, Pending, classify
+from executor.recovery.resume import resolve_escalation, resume, resume_many
 from registry.errors import (
     CaseConflict,
     LedgerTampered,

@@ -8,14 +8,14 @@ settled every in-flight intent.  Resume, per case:
    a record someone edited -- and refuses a task id reused for another task;
 2. classifies each in-flight intent as ``applied``, ``not_applied``,
    ``partly_applied`` or ``unknown`` from the target's evidence, strongest
-   first (:mod:`executor.reconcile_evidence`, batched per connector);
+   first (:mod:`executor.recovery.evidence`, batched per connector);
 3. records the facts: ``applied`` becomes ``reconciled`` with a synthesised
    outcome record (so an idempotent replay returns it, and nothing runs
    twice); ``not_applied`` under ``never_retry`` becomes ``reconciled`` as not
    applied; ``partly_applied`` and ``unknown`` become ``escalated`` with their
    evidence -- the case stays open, nothing is retried;
 4. re-runs the verify checks of the completed steps later work depends on
-   (:mod:`executor.reconcile_poison`); a target that changed under the case is
+   (:mod:`executor.recovery.poison`); a target that changed under the case is
    recorded as ``changed_outside_case`` and resume stops there;
 5. retries ``not_applied`` intents whose row is ``retryable`` or
    ``reconcile_first`` as the same intent, same idempotency key, attempt
@@ -39,14 +39,17 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from executor import gates, shapes
 from executor import outcome as oc
-from executor.call import TERMINAL, CallContext, Executor
+from executor.call import Executor
+from executor.compensate import finish_compensation, record_final, run_compensation
+from executor.context import TERMINAL, CallContext
 from executor.ledger import VerifiedCase
 from executor.outcome import Outcome
 from executor.plan import fingerprint, render
-from executor.reconcile_evidence import Classification, Facts, Pending, classify, gather
-from executor.reconcile_load import load_verified_many, read_snapshots
-from executor.reconcile_poison import Dependency, Recheck, dependencies, recheck
+from executor.recovery.evidence import Classification, Facts, Pending, classify, gather
+from executor.recovery.load import load_verified_many, read_snapshots
+from executor.recovery.poison import Dependency, Recheck, dependencies, recheck
 from registry.errors import (
     CapgateError,
     CaseConflict,
@@ -290,7 +293,7 @@ def _free_dead_sessions(executor: Executor, intent_ids: Sequence[str]) -> None:
     its session is still open); slots held elsewhere expire on their own.
     """
     from executor import budget
-    from executor.ledger_schema import budget_slots as table
+    from executor.ledger.schema import budget_slots as table
 
     here = socket.gethostname()
     store = budget.slot_store(executor).store
@@ -328,7 +331,7 @@ def _release_claims(executor: Executor, intent_ids: Sequence[str]) -> None:
     since names another intent and is not touched.
     """
     from executor import claims
-    from executor.ledger_schema import claims as table
+    from executor.ledger.schema import claims as table
 
     if not intent_ids or not claims.claims_enabled(executor):
         return
@@ -582,7 +585,7 @@ def _record_applied(executor: Executor, p: Pending, ev: dict[str, Any],
     if row is not None and row.post_commit and not p.state.get("compensates"):
         try:
             ctx = _context(executor, p, result.attempt, row)
-            final = executor._post_commit(ctx, result)
+            final = shapes.post_commit(executor.rt, ctx, result)
             detail = f"post-commit checks: {final.status}"
         except (CapgateError, sa.exc.SQLAlchemyError) as exc:
             detail = f"post-commit checks could not run: {exc}"
@@ -667,7 +670,7 @@ def _context(executor: Executor, p: Pending, attempt: int, row: Row | None = Non
                   requester=who)
     ctx = CallContext(row, inputs, p.case_id, who, connector, p.intent_id, p.idem_key, fp, plan,
                       attempt=attempt, resumed=True)
-    executor.recheck_approval(ctx)
+    gates.recheck_approval(executor.rt, ctx)
     return ctx
 
 
@@ -697,9 +700,9 @@ def _retry(executor: Executor, p: Pending, ev: dict[str, Any], rows: _Rows) -> I
         elif ctx.row.shape is Shape.LEASED:
             from executor.lease import run_leased
 
-            result = run_leased(executor, ctx)
+            result = run_leased(executor.rt, ctx)
         else:
-            result = executor._collapsed(ctx)
+            result = shapes.collapsed(executor.rt, ctx)
     except (CapgateError, sa.exc.SQLAlchemyError) as exc:
         return _report(p, Classification.NOT_APPLIED, ev, "retry_failed",
                        detail=f"attempt {attempt}: {exc}; run resume again")
@@ -713,19 +716,13 @@ def _retry_compensation(executor: Executor, ctx: CallContext, original: str) -> 
     The original intent's recorded outcome becomes ``compensated`` only when
     both held; otherwise ``compensation_failed`` and the compensation escalates.
     """
-    from executor.compensate import record_final, run_compensation, verify_restored
+    from executor.transaction import run_transaction
 
-    ctx.connector.check_target()
-    result = executor.run_transaction(ctx, lambda conn, ev: run_compensation(ctx, conn, ev))
-    executor._observed(ctx, result)
-    checks = verify_restored(executor, ctx) if result.status == oc.APPLIED else []
-    restored = result.status == oc.APPLIED and bool(checks) and all(c["ok"] for c in checks)
-    if not restored:
-        executor.ledger.append(ctx.case_id, "escalated", {"state": {"escalation": {
-            "kind": "compensation_failed", "by": "executor",
-            "compensation": dict(result.reason or {}), "restored_checks": checks}}},
-            intent_id=ctx.intent_id)
-    record_final(executor, ctx.case_id, original, ctx.intent_id,
+    rt = executor.rt
+    rt.check_target(ctx.connector, ctx)
+    result = run_transaction(rt, ctx, lambda conn, ev: run_compensation(ctx, conn, ev))
+    restored, checks = finish_compensation(rt, ctx, result)
+    record_final(rt, ctx.case_id, original, ctx.intent_id,
                  oc.COMPENSATED if restored else oc.COMPENSATION_FAILED, checks)
     return result
 

@@ -27,7 +27,7 @@ from sqlalchemy.dialects import postgresql as pg_dialect
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.engine import URL, Connection, Engine
 
-from executor.ledger_schema import cases, events, idempotency
+from executor.ledger.schema import cases, events, idempotency
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 """How long a SQLite writer waits for another process's write lock before failing."""

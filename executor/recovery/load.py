@@ -4,7 +4,7 @@
 PostgreSQL).  Resuming a thousand open cases that way costs a thousand round
 trips before the first piece of evidence is asked for, so this module reads
 the cases' rows and events in chunks of 500, in one consistent read, and runs
-the very same chain check (:func:`executor.ledger_chain.check_case`) on each.
+the very same chain check (:func:`executor.ledger.chain.check_case`) on each.
 Anything that does not verify raises ``LedgerTampered`` exactly as
 ``load_verified`` would.
 
@@ -21,9 +21,9 @@ from typing import Any
 import sqlalchemy as sa
 
 from executor.ledger import Ledger, VerifiedCase
-from executor.ledger_chain import CaseRow, Event, check_case
-from executor.ledger_dialect import backend_for
-from executor.ledger_schema import cases, events
+from executor.ledger.backends import backend_for
+from executor.ledger.chain import CaseRow, Event, check_case
+from executor.ledger.schema import cases, events
 from registry.errors import LedgerTampered, UnknownCase
 
 _CHUNK = 500

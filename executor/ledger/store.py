@@ -3,13 +3,13 @@
 Why it exists: capgate must be able to say, after any crash, what it intended,
 what it attempted and what it observed -- and an operator must be able to trust
 that record.  So each boundary is an *event* appended to a per-case chain (each
-event carries its predecessor's digest, see :mod:`executor.ledger_chain`), and
+event carries its predecessor's digest, see :mod:`executor.ledger.chain`), and
 the case's *snapshot* (``fold(events)``) is rewritten in the same local
 transaction, so the two can never disagree unless someone edits the store by
 hand -- which :meth:`Ledger.verify` then reports instead of loading.
 
 Two backends, one code path (SQLAlchemy Core; quirks in
-:mod:`executor.ledger_dialect`):
+:mod:`executor.ledger.backends`):
 
 * SQLite (the embedded default): a file in WAL mode with ``synchronous=FULL``;
   writers serialise on ``BEGIN IMMEDIATE``.
@@ -61,7 +61,8 @@ from typing import Any, Final, ParamSpec, TypeVar
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 
-from executor.ledger_chain import (
+from executor.ledger.backends import Backend, NewHead, StoredHead, backend_for
+from executor.ledger.chain import (
     FINDING_KINDS,
     GENESIS_DIGEST,
     RESERVED_INTENT_KEYS,
@@ -82,8 +83,7 @@ from executor.ledger_chain import (
     normalise_payload,
     parse_time,
 )
-from executor.ledger_dialect import Backend, NewHead, StoredHead, backend_for
-from executor.ledger_schema import (
+from executor.ledger.schema import (
     approval_proofs,
     approvals,
     cases,

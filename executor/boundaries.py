@@ -1,0 +1,183 @@
+"""The ledger boundaries of a call: ``prepared``, ``attempt_started``, ``observed``.
+
+Each is durable before the next step runs.  ``prepared`` is one transaction
+on the ledger store that also claims the idempotency key, consumes the
+approval (gated rows) and runs the hooks' ``within_prepared`` (impact claims):
+all of it, or nothing -- an identical call that loses the race for the key
+writes nothing at all (``KeyAlreadyClaimed``).
+
+Every event an executing attempt appends for its intent carries its attempt
+number, and the ledger refuses it once resume or a person settled the intent
+or a newer attempt was recorded (``AttemptSuperseded``): a process that wakes
+after others moved on cannot re-open a settled case.  Its late view is kept
+as a case-level ``stale_attempt`` event (evidence, not state) by
+:func:`record_stale`, and it is told it was superseded.
+
+:func:`attempts` keeps the row's effect-of-timeout contract
+(``Row.timeout_action``) after a timeout or a lost connection.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import NoReturn
+
+import sqlalchemy as sa
+
+from executor import context
+from executor import outcome as oc
+from executor.context import CallContext
+from executor.dialects import TxIdentity
+from executor.gates import approval_problem
+from executor.ledger import KeyClaim
+from executor.outcome import Outcome
+from executor.runtime import Runtime
+from registry.errors import (
+    ApprovalRequired,
+    AttemptSuperseded,
+    ReconciliationRequired,
+    UnknownPlan,
+)
+from registry.model import AuthKind
+
+__all__ = ["attempt_started", "attempts", "observed", "prepared", "record_stale"]
+
+
+def prepared(rt: Runtime, ctx: CallContext) -> None:
+    """The intent, durable before anything is sent, with its key, approval and claims.
+
+    Raises KeyAlreadyClaimed (nothing written) when an identical call
+    prepared first: its execution is the only one.
+    """
+    if ctx.resumed:  # a later attempt of an intent prepared before
+        return
+    row = ctx.row
+    claim = None
+    if ctx.idem_key is not None and not ctx.rehearse:
+        claim = KeyClaim(ctx.idem_key, ctx.intent_id, ctx.fingerprint, row.operation_id,
+                         row.version)
+
+    def within(conn: sa.Connection) -> None:
+        """In the `prepared` transaction: the approval, then the hooks (impact keys)."""
+        if row.authorization.kind is AuthKind.GATE and not ctx.rehearse:
+            try:
+                rt.ledger.consume_approval_on(
+                    conn, ctx.plan.plan_hash, ctx.intent_id, now=rt.clock(),
+                    exclude_approver=ctx.who if row.authorization.four_eyes else None,
+                    accept=lambda approval: approval_problem(rt, approval, row))
+            except UnknownPlan:
+                raise ApprovalRequired(
+                    f"{row.ref} is gated: no approval for {ctx.plan.plan_hash}",
+                    plan_hash=ctx.plan.plan_hash, plan=ctx.plan.to_dict()) from None
+        rt.hooks.within_prepared(ctx, conn)
+
+    rt.ledger.append(ctx.case_id, "prepared", {
+        "request": {"operation_id": row.operation_id, "version": row.version,
+                    "inputs": dict(ctx.inputs), "who": ctx.who,
+                    "connector": ctx.connector.name,
+                    "environment": ctx.connector.environment},
+        "state": {"operation_id": row.operation_id, "version": row.version,
+                  "row_hash": row.row_hash, "idempotency_key": ctx.idem_key,
+                  "fingerprint": ctx.fingerprint, "connector": ctx.connector.name,
+                  "environment": ctx.connector.environment, "who": ctx.who,
+                  "effect_class": str(row.effect_class), "recovery": str(row.recovery),
+                  "plan_hash": ctx.plan.plan_hash, "attempt": 0, "inputs": dict(ctx.inputs)},
+        **({"case_state": {"task": ctx.task}} if ctx.task is not None else {}),
+    }, intent_id=ctx.intent_id, claim=claim, within=within)
+    rt.hooks.after_prepared(ctx)
+    context.at_boundary("after_prepared")
+
+
+def attempt_started(rt: Runtime, ctx: CallContext, identity: TxIdentity) -> None:
+    """The transaction's identity, durable before any statement (fenced by the attempt)."""
+    rt.ledger.append(ctx.case_id, "attempt_started", {
+        "state": {"attempt": ctx.attempt, "tx": identity.to_dict(),
+                  "started_at": rt.clock().isoformat()},
+    }, intent_id=ctx.intent_id, attempt=ctx.attempt)
+    context.at_boundary("after_attempt_started")
+
+
+def observed(rt: Runtime, ctx: CallContext, result: Outcome) -> Outcome:
+    """The outcome, recorded -- unless this attempt was superseded meanwhile."""
+    record = result.to_dict()
+    try:
+        rt.ledger.append(ctx.case_id, "observed", {
+            "outcome": record,
+            "state": {"outcome": result.status, "outcome_record": record},
+        }, intent_id=ctx.intent_id, attempt=ctx.attempt)
+    except AttemptSuperseded as late:
+        record_stale(rt, ctx, result, late)
+    rt.hooks.after_observed(ctx)
+    context.at_boundary("after_observed")
+    return result
+
+
+def record_stale(rt: Runtime, ctx: CallContext, seen: Outcome | str,
+                 superseded: AttemptSuperseded) -> NoReturn:
+    """Keep the late attempt's observation as evidence, then raise ``superseded``.
+
+    ``seen`` is what the late attempt observed (an outcome, or a word such as
+    ``commit_uncertain`` when it lost its connection around COMMIT).
+    """
+    rt.ledger.append(ctx.case_id, "stale_attempt", {"stale": {
+        "intent_id": ctx.intent_id, "attempt": ctx.attempt,
+        "recorded_attempt": superseded.details.get("recorded_attempt"),
+        "recorded_status": superseded.details.get("recorded_status"),
+        "outcome": seen if isinstance(seen, str) else seen.to_dict()}})
+    raise superseded
+
+
+def attempts(rt: Runtime, ctx: CallContext, run: Callable[[CallContext], Outcome]
+             ) -> tuple[CallContext, Outcome]:
+    """``run`` one attempt, then keep the row's effect-of-timeout contract.
+
+    After a timeout or a lost connection the row decides
+    (``Row.timeout_action``): ``retry`` runs the next attempt at once (same
+    intent, same key; recorded as ``retrying``), ``record`` returns the
+    rollback with the contract in its reason, ``reconcile`` leaves the
+    intent open as a ``reconciliation_task`` and raises
+    ReconciliationRequired.  Returns the context of the last attempt.
+    """
+    while True:
+        result = run(ctx)
+        if ctx.rehearse or (action := _timeout_contract(rt, ctx, result)) is None:
+            return ctx, result
+        if action == "retry":
+            ctx = dataclasses.replace(ctx, attempt=ctx.attempt + 1, resumed=True)
+            continue
+        return ctx, Outcome(**{**result.__dict__, "reason": {
+            **(result.reason or {}), "contract": {"action": action,
+                                                  "on_timeout": str(ctx.row.timeout.on_timeout),
+                                                  "recovery": str(ctx.row.recovery)}}})
+
+
+def _timeout_contract(rt: Runtime, ctx: CallContext, result: Outcome) -> str | None:
+    """The contract's action for a timed-out (or disconnected) attempt; None otherwise."""
+    reason = result.reason or {}
+    kind = reason.get("kind")
+    lost = kind == "database_error" and bool(reason.get("connection_lost"))
+    if result.status != oc.ROLLED_BACK or not (kind in ("timeout", "lease_expired") or lost):
+        return None
+    row = ctx.row
+    action = row.timeout_action
+    if action == "retry" and ctx.attempt >= row.timeout.attempts:
+        action = "record"  # the row's budget of attempts is spent
+    contract = {"cause": "connection_lost" if lost else kind, "action": action,
+                "on_timeout": str(row.timeout.on_timeout), "recovery": str(row.recovery),
+                "safe_to_repeat": row.safe_to_repeat, "attempt": ctx.attempt,
+                "attempts": row.timeout.attempts, "reason": dict(reason)}
+    if action == "retry":
+        rt.ledger.append(ctx.case_id, "retrying", {"state": {
+            "retry_attempt": ctx.attempt + 1, "classification": "not_applied",
+            "rule": "timeout contract: rolled back, retryable, safe to repeat",
+            "contract": contract}}, intent_id=ctx.intent_id, attempt=ctx.attempt)
+    elif action == "reconcile":
+        rt.ledger.append(ctx.case_id, "reconciliation_task", {"state": {
+            "contract": contract}}, intent_id=ctx.intent_id, attempt=ctx.attempt)
+        raise ReconciliationRequired(
+            f"{row.ref} timed out ({contract['cause']}); its contract (on_timeout: "
+            f"unknown) makes the outcome a reconciliation task: run `capgate resume "
+            f"{ctx.case_id}` to establish what landed before more work in the case",
+            case=ctx.case_id, intent_id=ctx.intent_id, contract=contract)
+    return action

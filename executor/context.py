@@ -1,0 +1,219 @@
+"""What one call is, before and while it runs: its context, its inputs' checks, a rollback.
+
+Everything below the :class:`~executor.call.Executor` takes a
+:class:`CallContext` -- the resolved row, the validated inputs, the case, the
+caller, the connector, the intent and its idempotency key, the plan -- and
+nothing else about the call.  ``crash_point`` is the test hook that kills the
+process at a named boundary (``CAPGATE_CRASH_AT``); every boundary calls it
+through this module, so a test can replace it in one place.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import signal
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
+
+from executor.connectors import Connector
+from executor.dialects import SessionTag
+from executor.outcome import Outcome
+from executor.plan import Plan
+from registry.errors import InputInvalid, RequestTooLarge
+from registry.excerpt import bounded, cut, excerpt
+from registry.model import Row
+
+if TYPE_CHECKING:
+    import jsonschema
+
+CRASH_ENV = "CAPGATE_CRASH_AT"
+CRASH_POINTS = ("after_prepared", "after_attempt_started", "before_commit", "after_commit",
+                "after_observed")
+TERMINAL = frozenset({"observed", "reconciled", "escalation_resolved"})
+"""Intent statuses after which nothing more is needed (the ledger's terminal statuses)."""
+
+
+def crash_point(name: str) -> None:
+    """Test-only: die here, hard, when ``CAPGATE_CRASH_AT`` names this boundary."""
+    if os.environ.get(CRASH_ENV) == name:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def at_boundary(name: str) -> None:
+    """Every boundary calls this; it looks ``crash_point`` up at call time (tests patch it)."""
+    crash_point(name)
+
+
+def now_utc() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+MAX_REQUEST_BYTES = 1_048_576
+"""Default bound on a request's inputs as recorded (canonical JSON); see RequestTooLarge."""
+MAX_INPUT_DEPTH = 64
+"""Inputs nested deeper than this are refused before anything else looks at them."""
+_SAFE_INT = 2**53 - 1
+
+
+@lru_cache(maxsize=4096)
+def _input_validator(row_hash: str, schema_json: str) -> jsonschema.Draft202012Validator:
+    import json
+
+    import jsonschema  # imported on first use: a `capgate --help` never pays for it
+
+    return jsonschema.Draft202012Validator(json.loads(schema_json))
+
+
+def _representable(row: Row, inputs: Mapping[str, Any]) -> None:
+    """Refuse inputs the ledger cannot record exactly (RFC 8785 JSON), naming the field.
+
+    Integers beyond 2^53, NaN and infinities, strings with lone surrogates,
+    non-string keys and nesting deeper than :data:`MAX_INPUT_DEPTH` would
+    either change on the way into the record or crash the canonical encoder
+    after the intent was half-recorded; they are invalid input instead.
+    """
+    stack: list[tuple[str, Any, int]] = [("", dict(inputs), 0)]
+    while stack:
+        where, value, depth = stack.pop()
+        problem: str | None = None
+        if depth > MAX_INPUT_DEPTH:
+            problem = f"nested deeper than {MAX_INPUT_DEPTH} levels"
+        elif isinstance(value, bool) or value is None:
+            continue
+        elif isinstance(value, int):
+            if not -_SAFE_INT <= value <= _SAFE_INT:
+                problem = (f"the integer {excerpt(value, 40)} is beyond 2^53 and cannot be "
+                           "recorded exactly (JSON numbers are IEEE-754 doubles); send it as "
+                           "a string")
+        elif isinstance(value, float):
+            if value != value or value in (float("inf"), float("-inf")):
+                problem = f"{value!r} is not a JSON number"
+        elif isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                problem = "the text holds a lone surrogate (not valid Unicode text)"
+        elif isinstance(value, Mapping):
+            for key, item in value.items():
+                if not isinstance(key, str):
+                    problem = f"the key {excerpt(key, 40)} is not a string"
+                    break
+                stack.append((f"{where}.{key}" if where else key, item, depth + 1))
+        elif isinstance(value, list | tuple):
+            stack.extend((f"{where}[{i}]", item, depth + 1) for i, item in enumerate(value))
+        else:
+            problem = f"a {type(value).__name__} is not JSON data"
+        if problem is not None:
+            field = excerpt(where, 80) if len(where) > 80 else (where or "(input)")
+            raise InputInvalid(f"input does not satisfy the contract of {row.ref}: "
+                               f"{field}: {problem}", field=field,
+                               operation_id=row.operation_id, version=row.version)
+
+
+def validate_input(row: Row, inputs: Mapping[str, Any],
+                   max_bytes: int = MAX_REQUEST_BYTES) -> None:
+    """Refuse inputs that break the row's contract, naming the field.
+
+    Before the row's JSON Schema: what the ledger could not record exactly
+    (:func:`_representable`) and requests over ``max_bytes``.  Messages quote
+    offending values as bounded excerpts, never whole.
+    """
+    import json
+
+    from registry.canonical import canonical_bytes
+    from registry.model import thaw
+
+    _representable(row, inputs)
+    size = len(canonical_bytes(dict(inputs)))
+    if size > max_bytes:
+        raise RequestTooLarge(
+            f"the request to {row.ref} is {size} bytes of JSON; this executor takes at most "
+            f"{max_bytes} (`max_request_bytes`); nothing was recorded",
+            size=size, limit=max_bytes, operation_id=row.operation_id)
+    validator = _input_validator(row.row_hash, json.dumps(thaw(row.input), sort_keys=True))
+    try:
+        errors = sorted(validator.iter_errors(dict(inputs)), key=lambda e: list(e.absolute_path))
+    except RecursionError:
+        raise InputInvalid(f"input does not satisfy the contract of {row.ref}: nested too "
+                           "deeply to check", field="(input)",
+                           operation_id=row.operation_id, version=row.version) from None
+    if errors:
+        first = errors[0]
+        where = ".".join(str(p) for p in first.absolute_path) or "(input)"
+        if first.validator == "additionalProperties" and isinstance(first.instance, dict):
+            allowed = set(first.schema.get("properties", {})) if isinstance(
+                first.schema, dict) else set()
+            extras = sorted(set(first.instance) - allowed)
+            prefix = where + "." if where != "(input)" else ""
+            where = ", ".join(prefix + e for e in extras) or where
+        elif first.validator == "required" and isinstance(first.instance, dict):
+            required: Any = first.validator_value
+            missing = [r for r in required if r not in first.instance]
+            where = ", ".join(missing) or where
+        raise InputInvalid(
+            f"input does not satisfy the contract of {row.ref}: {excerpt(where, 120)[1:-1]}: "
+            f"{_schema_message(first)}",
+            field=where, problems=[{"field": ".".join(str(p) for p in e.absolute_path),
+                                    "message": _schema_message(e)} for e in errors[:20]],
+            operation_id=row.operation_id, version=row.version,
+        )
+
+
+def _schema_message(error: jsonschema.ValidationError) -> str:
+    """jsonschema's message without the offending value quoted whole."""
+    if error.validator in ("maxLength", "minLength") and isinstance(error.instance, str):
+        return (f"{len(error.instance)} characters, "
+                f"{'at most' if error.validator == 'maxLength' else 'at least'} "
+                f"{error.validator_value} allowed")
+    text = error.message
+    shown = repr(error.instance)
+    if len(shown) > 120 and shown in text:
+        text = text.replace(shown, excerpt(error.instance, 60))
+    return cut(text, 500)
+
+
+@dataclass(frozen=True)
+class CallContext:
+    row: Row
+    inputs: Mapping[str, Any]
+    case_id: str
+    who: str
+    connector: Connector
+    intent_id: str
+    idem_key: str | None
+    fingerprint: str
+    plan: Plan
+    attempt: int = 1
+    rehearse: bool = False
+    resumed: bool = False
+    """A later attempt of an intent already prepared (resume, the timeout contract)."""
+    task: str | None = None
+    """The task the case was opened for; recorded on the case by its first ``prepared``."""
+
+    @property
+    def tag(self) -> SessionTag:
+        return SessionTag(self.case_id, self.row.operation_id, self.intent_id)
+
+    def outcome(self, status: str, evidence: Mapping[str, Any],
+                reason: Mapping[str, Any] | None = None) -> Outcome:
+        """This call's outcome.  A write's evidence and every reason are bounded
+        (``registry.excerpt``): they are recorded and replayed; a read's rows go
+        back to its caller whole and are never recorded."""
+        if self.row.is_write:
+            evidence = bounded(evidence)
+        return Outcome(status=status, intent_id=self.intent_id, case_id=self.case_id,
+                       operation_id=self.row.operation_id, version=self.row.version,
+                       row_hash=self.row.row_hash, idempotency_key=self.idem_key,
+                       fingerprint=self.fingerprint, attempt=self.attempt,
+                       evidence=evidence, reason=bounded(reason) if reason else reason)
+
+
+class Rollback(Exception):
+    """Internal: a count, check or error that rolls the transaction back."""
+
+    def __init__(self, reason: dict[str, Any]):
+        super().__init__(reason.get("kind", "rollback"))
+        self.reason = reason

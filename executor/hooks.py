@@ -1,0 +1,140 @@
+"""The call's interceptors: impact claims and session budgets plug in here.
+
+The executor walks a call one way -- context, ``prepared``, the transaction,
+``observed`` -- and at fixed points asks its hooks.  A hook is an object with
+any of these methods (:class:`CallHooks` gives them all as no-ops); the
+executor owns a :class:`HookSet` of them, built in :mod:`capgate.api` (by
+default :class:`~executor.budget.SessionBudgets` then
+:class:`~executor.claims.ImpactClaims`).
+
+==================  ==============================================================
+``before_prepared``  before anything is recorded; a refusal here records nothing
+``within_prepared``  inside the transaction that records ``prepared`` (same store)
+``check_target``     before a write opens its target session for the first time
+``before_write``     before a write transaction opens (a write reached without a call:
+                     resume's retry, a compensation, takes its claims here)
+``open_session``     wraps opening a target session (``open_`` does the opening)
+``before_commit``    in the write's transaction, after its last statement
+``after_observed``   after ``observed`` was recorded
+``after_call``       at the very end of ``Executor.call`` (``error``: how it ended)
+==================  ==============================================================
+
+Hooks keep their own state (no module globals), so two executors in one
+process never share claims or budgets by accident.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Protocol, TypeVar
+
+import sqlalchemy as sa
+
+if TYPE_CHECKING:
+    from executor.connectors import Connector
+    from executor.context import CallContext
+
+__all__ = ["CallHooks", "HasHooks", "HookSet"]
+
+_H = TypeVar("_H", bound="CallHooks")
+
+
+class CallHooks:
+    """Every hook point, doing nothing: subclass and override what you need."""
+
+    def before_prepared(self, ctx: CallContext) -> None:
+        """Before ``prepared``: refuse (raise) here and nothing is recorded."""
+
+    def within_prepared(self, ctx: CallContext, conn: sa.Connection) -> None:
+        """In the ``prepared`` transaction, on the ledger's connection; raising undoes it."""
+
+    def after_prepared(self, ctx: CallContext) -> None:
+        """``prepared`` (and what ``within_prepared`` did) committed."""
+
+    def check_target(self, connector: Connector, ctx: CallContext | None) -> None:
+        """Before the first write session on ``connector`` in this process."""
+
+    def before_write(self, ctx: CallContext) -> None:
+        """A write transaction of ``ctx`` is about to open."""
+
+    def open_session(self, connector: Connector, ctx: CallContext | None,
+                     open_: Callable[[], sa.Connection]) -> sa.Connection:
+        """Open a target session (call ``open_``); a budget takes its slot around it."""
+        return open_()
+
+    def before_commit(self, ctx: CallContext, conn: sa.Connection) -> None:
+        """In the write's own transaction after its last statement; raising rolls it back."""
+
+    def after_observed(self, ctx: CallContext) -> None:
+        """After the intent's ``observed`` was recorded."""
+
+    def after_call(self, ctx: CallContext, error: BaseException | None) -> None:
+        """At the end of ``Executor.call``, however it ended."""
+
+
+class HookSet(CallHooks):
+    """Several hooks as one, in order (``open_session`` nests: the first is outermost)."""
+
+    def __init__(self, hooks: Sequence[CallHooks] = ()) -> None:
+        self.hooks: tuple[CallHooks, ...] = tuple(hooks)
+
+    def __iter__(self) -> Iterator[CallHooks]:
+        return iter(self.hooks)
+
+    def find(self, kind: type[_H]) -> _H | None:
+        """The first hook of ``kind`` (e.g. the executor's ``ImpactClaims``), if any."""
+        for hook in self.hooks:
+            if isinstance(hook, kind):
+                return hook
+        return None
+
+    def before_prepared(self, ctx: CallContext) -> None:
+        for hook in self.hooks:
+            hook.before_prepared(ctx)
+
+    def within_prepared(self, ctx: CallContext, conn: sa.Connection) -> None:
+        for hook in self.hooks:
+            hook.within_prepared(ctx, conn)
+
+    def after_prepared(self, ctx: CallContext) -> None:
+        for hook in self.hooks:
+            hook.after_prepared(ctx)
+
+    def check_target(self, connector: Connector, ctx: CallContext | None) -> None:
+        for hook in self.hooks:
+            hook.check_target(connector, ctx)
+
+    def before_write(self, ctx: CallContext) -> None:
+        for hook in self.hooks:
+            hook.before_write(ctx)
+
+    def open_session(self, connector: Connector, ctx: CallContext | None,
+                     open_: Callable[[], sa.Connection]) -> sa.Connection:
+        opener = open_
+        for hook in reversed(self.hooks):
+            opener = _wrap(hook, connector, ctx, opener)
+        return opener()
+
+    def before_commit(self, ctx: CallContext, conn: sa.Connection) -> None:
+        for hook in self.hooks:
+            hook.before_commit(ctx, conn)
+
+    def after_observed(self, ctx: CallContext) -> None:
+        for hook in self.hooks:
+            hook.after_observed(ctx)
+
+    def after_call(self, ctx: CallContext, error: BaseException | None) -> None:
+        for hook in reversed(self.hooks):
+            hook.after_call(ctx, error)
+
+
+def _wrap(hook: CallHooks, connector: Connector, ctx: CallContext | None,
+          inner: Callable[[], sa.Connection]) -> Callable[[], sa.Connection]:
+    return lambda: hook.open_session(connector, ctx, inner)
+
+
+class HasHooks(Protocol):
+    """Anything that carries a :class:`HookSet` (an executor, its runtime)."""
+
+    @property
+    def hooks(self) -> HookSet: ...

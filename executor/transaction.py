@@ -1,0 +1,296 @@
+"""The write transaction: open it labelled and armed, run the row's SQL, fence, COMMIT.
+
+One way through, for every shape that writes (collapsed, leased, a
+compensation, resume's retry): :func:`run_transaction` opens the session
+(through the hooks: a budget slot), begins with the landing marker in the
+same round trip where the dialect can, records ``attempt_started`` with the
+transaction's identity, runs a ``body`` -- :func:`run_statements` and
+:func:`verify_and_replay` for a collapsed row, the declared steps for a
+leased one, the compensation statements -- asks the hooks' ``before_commit``
+(the impact-claim fence), and commits.  Any count, check or database error
+on the way rolls back with its reason; a lost connection around COMMIT is
+``OutcomeUnknown`` (resume establishes what landed), never a guess.
+
+:func:`run_checks` runs checks after COMMIT in their own read-only
+transaction (post-commit checks, the re-read after a compensation).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, NoReturn
+
+import sqlalchemy as sa
+
+from executor import boundaries, context
+from executor import outcome as oc
+from executor.checks import CheckResult, evaluate
+from executor.context import CallContext, Rollback
+from executor.dialects import TxIdentity
+from executor.dialects.base import MARKER_TABLE, TARGET_TABLES
+from executor.outcome import Outcome, jsonable
+from executor.plan import binds_for
+from executor.runtime import Runtime
+from registry.errors import AttemptSuperseded, ConnectorUnavailable, OutcomeUnknown
+from registry.excerpt import cut
+from registry.model import Check, ExpectRows, Statement
+
+__all__ = ["Body", "checked", "counted", "db_error_reason", "expect_count", "run_checks",
+           "run_statements", "run_transaction", "verify_and_replay"]
+
+Body = Callable[[sa.Connection, dict[str, Any]], None]
+"""What runs inside the open transaction: ``body(conn, evidence)``; raises Rollback."""
+
+_MARKER_BY_KEY = (f"SELECT intent_id, case_id, fingerprint, attempt, operation_id, landed_at"
+                  f" FROM {MARKER_TABLE} WHERE idem_key = :k")
+
+
+def counted(ctx: CallContext, conn: sa.Connection, sql: str, counts: list[int]) -> int:
+    """One write statement; its count is appended to ``counts`` (the evidence) at once."""
+    n: int = conn.execute(sa.text(ctx.connector.dialect.sql(sql, ctx.tag)),
+                          binds_for(sql, ctx.inputs)).rowcount
+    counts.append(n)
+    return n
+
+
+def expect_count(n: int, expect_rows: ExpectRows | None, sql: str, where: dict[str, Any]) -> None:
+    """A count that does not match rolls back, naming ``where``, the SQL, expected and actual.
+
+    Every write loop (collapsed, compensation, lease steps) ends its statement here.
+    """
+    if expect_rows is not None and not expect_rows.matches(n):
+        raise Rollback({"kind": "count", **where, "sql": sql,
+                        "expected": expect_rows.to_value(), "actual": n})
+
+
+def checked(ctx: CallContext, conn: sa.Connection, name: str, sql: str,
+            expect: Any) -> CheckResult:
+    """One check query in the open transaction, evaluated against its expectation."""
+    rows = conn.execute(sa.text(ctx.connector.dialect.sql(sql, ctx.tag)),
+                        binds_for(sql, ctx.inputs)).fetchmany(1001)
+    return evaluate(name, expect, rows)
+
+
+def run_statements(ctx: CallContext, conn: sa.Connection, evidence: dict[str, Any],
+                   statements: Sequence[Statement] | None = None,
+                   what: str = "statement") -> None:
+    """Statements with their expected counts, in the open transaction (the one loop).
+
+    ``statements`` defaults to the row's own; a compensation passes the row's
+    compensation.  Counts go to ``evidence["counts"]``; a count that does not
+    match rolls back, naming the statement, expected and actual.
+    """
+    counts: list[int] = []
+    evidence["counts"] = counts
+    for i, st in enumerate(ctx.row.statements if statements is None else statements):
+        n = counted(ctx, conn, st.sql, counts)
+        expect_count(n, st.expect_rows, st.sql, {what: i, "name": st.name})
+
+
+def verify_and_replay(ctx: CallContext, conn: sa.Connection, evidence: dict[str, Any]) -> None:
+    """Same-session checks before COMMIT: what other sessions cannot see yet."""
+    results: list[dict[str, Any]] = []
+    evidence["verify"] = results
+    for check in ctx.row.verify:
+        result = checked(ctx, conn, check.name, check.sql, check.expect)
+        results.append(result.to_dict())
+        if not result.ok:
+            raise Rollback({"kind": "verify", "check": check.name, "sql": check.sql,
+                            "expected": result.expected, "actual": result.actual})
+    replay = ctx.row.replay
+    if replay is not None:
+        cap = replay.max_rows or 100
+        res = conn.execute(sa.text(ctx.connector.dialect.sql(replay.sql, ctx.tag)),
+                           binds_for(replay.sql, ctx.inputs))
+        columns = list(res.keys())
+        rows = res.fetchmany(cap)
+        evidence["replay"] = {"columns": columns, "rows": jsonable([list(r) for r in rows])}
+        if replay.expect is not None:
+            result = evaluate("replay", replay.expect, rows)
+            if not result.ok:
+                raise Rollback({"kind": "replay", "sql": replay.sql,
+                                "expected": result.expected, "actual": result.actual})
+
+
+def marker_row(rt: Runtime, ctx: CallContext) -> dict[str, Any] | None:
+    """The landing marker, written in the same transaction as the data."""
+    if ctx.idem_key is None:
+        return None
+    return {"intent_id": ctx.intent_id, "idem_key": ctx.idem_key,
+            "fingerprint": ctx.fingerprint, "attempt": ctx.attempt,
+            "case_id": ctx.case_id, "operation_id": ctx.row.operation_id,
+            "landed_at": rt.clock().isoformat()}
+
+
+@contextlib.contextmanager
+def open_write(rt: Runtime, ctx: CallContext) -> Iterator[tuple[sa.Connection, TxIdentity]]:
+    """A labelled write transaction; a pooled connection found dead is replaced once."""
+    dialect = ctx.connector.dialect
+    for attempt in (1, 2):
+        conn = rt.connect(ctx.connector, ctx)
+        try:
+            identity = dialect.begin_write(conn, ctx.tag, ctx.row.timeout.seconds,
+                                           ctx.row.timeout.lock_seconds, marker_row(rt, ctx))
+        except sa.exc.DBAPIError as exc:
+            conn.close()
+            if not exc.connection_invalidated:
+                raise  # e.g. the marker's key already landed: the caller reports it
+            if attempt == 1:
+                continue  # nothing was sent but the opening query: safe to reopen
+            raise ConnectorUnavailable(
+                f"connector {ctx.connector.name!r} could not open a transaction: "
+                f"{str(exc.orig).splitlines()[0] if exc.orig else exc}",
+                connector=ctx.connector.name) from None
+        try:
+            yield conn, identity
+        except BaseException:
+            # the session may be gone (terminated by resume, the server's lease
+            # timeout): its rollback failing must not hide what went wrong here
+            with contextlib.suppress(sa.exc.DBAPIError):
+                conn.rollback()
+            raise
+        finally:
+            dialect.end_deadline(conn)
+            with contextlib.suppress(sa.exc.DBAPIError):
+                conn.close()
+        return
+
+
+def run_transaction(rt: Runtime, ctx: CallContext, body: Body) -> Outcome:
+    """Open, label, run ``body``, fence, COMMIT; or ROLLBACK with the reason."""
+    dialect = ctx.connector.dialect
+    evidence: dict[str, Any] = {}
+    rt.hooks.before_write(ctx)
+    with contextlib.ExitStack() as stack:
+        try:
+            conn, identity = stack.enter_context(open_write(rt, ctx))
+        except ConnectorUnavailable as exc:
+            return ctx.outcome(oc.ROLLED_BACK, evidence, {
+                "kind": "connection_failed", "where": "connect",
+                "message": exc.message, "statements_sent": 0,
+                "note": "the connection failed before any statement was sent: "
+                        "nothing of this call can have landed"})
+        except sa.exc.DBAPIError as exc:
+            if ctx.idem_key is not None and dialect.is_unique_violation(exc):
+                return _landed_before(rt, ctx, evidence)
+            return ctx.outcome(oc.ROLLED_BACK, evidence, db_error_reason(ctx, exc, "begin"))
+        try:
+            if not ctx.rehearse:
+                boundaries.attempt_started(rt, ctx, identity)
+            body(conn, evidence)
+            if not ctx.rehearse:
+                rt.hooks.before_commit(ctx, conn)  # the impact-claim fence
+        except Rollback as rb:
+            _rollback(ctx, conn)
+            return ctx.outcome(oc.ROLLED_BACK, evidence, rb.reason)
+        except sa.exc.DBAPIError as exc:
+            reason = db_error_reason(ctx, exc, "statement")
+            _rollback(ctx, conn)
+            return ctx.outcome(oc.ROLLED_BACK, evidence, reason)
+        if ctx.rehearse:
+            conn.rollback()
+            dialect.reset_session(conn)
+            return ctx.outcome(oc.APPLIED, evidence, {"kind": "rehearsal_rolled_back"})
+        context.at_boundary("before_commit")
+        try:
+            conn.commit()
+        except sa.exc.DBAPIError as exc:
+            if exc.connection_invalidated:
+                _commit_uncertain(rt, ctx, exc)
+            return ctx.outcome(oc.ROLLED_BACK, evidence, db_error_reason(ctx, exc, "commit"))
+        context.at_boundary("after_commit")
+        try:
+            dialect.reset_session(conn)
+        except sa.exc.DBAPIError:
+            conn.invalidate()
+    return ctx.outcome(oc.APPLIED, evidence)
+
+
+def _rollback(ctx: CallContext, conn: sa.Connection) -> None:
+    """Roll back before COMMIT was ever sent: nothing landed, whatever the session's state."""
+    try:
+        conn.rollback()
+        ctx.connector.dialect.reset_session(conn)
+    except sa.exc.DBAPIError:
+        pass  # the session is gone (terminated, timed out): the server rolled it back
+
+
+def _commit_uncertain(rt: Runtime, ctx: CallContext, exc: sa.exc.DBAPIError) -> NoReturn:
+    """The connection was lost around COMMIT: record that, then say the outcome is unknown."""
+    try:
+        rt.ledger.append(ctx.case_id, "commit_uncertain", {
+            "state": {"error": str(exc.orig).splitlines()[0] if exc.orig else ""},
+        }, intent_id=ctx.intent_id, attempt=ctx.attempt)
+    except AttemptSuperseded as late:
+        boundaries.record_stale(rt, ctx, "commit_uncertain", late)
+    raise OutcomeUnknown(
+        f"the connection was lost around COMMIT of intent {ctx.intent_id}; "
+        f"run `capgate resume {ctx.case_id}` to establish what landed",
+        case=ctx.case_id, intent_id=ctx.intent_id) from None
+
+
+def _landed_before(rt: Runtime, ctx: CallContext, evidence: dict[str, Any]) -> Outcome:
+    """The marker's key is taken in the target: evidence that the key already landed.
+
+    The same request landed under another intent (a second ledger on one
+    target, a restored ledger): ``already_applied``, with that marker as
+    evidence -- never ``rolled_back`` for an effect that is there.  A
+    different request under the key: nothing of ours was sent, so
+    ``rolled_back`` with the conflicting marker.
+    """
+    dialect = ctx.connector.dialect
+    with rt.connect(ctx.connector, ctx) as conn:
+        try:
+            found = conn.execute(sa.text(dialect.sql(_MARKER_BY_KEY, ctx.tag)),
+                                 {"k": ctx.idem_key}).mappings().first()
+        finally:
+            conn.rollback()
+    marker = {k: jsonable(v) for k, v in found.items()} if found is not None else None
+    evidence = {**evidence, "landing_marker": marker}
+    if marker is not None and marker["fingerprint"] == ctx.fingerprint:
+        return ctx.outcome(oc.ALREADY_APPLIED, evidence, {
+            "kind": "already_landed", "by_intent": marker["intent_id"],
+            "by_case": marker["case_id"],
+            "message": "this request's idempotency key already landed in the target; "
+                       "nothing was executed now"})
+    return ctx.outcome(oc.ROLLED_BACK, evidence, {
+        "kind": "idempotency_conflict", "where": "begin",
+        "by_intent": marker["intent_id"] if marker else None,
+        "message": "the idempotency key landed in the target for a different request; "
+                   "nothing of this call was sent"})
+
+
+def db_error_reason(ctx: CallContext, exc: sa.exc.DBAPIError, where: str) -> dict[str, Any]:
+    """A database error as a rollback reason: timeout, read-only, missing table, or other."""
+    dialect = ctx.connector.dialect
+    message = cut(str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc), 500)
+    if dialect.is_timeout(exc):
+        return {"kind": "timeout", "where": where, "message": message,
+                "timeout_seconds": ctx.row.timeout.seconds,
+                "on_timeout": str(ctx.row.timeout.on_timeout)}
+    if dialect.is_read_only_violation(exc):
+        return {"kind": "read_only_violation", "where": where, "message": message}
+    if dialect.is_undefined_table(exc) and any(t in message for t in TARGET_TABLES):
+        ctx.connector.forget_target()
+        return {"kind": "target_not_installed", "where": where, "message": message,
+                "fix": f"capgate target install {ctx.connector.name}"}
+    return {"kind": "database_error", "where": where, "message": message,
+            "connection_lost": bool(exc.connection_invalidated)}
+
+
+def run_checks(rt: Runtime, ctx: CallContext, checks: Sequence[Check]) -> list[CheckResult]:
+    """Run checks in their own read-only transaction (after commit)."""
+    dialect = ctx.connector.dialect
+    out: list[CheckResult] = []
+    with rt.connect(ctx.connector, ctx) as conn:
+        try:
+            dialect.begin_read(conn, ctx.tag, ctx.row.timeout.seconds)
+            for check in checks:
+                rows = conn.execute(sa.text(dialect.sql(check.sql, ctx.tag)),
+                                    binds_for(check.sql, ctx.inputs)).fetchmany(1001)
+                out.append(evaluate(check.name, check.expect, rows))
+        finally:
+            conn.rollback()
+            dialect.end_read(conn)
+    return out

@@ -1,0 +1,145 @@
+"""The call path runs one way: no import cycle inside ``executor/`` (issue 13).
+
+Every import counts -- at module level, inside a function, under
+``TYPE_CHECKING`` -- because a cycle held together by a function-local
+import is still a cycle in the design: neither side can be read, tested or
+replaced without the other.  The graph is read from the source (``ast``), so
+nothing is imported to check it.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("executor", "registry", "ddl", "capgate")
+
+
+def _modules(package: str) -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for path in sorted((ROOT / package).rglob("*.py")):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        found[".".join(parts)] = path
+    return found
+
+
+def _imported(tree: ast.AST, module: str, is_package: bool) -> Iterator[str]:
+    """Every dotted name ``tree`` imports (``import a.b`` and ``from a import b`` give ``a.b``)."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module.split(".")
+                if not is_package:
+                    base = base[:-1]
+                base = base[:len(base) - (node.level - 1)]
+                prefix = ".".join([*base, node.module] if node.module else base)
+            else:
+                prefix = node.module or ""
+            for alias in node.names:
+                yield f"{prefix}.{alias.name}"
+
+
+def graph(package: str) -> dict[str, set[str]]:
+    """module -> the modules of ``package`` it imports.
+
+    ``import a.b.c`` runs ``a``, ``a.b`` and ``a.b.c``: each is an edge, except
+    a package the importing module itself lives in (its ``__init__`` already
+    runs first, whatever the module imports).  ``from a.b import name`` where
+    ``name`` is not a module is an edge to ``a.b`` itself, ancestor or not --
+    that is a real use of the package's ``__init__``.
+    """
+    modules = _modules(package)
+    edges: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text("utf-8"), str(path))
+        ancestors = {".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)}
+        if path.name == "__init__.py":
+            ancestors.add(name)
+        targets: set[str] = set()
+        for imported in _imported(tree, name, path.name == "__init__.py"):
+            parts = imported.split(".")
+            prefixes = [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
+            known = [p for p in prefixes if p in modules]
+            if not known:
+                continue
+            deepest = known[-1]
+            targets.add(deepest)
+            targets.update(p for p in known[:-1] if p not in ancestors)
+        targets.discard(name)
+        edges[name] = targets
+    return edges
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    counter = 0
+
+    def visit(v: str) -> None:
+        nonlocal counter
+        index[v] = low[v] = counter
+        counter += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(edges.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component: list[str] = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_cycle_inside_executor() -> None:
+    edges = graph("executor")
+    assert len(edges) > 20, "the executor package was not found"
+    found = cycles(edges)
+    assert not found, "import cycles inside executor/ (every import counts):\n" + "\n".join(
+        " <-> ".join(c) for c in found)
+
+
+@pytest.mark.parametrize("package", ["registry", "ddl"])
+def test_no_import_cycle_in_the_other_libraries(package: str) -> None:
+    found = cycles(graph(package))
+    assert not found, f"import cycles inside {package}/:\n" + "\n".join(
+        " <-> ".join(c) for c in found)
+
+
+def test_the_detector_sees_a_function_local_cycle(tmp_path: Path) -> None:
+    """The check itself can fail: a cycle made only of function-local imports is found."""
+    edges = {"p.a": {"p.b"}, "p.b": {"p.c"}, "p.c": {"p.a"}, "p.d": {"p.a"}}
+    assert cycles(edges) == [["p.a", "p.b", "p.c"]]
+    tree = ast.parse("def f():\n    from p import a\n")
+    assert "p.a" in set(_imported(tree, "p.c", False))
+    tree = ast.parse("def f():\n    from . import a\n")
+    assert "p.a" in set(_imported(tree, "p.c", False))
+    tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                     "    from .b import thing\n")
+    assert "p.b.thing" in set(_imported(tree, "p.a", False))
