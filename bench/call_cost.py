@@ -28,7 +28,10 @@ SQLite library's own work).
 Sections (each can be skipped):
 
 ``latency``   p50 / p95 per side and the p50 ratio to raw, SQLite and PostgreSQL
-              ledgers; CPU per call in the calling process;
+              ledgers; CPU per call in the calling process; and issue 13's
+              physical floor, measured as two more sides: one intent row
+              committed durably (SQLite WAL + ``synchronous=FULL``, or
+              PostgreSQL) and then the raw transaction, with no capgate code;
 ``growth``    one case of ``--growth-calls`` calls (600+), each capgate call
               followed by one raw call: the cost of call 600 against call 1
               (windows of 10 calls around each, and the same ratio normalised
@@ -63,6 +66,7 @@ import multiprocessing as mp
 import os
 import platform
 import shutil
+import sqlite3
 import statistics
 import sys
 import tempfile
@@ -259,6 +263,53 @@ class RawSide:
         self.conn.close()
 
 
+class FloorSide:
+    """The physical floor of issue 13: one local durable commit of an intent, then raw.
+
+    ``sqlite``: a ~300-byte intent row committed to a SQLite file in WAL with
+    ``synchronous=FULL`` (the SQLite ledger's settings); ``pg``: the same row
+    committed (autocommit) to a table in the PostgreSQL ledger's schema.  Then the
+    raw transaction on its own row.  No capgate code runs: this is what a write
+    that records its intent durably before it acts cannot go below.
+    """
+
+    INTENT = json.dumps({"operation_id": OPERATION, "version": 1, "case": "c" * 20,
+                         "intent": "i" * 32, "idempotency_key": "k" * 40,
+                         "inputs": {"account_id": 1, "delta": 1, "request": "r1"},
+                         "digest": "sha256:" + "d" * 64}, separators=(",", ":"))
+
+    def __init__(self, scratch: Scratch, store: str, account: int) -> None:
+        self.raw = RawSide(scratch.raw_dsn, account)
+        self.store = store
+        if store == "sqlite":
+            self.db = sqlite3.connect(scratch.folder / "floor.db", isolation_level=None)
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=FULL")
+            self.db.execute("CREATE TABLE IF NOT EXISTS intents "
+                            "(seq INTEGER PRIMARY KEY, body TEXT NOT NULL)")
+        else:
+            dsn = libpq(with_search_path(scratch.dsn, scratch.ledger_schema))
+            self.pg = psycopg.connect(dsn, autocommit=True)
+            self.pg.execute("CREATE TABLE IF NOT EXISTS floor_intents "
+                            "(seq bigserial PRIMARY KEY, body text NOT NULL)")
+
+    def call(self) -> None:
+        if self.store == "sqlite":
+            self.db.execute("BEGIN IMMEDIATE")
+            self.db.execute("INSERT INTO intents (body) VALUES (?)", (self.INTENT,))
+            self.db.execute("COMMIT")
+        else:
+            self.pg.execute("INSERT INTO floor_intents (body) VALUES (%s)", (self.INTENT,))
+        self.raw.call()
+
+    def close(self) -> None:
+        self.raw.close()
+        if self.store == "sqlite":
+            self.db.close()
+        else:
+            self.pg.close()
+
+
 class CapgateSide:
     """``capgate.open(config)`` and ``Executor.call("bench.bump", ...)``, the public API.
 
@@ -375,16 +426,19 @@ def section_latency(scratch: Scratch, args: argparse.Namespace) -> dict[str, Any
     raw = RawSide(scratch.raw_dsn, account=1)
     sqlite = CapgateSide(scratch.config("sqlite"), 2, "lat-sqlite", args.case_calls)
     pg = CapgateSide(scratch.config("pg"), 3, "lat-pg", args.case_calls)
+    floor_sqlite = FloorSide(scratch, "sqlite", 9)
+    floor_pg = FloorSide(scratch, "pg", 10)
     try:
         samples = interleaved({"raw": raw.call, "capgate_sqlite": sqlite.call,
-                               "capgate_pg": pg.call}, args.rounds, args.round_calls,
-                              args.warmup)
+                               "capgate_pg": pg.call, "floor_sqlite": floor_sqlite.call,
+                               "floor_pg": floor_pg.call},
+                              args.rounds, args.round_calls, args.warmup)
     finally:
-        for side in (raw, sqlite, pg):
+        for side in (raw, sqlite, pg, floor_sqlite, floor_pg):
             side.close()
     out: dict[str, Any] = {name: s.summary() for name, s in samples.items()}
     base = out["raw"]
-    for name in ("capgate_sqlite", "capgate_pg"):
+    for name in out:
         out[name]["p50_ratio"] = out[name]["p50_ms"] / base["p50_ms"]
         out[name]["p95_ratio"] = out[name]["p95_ms"] / base["p95_ms"]
         out[name]["p50_ratio_paired"] = paired_ratio(samples[name], samples["raw"])
@@ -393,19 +447,19 @@ def section_latency(scratch: Scratch, args: argparse.Namespace) -> dict[str, Any
                      f"(order rotated), {args.warmup} warm-up calls each; cases of "
                      f"{args.case_calls} calls")
     print(f"\n## latency: {out['method']}")
-    print(f"{'side':<26} {'p50 ms':>8} {'p95 ms':>8} {'p50 x':>6} {'p50 x*':>6} {'p95 x':>6}"
+    print(f"{'side':<36} {'p50 ms':>8} {'p95 ms':>8} {'p50 x':>6} {'p50 x*':>6} {'p95 x':>6}"
           f" {'cpu ms':>7} {'cpu p50':>7}")
     for name, label in (("raw", "raw psycopg"), ("capgate_sqlite", "capgate, SQLite ledger"),
-                        ("capgate_pg", "capgate, PostgreSQL ledger")):
+                        ("capgate_pg", "capgate, PostgreSQL ledger"),
+                        ("floor_sqlite", "floor: durable SQLite commit + raw"),
+                        ("floor_pg", "floor: durable PostgreSQL commit + raw")):
         s = out[name]
-        ratios = ("" if name == "raw" else
-                  f" {s['p50_ratio']:>6.2f} {s['p50_ratio_paired']:>6.2f} {s['p95_ratio']:>6.2f}")
-        if name == "raw":
-            ratios = f" {1:>6.2f} {1:>6.2f} {1:>6.2f}"
-        print(f"{label:<26} {s['p50_ms']:>8.3f} {s['p95_ms']:>8.3f}{ratios}"
+        print(f"{label:<36} {s['p50_ms']:>8.3f} {s['p95_ms']:>8.3f} {s['p50_ratio']:>6.2f}"
+              f" {s['p50_ratio_paired']:>6.2f} {s['p95_ratio']:>6.2f}"
               f" {s['cpu_ms_per_call']:>7.3f} {s['cpu_p50_ms']:>7.3f}")
     print("  x: p50 of all calls / raw p50;  x*: median over rounds of the same-round ratio;"
-          "  cpu: process CPU per call (mean, median)")
+          "  cpu: process CPU per call (mean, median);  floor: one intent row committed"
+          " durably, then the raw transaction (no capgate code)")
     return out
 
 
