@@ -499,6 +499,7 @@ def section_growth(scratch: Scratch, args: argparse.Namespace, ledger: str) -> d
         "early_raw_ms": early_raw * 1e3, "late_raw_ms": late_raw * 1e3,
         "early_cpu_ms": statistics.median(cg_cpu[:2 * half]) * 1e3,
         "late_cpu_ms": window(cg_cpu, late_at) * 1e3,
+        "cpu_ratio": window(cg_cpu, late_at) / statistics.median(cg_cpu[:2 * half]),
         "by_100": {str(k): window(cg_wall, k) * 1e3
                    for k in range(100, n - half + 1, 100)},
     }
@@ -507,7 +508,8 @@ def section_growth(scratch: Scratch, args: argparse.Namespace, ledger: str) -> d
     print(f"  calls 1-10: {out['early_ms']:.2f} ms (cpu {out['early_cpu_ms']:.2f});"
           f" calls {late_at - half}-{late_at + half - 1}: {out['late_ms']:.2f} ms"
           f" (cpu {out['late_cpu_ms']:.2f});  ratio {out['ratio']:.2f},"
-          f" normalised by the raw calls beside them {out['ratio_raw_normalised']:.2f}")
+          f" normalised by the raw calls beside them {out['ratio_raw_normalised']:.2f},"
+          f" CPU ratio {out['cpu_ratio']:.2f}")
     print(f"  single calls: call 1 {out['call1_ms']:.2f} ms, call {min(600, n)} "
           f"{out['call600_ms']:.2f} ms;"
           "  median of 10 around call k: "
