@@ -107,20 +107,19 @@ def case_rows(ledger: Ledger, *, open_only: bool = False) -> list[CaseRow]:
     out = []
     for summary in ledger.cases(open_only=open_only):
         snapshot = ledger.snapshot(summary.case_id) or {}
-        intents: Mapping[str, Mapping[str, Any]] = snapshot.get("intents", {})
-        last = max(intents.values(), key=lambda i: int(i.get("last_seq", -1)), default=None)
+        intents: Mapping[str, Mapping[str, Any]] = snapshot.get("intents", {})  # open ones
+        last = snapshot.get("last")
         last_op = last_outcome = last_at = None
-        if last is not None:
+        if isinstance(last, Mapping):
             last_op = f"{last.get('operation_id')}@{last.get('version')}"
-            record = last.get("outcome_record") or {}
-            last_outcome = str(last.get("outcome") or record.get("status") or last.get("status"))
-            last_at = str(last.get("reconciled_at") or last.get("started_at") or "") or None
+            last_outcome = str(last.get("outcome") or last.get("status"))
+            last_at = str(last.get("at") or "") or None
         out.append(CaseRow(
             case_id=summary.case_id, state=case_state(intents) if intents else (
                 "open" if summary.open else "closed"),
             events=summary.head_seq + 1, updated_at=summary.updated_at.isoformat(),
-            intents=len(intents), last_operation=last_op, last_outcome=last_outcome,
-            last_at=last_at, open_intents=summary.open_intents))
+            intents=int(snapshot.get("intent_count") or len(intents)), last_operation=last_op,
+            last_outcome=last_outcome, last_at=last_at, open_intents=summary.open_intents))
     out.sort(key=lambda r: r.updated_at, reverse=True)
     return out
 

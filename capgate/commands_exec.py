@@ -57,9 +57,29 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
 
     ledger = sub.add_parser("ledger", help="the hash-chained ledger")
     lsub = ledger.add_subparsers(dest="ledger_command", metavar="COMMAND", required=True)
-    p = lsub.add_parser("verify", parents=[common], help="verify chains and snapshots")
+    p = lsub.add_parser("verify", parents=[common], help="verify chains, snapshots and anchors")
     p.add_argument("--case", default=None)
+    p.add_argument("--anchor", metavar="FILE", default=None,
+                   help="also check against an anchor exported by `capgate ledger anchor`: "
+                        "finds a case deleted or rolled back since")
     p.set_defaults(handler=cmd_ledger_verify)
+    p = lsub.add_parser("anchor", parents=[common],
+                        help="record the ledger-wide head (every case head) and export it",
+                        description="Records an anchor in the ledger -- the digest over "
+                                    "every case's head, chained to the anchor before, MAC'd "
+                                    "with the ledger's key -- and writes it to FILE. Keep the "
+                                    "file where the ledger's writers cannot rewrite it; "
+                                    "`capgate ledger verify --anchor FILE` later finds a case "
+                                    "deleted, or rolled back to an older copy, since.")
+    p.add_argument("--out", metavar="FILE", default=None, help="write the anchor as JSON here")
+    p.set_defaults(handler=cmd_ledger_anchor)
+    p = lsub.add_parser("migrate", parents=[common],
+                        help="upgrade the ledger's tables to this capgate's format",
+                        description="Runs the ledger's migrations (alembic) in one "
+                                    "transaction under the store's DDL lock. Each format-1 "
+                                    "case is verified first; nothing changes if one does not "
+                                    "verify. Take a backup first.")
+    p.set_defaults(handler=cmd_ledger_migrate)
     p = lsub.add_parser("show", parents=[common],
                         help="a case's timeline: time, actor, event, one-line summary",
                         description="Every event of CASE in chain order, one line each; "
@@ -184,8 +204,9 @@ def cmd_call(args: argparse.Namespace) -> int:
 
 def cmd_ledger_verify(args: argparse.Namespace) -> int:
     settings = load_settings(args.config)
+    anchor = _read_anchor(args.anchor) if args.anchor else None
     with open_ledger(settings.ledger_url) as ledger:
-        report = ledger.verify(args.case)
+        report = ledger.verify(args.case, anchor=anchor)
     findings = [f.to_dict() for f in report.findings]
     payload = {"ok": report.ok, "cases": report.cases_checked, "events": report.events_checked,
                "mac_checked": report.mac_checked, "findings": findings}
@@ -198,6 +219,55 @@ def cmd_ledger_verify(args: argparse.Namespace) -> int:
     return 0 if report.ok else EXIT_REFUSED
 
 
+def _read_anchor(path: str) -> Any:
+    from executor.ledger import Anchor
+    from registry.errors import AnchorMismatch
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except OSError as exc:
+        raise AnchorMismatch(f"cannot read the anchor file {path}: {exc.strerror}",
+                             where=path) from None
+    except ValueError as exc:
+        raise AnchorMismatch(f"the anchor file {path} is not JSON ({exc})", where=path) from None
+    if not isinstance(data, dict):
+        raise AnchorMismatch(f"the anchor file {path} is not a JSON object", where=path)
+    return Anchor.from_dict(data, where=path)
+
+
+def cmd_ledger_anchor(args: argparse.Namespace) -> int:
+    settings = load_settings(args.config)
+    with open_ledger(settings.ledger_url) as ledger:
+        anchor = ledger.anchor()
+        signed = ledger.signed
+    payload = {**anchor.to_dict(), "file": args.out}
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as fh:
+            json.dump(anchor.to_dict(), fh, indent=2, sort_keys=True)
+            fh.write("\n")
+    text = (f"anchor {anchor.anchor_seq}: {anchor.cases} case(s), {anchor.events} event(s), "
+            f"{anchor.digest}" + ("" if signed else " (no HMAC key: the anchor is not MAC'd)"))
+    if args.out:
+        text += f"\nwrote {args.out}: keep it where the ledger's writers cannot rewrite it; " \
+                f"check with `capgate ledger verify --anchor {args.out}`"
+    emit(args, payload, text)
+    return 0
+
+
+def cmd_ledger_migrate(args: argparse.Namespace) -> int:
+    settings = load_settings(args.config)
+    with open_ledger(settings.ledger_url, migrating=True) as ledger:
+        report = ledger.migrate()
+    if report.before == report.after:
+        text = f"the ledger is already at {report.after}; nothing to do"
+    else:
+        text = (f"migrated the ledger from {report.before or 'an empty store'} to "
+                f"{report.after}; {report.cases_rewritten} case snapshot(s) re-derived")
+    emit(args, report.to_dict(), text)
+    return 0
+
+
 def cmd_ledger_show(args: argparse.Namespace) -> int:
     from capgate import caseview
 
@@ -205,6 +275,7 @@ def cmd_ledger_show(args: argparse.Namespace) -> int:
     with open_ledger(settings.ledger_url) as ledger:
         events = ledger.events(args.case)
         snapshot = ledger.snapshot(args.case)
+        intents = ledger.intents(args.case)  # every intent, settled ones too (from the events)
         verified = ledger.verify(args.case).ok if args.html else None
     if not events:
         from registry.errors import UnknownCase
@@ -221,6 +292,7 @@ def cmd_ledger_show(args: argparse.Namespace) -> int:
         text += f"\nwrote {args.html}: the case as one HTML page (open it in a browser)"
     emit(args, {"case": args.case, "timeline": [x.to_dict() for x in entries],
                 "events": [e.to_dict() for e in events], "snapshot": snapshot,
+                "intents": intents,
                 "html": args.html}, text)
     return 0
 

@@ -576,8 +576,7 @@ class DdlService:
         return self._observe(case, intent_id, row, cfg, plan, result, before), result
 
     def _replay(self, case: str, plan_hash: str) -> Outcome | None:
-        snap = self.executor.ledger.snapshot(case) or {}
-        for state in (snap.get("intents") or {}).values():
+        for state in self.executor.ledger.intents(case).values():
             if (state.get("plan_hash") == plan_hash and state.get("status") in TERMINAL
                     and state.get("outcome") == APPLIED_VERIFIED
                     and isinstance(state.get("outcome_record"), Mapping)):

@@ -373,8 +373,7 @@ class Executor:
         deadline = time.monotonic() + wait
         pause = 0.005
         while True:
-            state = ((self.ledger.verified_snapshot(owner.case_id) or {}).get("intents") or {}).get(
-                owner.intent_id) or {}
+            state = self.ledger.intent(owner.case_id, owner.intent_id)
             record = state.get("outcome_record")
             if state.get("status") in TERMINAL and isinstance(record, dict):
                 return Outcome.from_dict(record, replayed=True)

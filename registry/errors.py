@@ -769,6 +769,19 @@ class UnknownIntent(CapgateError, code="CG413"):
     """No such intent in the ledger."""
 
 
+class LedgerNotMigrated(CapgateError, code="CG414", exit_code=EXIT_USAGE):
+    """The ledger's tables are of another format than this capgate reads and writes.
+
+    An older store (format 1, or an older revision) is upgraded by ``capgate
+    ledger migrate``; nothing is read or written until then.  A store written
+    by a newer capgate is refused: use that version.
+    """
+
+
+class AnchorMismatch(CapgateError, code="CG415", exit_code=EXIT_USAGE):
+    """An anchor file does not fit this ledger (another store, or it was edited)."""
+
+
 # --- DDL (CG5xx) ---------------------------------------------------------------
 
 

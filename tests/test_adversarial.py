@@ -234,8 +234,7 @@ def _check_one_execution(ex: Executor, case: str, body: str,
                or (a["status"] == "refused" and a["code"] == "CG402") for a in answers), answers
     assert len({a["intent_id"] for a in applied}) == 1, "one intent executed"
     assert sum(1 for a in applied if not a["replayed"]) == 1
-    snapshot = ex.ledger.snapshot(case) or {}
-    intents = snapshot.get("intents", {})
+    intents = ex.ledger.intents(case)  # every intent, settled ones too (read from events)
     assert len(intents) == 1, intents  # the losers recorded nothing
     (state,) = intents.values()
     assert state["status"] == "observed" and state["outcome"] == "applied_verified"

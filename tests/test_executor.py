@@ -237,7 +237,7 @@ def test_used_approval_is_not_reused(executor: Executor) -> None:
 
 
 def _plan_of(ex: Executor, case: str) -> str:
-    (state,) = (ex.ledger.snapshot(case) or {})["intents"].values()
+    (state,) = ex.ledger.intents(case).values()
     return str(state["plan_hash"])
 
 

@@ -35,6 +35,7 @@ from executor.ledger import (
     head_mac,
     is_open_status,
     open_ledger,
+    state_digest,
 )
 from executor.ledger.chain import canonical_text
 from registry.errors import (
@@ -126,6 +127,7 @@ def forged(event: Event, **changes: Any) -> dict[str, Any]:
         "payload": dict(event.payload),
         "prev_digest": event.prev_digest,
         "recorded_at": event.recorded_at,
+        "state_digest": event.state_digest,
     }
     fields.update(changes)
     row = dict(fields, digest=event_digest(**fields))
@@ -159,21 +161,30 @@ def test_chain_links_from_genesis_and_snapshot_is_the_fold(ledger: Ledger) -> No
             payload=e.payload,
             prev_digest=e.prev_digest,
             recorded_at=e.recorded_at,
+            state_digest=e.state_digest,
         )
         assert e.recorded_at.endswith("Z") and e.recorded_time.tzinfo is not None
     snap = ledger.snapshot("case-1")
     assert snap == fold(chain)
+    # format 2: the snapshot holds the open intents (none: both observed), the last
+    # intent event and the count; each settled intent is read from its events
     assert snap == {
         "case_id": "case-1",
         "head_seq": 5,
         "head_digest": chain[-1].digest,
         "case": {"task": "T-1"},
-        "intents": {
-            "i1": {"status": "observed", "last_seq": 4, "op": "a", "attempt": 1,
-                   "outcome": "applied_verified"},
-            "i2": {"status": "observed", "last_seq": 5, "op": "b", "outcome": "rolled_back"},
-        },
+        "intents": {},
+        "intent_count": 2,
+        "last": {"intent_id": "i2", "status": "observed", "outcome": "rolled_back",
+                 "operation_id": None, "version": None, "at": chain[-1].recorded_at},
     }
+    assert ledger.intents("case-1") == {
+        "i1": {"status": "observed", "last_seq": 4, "op": "a", "attempt": 1,
+               "outcome": "applied_verified"},
+        "i2": {"status": "observed", "last_seq": 5, "op": "b", "outcome": "rolled_back"},
+    }
+    assert ledger.intent("case-1", "i1")["outcome"] == "applied_verified"
+    assert all(e.state_digest == state_digest(fold(chain[:e.seq + 1])) for e in chain)
     with raw(ledger_url_of(ledger)) as conn:
         stored = conn.execute(sa.text("SELECT snapshot, head_seq, head_digest, head_mac "
                                       "FROM cg_cases")).one()
@@ -212,11 +223,16 @@ def test_reducer_is_pure_and_merges_shallowly() -> None:
                             "i"))
     s2 = apply_event(s1, ev(2, "escalated", {"state": {"why": "unknown"}}, "i"))
     assert s0 == {"case_id": "c", "head_seq": 0, "head_digest": "d0",
-                  "case": {"a": 1, "b": {"x": 1}}, "intents": {}}
+                  "case": {"a": 1, "b": {"x": 1}}, "intents": {}, "intent_count": 0,
+                  "last": None}
     assert s1["case"] == {"a": 1, "b": {"y": 2}}  # shallow: a key's value is replaced whole
     assert s2["intents"] == {"i": {"k": 1, "why": "unknown", "status": "escalated",
                                    "last_seq": 2}}
     assert s1["intents"]["i"]["status"] == "prepared"  # earlier states untouched
+    # format 2: a settled intent leaves the snapshot; ``last`` and the count remain
+    s3 = apply_event(s2, ev(3, "escalation_resolved", {"state": {"by": "p"}}, "i"))
+    assert s3["intents"] == {} and s3["intent_count"] == 1
+    assert s3["last"]["intent_id"] == "i" and s3["last"]["status"] == "escalation_resolved"
     assert fold([ev(0, "opened", {}), ev(1, "x", {"case_state": {"z": 0}})])["case"] == {"z": 0}
     with pytest.raises(LedgerError):
         fold([])
@@ -247,7 +263,8 @@ def test_open_cases_and_statuses(ledger: Ledger) -> None:
     assert [c.case_id for c in ledger.cases()] == ["done", "quiet", "stuck"]
     [stuck] = ledger.cases(open_only=True)
     assert stuck.case_id == "stuck" and stuck.open and stuck.open_intents == ["a"]
-    assert stuck.statuses == {"a": "escalated", "b": "reconciled"}
+    assert stuck.statuses == {"a": "escalated"}  # the snapshot keeps open intents only
+    assert ledger.intent("stuck", "b")["status"] == "reconciled"  # a settled one: by index
     assert {"observed", "reconciled", "escalation_resolved"} == TERMINAL_STATUSES
     assert is_open_status("escalated") and is_open_status("some_new_kind")
     assert ledger.intent("stuck", "a")["status"] == "escalated"
@@ -280,7 +297,7 @@ def _edit_payload(conn: Connection, chain: list[Event]) -> None:
 
 def _edit_snapshot(conn: Connection, chain: list[Event]) -> None:
     snap = fold(chain)
-    snap["intents"]["i2"]["outcome"] = "applied_verified"
+    snap["case"]["task"] = "T-forged"  # (format 2 keeps open intents only: both are settled)
     conn.execute(sa.text("UPDATE cg_cases SET snapshot = :s WHERE case_id = 'case-1'"),
                  {"s": canonical_text(snap)})
 
@@ -316,8 +333,9 @@ def _forge_extra_event(conn: Connection, chain: list[Event]) -> None:
     row = forged(chain[5], seq=6, prev_digest=chain[5].digest, kind="observed",
                  intent_id="i3", payload={})
     conn.execute(sa.text("INSERT INTO cg_events (case_id, seq, kind, intent_id, payload, "
-                         "prev_digest, digest, recorded_at) VALUES (:case_id, :seq, :kind, "
-                         ":intent_id, :payload, :prev_digest, :digest, :recorded_at)"), row)
+                         "prev_digest, digest, recorded_at, state_digest) VALUES (:case_id, "
+                         ":seq, :kind, :intent_id, :payload, :prev_digest, :digest, "
+                         ":recorded_at, :state_digest)"), row)
 
 
 def _delete_case_row(conn: Connection, chain: list[Event]) -> None:
@@ -332,7 +350,8 @@ TAMPERS: dict[str, tuple[Callable[[Connection, list[Event]], None],
                          list[tuple[str, int | None]]]] = {
     "edit_payload": (_edit_payload, [("payload_edited", 2)]),
     "edit_snapshot": (_edit_snapshot, [("snapshot_mismatch", None)]),
-    "delete_middle_event": (_delete_middle, [("event_missing", 2), ("snapshot_mismatch", None)]),
+    # (format 2: both intents are settled, so the snapshot no longer depends on seq 2)
+    "delete_middle_event": (_delete_middle, [("event_missing", 2)]),
     "delete_last_event": (_delete_last, [("event_missing", 5), ("snapshot_mismatch", None)]),
     "swap_two_seqs": (_swap_seq, [("event_reordered", 2), ("event_reordered", 3)]),
     "break_a_digest": (_break_digest, [("digest_broken", 2)]),
@@ -341,7 +360,7 @@ TAMPERS: dict[str, tuple[Callable[[Connection, list[Event]], None],
     "forge_an_extra_event": (_forge_extra_event,
                              [("head_mismatch", 5), ("snapshot_mismatch", None)]),
     "delete_the_case_row": (_delete_case_row, [("case_missing", None)]),
-    "garble_a_payload": (_garble_payload, [("payload_edited", 1), ("snapshot_mismatch", None)]),
+    "garble_a_payload": (_garble_payload, [("payload_edited", 1)]),
 }
 
 
@@ -399,7 +418,7 @@ def test_hmac_detects_a_consistent_rewrite_only_with_the_key(ledger_url: URL) ->
             payload["request"] = {"x": 999}
         row = forged(e, payload=payload, prev_digest=prev)
         rewritten.append(Event(e.case_id, e.seq, e.kind, e.intent_id, payload, prev,
-                               row["digest"], e.recorded_at))
+                               row["digest"], e.recorded_at, e.state_digest))
         prev = row["digest"]
     with raw(ledger_url) as conn:
         for e in rewritten:

@@ -12,6 +12,7 @@ from executor.ledger.store import (
     HMAC_KEY_ENV,
     RESERVED_INTENT_KEYS,
     TERMINAL_STATUSES,
+    Anchor,
     ApprovalRecord,
     CaseSummary,
     Event,
@@ -29,8 +30,10 @@ from executor.ledger.store import (
     event_digest,
     fold,
     head_mac,
+    intent_states,
     is_open_status,
     open_ledger,
+    state_digest,
 )
 
 __all__ = [
@@ -39,6 +42,7 @@ __all__ = [
     "HMAC_KEY_ENV",
     "RESERVED_INTENT_KEYS",
     "TERMINAL_STATUSES",
+    "Anchor",
     "ApprovalRecord",
     "CaseSummary",
     "Event",
@@ -56,6 +60,8 @@ __all__ = [
     "event_digest",
     "fold",
     "head_mac",
+    "intent_states",
     "is_open_status",
     "open_ledger",
+    "state_digest",
 ]

@@ -300,7 +300,7 @@ class PostgreSQLBackend(Backend):
         for i, row in enumerate(rows):
             values.append(
                 f"(CAST(:seq_{i} AS BIGINT), :kind_{i}, CAST(:intent_{i} AS TEXT), :payload_{i}, "
-                f":prev_{i}, :digest_{i}, :at_{i})"
+                f":prev_{i}, :digest_{i}, :at_{i}, CAST(:state_{i} AS TEXT))"
             )
             params.update(
                 {
@@ -311,6 +311,7 @@ class PostgreSQLBackend(Backend):
                     f"prev_{i}": row["prev_digest"],
                     f"digest_{i}": row["digest"],
                     f"at_{i}": row["recorded_at"],
+                    f"state_{i}": row.get("state_digest"),
                 }
             )
         claim_sql = ""
@@ -328,11 +329,12 @@ class PostgreSQLBackend(Backend):
         sql = (
             f"WITH head AS ({head_sql}){claim_sql} "
             "INSERT INTO cg_events (case_id, seq, kind, intent_id, payload, prev_digest, digest, "
-            "recorded_at) SELECT head.case_id, v.seq, v.kind, v.intent_id, v.payload, "
-            "v.prev_digest, v.digest, v.recorded_at FROM head CROSS JOIN (VALUES "
+            "recorded_at, state_digest) SELECT head.case_id, v.seq, v.kind, v.intent_id, "
+            "v.payload, v.prev_digest, v.digest, v.recorded_at, v.state_digest FROM head "
+            "CROSS JOIN (VALUES "
             + ", ".join(values)
-            + ") AS v (seq, kind, intent_id, payload, prev_digest, digest, recorded_at) "
-            "RETURNING seq"
+            + ") AS v (seq, kind, intent_id, payload, prev_digest, digest, recorded_at, "
+            "state_digest) RETURNING seq"
         )
         inserted = conn.execute(sa.text(sql), params).all()
         return len(inserted) == len(rows)

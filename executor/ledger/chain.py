@@ -7,8 +7,17 @@ code that wrote a chain and the code that checks it cannot drift apart.
 A case's chain is a list of events with ``seq`` 0, 1, 2, ...; each event's
 ``digest`` is the canonical hash (RFC 8785, SHA-256) of its fields including
 ``prev_digest``, the digest of the event before it (:data:`GENESIS_DIGEST` for
-seq 0).  The case snapshot is ``fold(events)``: a deterministic reduction that
-the executor reads instead of replaying the chain on every call.
+seq 0).
+
+Format 2 (issue 13).  The case snapshot is ``fold(events)`` over the *open*
+intents only, plus the case's own state: an intent that reaches a terminal
+status leaves the snapshot (its outcome stays in its events, read by index
+when a replay needs it), so appending costs the same on call 600 of a case as
+on call 1.  Each event also carries ``state_digest``, the digest of the
+snapshot's state after it (:func:`state_digest`), and its own digest covers
+it: a process that continues a case checks, in O(1), that the stored snapshot
+is the state the chain's head event names (:func:`head_matches`).  Events
+written by format 1 have no ``state_digest`` and hash as they always did.
 """
 
 from __future__ import annotations
@@ -16,7 +25,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final
@@ -38,6 +47,9 @@ Use :func:`is_open_status` rather than testing membership of a list of open
 statuses, which could not be complete.
 """
 
+LEDGER_FORMAT: Final = 2
+"""The snapshot and event format this code writes (see the module docstring)."""
+
 RESERVED_INTENT_KEYS: Final = frozenset({"status", "last_seq"})
 """Keys the reducer sets on each intent itself; ``payload["state"]`` may not use them."""
 
@@ -50,8 +62,12 @@ FINDING_KINDS: Final = (
     "case_missing",
     "head_mismatch",
     "snapshot_mismatch",
+    "state_mismatch",
     "mac_mismatch",
     "mac_missing",
+    "case_deleted",
+    "case_rolled_back",
+    "anchor_broken",
 )
 """Every ``Finding.kind`` that :func:`check_case` reports, in the order of the chain checks.
 
@@ -68,8 +84,15 @@ FINDING_KINDS: Final = (
 * ``case_missing`` -- events exist for a case that has no ``cg_cases`` row.
 * ``head_mismatch`` -- the case row's head seq or digest is not the last event's.
 * ``snapshot_mismatch`` -- the stored snapshot is not ``fold(events)``.
+* ``state_mismatch`` -- an event's ``state_digest`` is not the digest of the state
+  the chain folds to at that event (the reducer was bypassed when it was written).
 * ``mac_mismatch`` / ``mac_missing`` -- with an HMAC key: the head's MAC is wrong
   or absent, so the chain was rewritten (or written) without the key.
+* ``case_deleted`` / ``case_rolled_back`` -- against an anchor (``capgate ledger
+  anchor``): a case the anchor names is gone, or its chain no longer holds the
+  head the anchor recorded (deleted events, or an older copy restored).
+* ``anchor_broken`` -- the anchors recorded in the store do not chain, or one's
+  MAC or digest does not hold.
 """
 
 
@@ -114,6 +137,9 @@ class Event:
     """:func:`event_digest` of this event's fields."""
     recorded_at: str
     """ISO-8601 UTC text exactly as hashed; :attr:`recorded_time` parses it."""
+    state_digest: str | None = None
+    """Format 2: :func:`state_digest` of the snapshot after this event (covered by
+    ``digest``); None for an event written by format 1."""
 
     @property
     def recorded_time(self) -> datetime:
@@ -130,6 +156,7 @@ class Event:
             "prev_digest": self.prev_digest,
             "digest": self.digest,
             "recorded_at": self.recorded_at,
+            "state_digest": self.state_digest,
         }
 
 
@@ -142,19 +169,25 @@ def event_digest(
     payload: Mapping[str, Any],
     prev_digest: str,
     recorded_at: str,
+    state_digest: str | None = None,
 ) -> str:
-    """The canonical hash that chains an event: it covers every field, including the link."""
-    return canonical_hash(
-        {
-            "case_id": case_id,
-            "seq": seq,
-            "kind": kind,
-            "intent_id": intent_id,
-            "payload": payload,
-            "prev_digest": prev_digest,
-            "recorded_at": recorded_at,
-        }
-    )
+    """The canonical hash that chains an event: it covers every field, including the link.
+
+    A format-2 event's ``state_digest`` is covered too; a format-1 event (None)
+    hashes exactly as format 1 did, so old chains keep verifying.
+    """
+    fields: dict[str, Any] = {
+        "case_id": case_id,
+        "seq": seq,
+        "kind": kind,
+        "intent_id": intent_id,
+        "payload": payload,
+        "prev_digest": prev_digest,
+        "recorded_at": recorded_at,
+    }
+    if state_digest is not None:
+        fields["state_digest"] = state_digest
+    return canonical_hash(fields)
 
 
 def digest_of(event: Event, *, seq: int | None = None) -> str:
@@ -167,6 +200,7 @@ def digest_of(event: Event, *, seq: int | None = None) -> str:
         payload=event.payload,
         prev_digest=event.prev_digest,
         recorded_at=event.recorded_at,
+        state_digest=event.state_digest,
     )
 
 
@@ -230,16 +264,28 @@ def empty_state(case_id: str) -> dict[str, Any]:
         "head_digest": GENESIS_DIGEST,
         "case": {},
         "intents": {},
+        "intent_count": 0,
+        "last": None,
     }
 
 
-def apply_event(state: Mapping[str, Any] | None, event: Event) -> dict[str, Any]:
+ClosedLookup = Callable[[str], Mapping[str, Any] | None]
+"""The full state of an intent that already left the snapshot (None: never seen)."""
+
+
+def apply_event(state: Mapping[str, Any] | None, event: Event,
+                closed: ClosedLookup | None = None) -> dict[str, Any]:
     """The snapshot after ``event``; pure, and ``state`` is left untouched.
 
     * ``head_seq`` / ``head_digest`` become the event's;
     * ``payload["case_state"]`` (a dict) is merged key by key into ``case``;
-    * for an intent event, ``intents[intent_id]`` gets ``payload["state"]``
-      merged in, ``status`` = the event kind and ``last_seq`` = its seq.
+    * for an intent event, the intent's state gets ``payload["state"]`` merged
+      in, ``status`` = the event kind and ``last_seq`` = its seq.  An intent
+      whose status becomes terminal leaves ``intents`` (format 2: the snapshot
+      holds open intents only); ``last`` names the latest intent event's intent,
+      status and outcome.  An event for an intent no longer in the snapshot (a
+      re-opening ``changed_outside_case``, a compensation's final ``observed``)
+      starts from ``closed(intent_id)``, its full state as its events give it.
 
     Merges are shallow (a key's new value replaces the old one whole), which
     keeps the reducer obvious to anyone re-implementing it to audit a chain.
@@ -257,12 +303,42 @@ def apply_event(state: Mapping[str, Any] | None, event: Event) -> dict[str, Any]
         new["case"] = {**state["case"], **case_state}
     if event.intent_id is not None:
         intents = dict(state["intents"])
-        merged = {**intents.get(event.intent_id, {}), **(event.payload.get("state") or {})}
+        prior = intents.get(event.intent_id)
+        if prior is None and closed is not None and event.kind != "prepared":
+            prior = closed(event.intent_id)  # ("prepared" always starts a new intent)
+        if prior is None:
+            new["intent_count"] = int(state.get("intent_count") or 0) + 1
+        merged = {**(prior or {}), **(event.payload.get("state") or {})}
         merged["status"] = event.kind
         merged["last_seq"] = event.seq
-        intents[event.intent_id] = merged
+        if is_open_status(event.kind):
+            intents[event.intent_id] = merged
+        else:
+            intents.pop(event.intent_id, None)
         new["intents"] = intents
+        new["last"] = {"intent_id": event.intent_id, "status": event.kind,
+                       "outcome": merged.get("outcome"),
+                       "operation_id": merged.get("operation_id"),
+                       "version": merged.get("version"), "at": event.recorded_at}
     return new
+
+
+def _remember_intent(every: dict[str, dict[str, Any]], event: Event) -> None:
+    """Merge ``event`` into its intent's full state in ``every`` (open or closed)."""
+    if event.intent_id is None:
+        return
+    merged = {**every.get(event.intent_id, {}), **(event.payload.get("state") or {})}
+    merged["status"] = event.kind
+    merged["last_seq"] = event.seq
+    every[event.intent_id] = merged
+
+
+def intent_states(events: Iterable[Event]) -> dict[str, dict[str, Any]]:
+    """Every intent's full state (open and closed), folded from its events in order."""
+    out: dict[str, dict[str, Any]] = {}
+    for event in events:
+        _remember_intent(out, event)
+    return out
 
 
 def fold(events: Iterable[Event]) -> dict[str, Any]:
@@ -271,11 +347,48 @@ def fold(events: Iterable[Event]) -> dict[str, Any]:
     Raises LedgerError for no events (a case has at least one).
     """
     state: dict[str, Any] | None = None
+    every: dict[str, dict[str, Any]] = {}
     for event in events:
-        state = apply_event(state, event)
+        state = apply_event(state, event, every.get)
+        _remember_intent(every, event)
     if state is None:
         raise LedgerError("cannot fold an empty chain: a case starts with its first event")
     return state
+
+
+def state_digest(state: Mapping[str, Any]) -> str:
+    """The digest an event records of the state after it: the snapshot without its head.
+
+    The head (seq and digest) is left out -- it names the event itself, whose
+    digest covers this value.
+    """
+    return canonical_hash({"case_id": state["case_id"], "case": state["case"],
+                           "intents": state["intents"], "last": state.get("last"),
+                           "intent_count": state.get("intent_count")})
+
+
+def head_matches(snapshot: Mapping[str, Any], head: Event, head_seq: int,
+                 head_digest: str) -> str | None:
+    """The O(1) continuation check: is ``snapshot`` the state the chain's head names?
+
+    ``head`` is the stored event at the case row's ``head_seq``.  It must
+    recompute to its digest, that digest must be the case row's, the snapshot's
+    own head fields must agree, and the snapshot must hash to the event's
+    ``state_digest``.  Returns None when all hold, else why not.  A format-1
+    head event (no ``state_digest``) cannot say: the caller replays the chain.
+    """
+    if head.seq != head_seq or head.digest != head_digest:
+        return f"the head event is seq {head.seq} ({head.digest}), the case row names " \
+               f"seq {head_seq} ({head_digest})"
+    if digest_of(head) != head.digest:
+        return f"the head event (seq {head.seq}) does not hash to its digest"
+    if snapshot.get("head_seq") != head_seq or snapshot.get("head_digest") != head_digest:
+        return "the snapshot's head is not the case row's"
+    if head.state_digest is None:
+        return "the head event was written by format 1 and records no state digest"
+    if state_digest(snapshot) != head.state_digest:
+        return "the snapshot is not the state its head event records"
+    return None
 
 
 # --- verification -------------------------------------------------------------
@@ -411,6 +524,7 @@ def check_case(
     if case is None:
         if events:
             report(None, "case_missing", f"{len(events)} events but no cg_cases row for the case")
+            _fold_checking_states(events, recomputed, report, _first_problem(findings))
         return findings
 
     last_seq = events[-1].seq if events else -1
@@ -432,13 +546,8 @@ def check_case(
             f"(seq {last_seq}, {prev_digest})",
         )
 
-    try:
-        expected_snapshot: str | None = canonical_text(fold(events))
-    except Exception as exc:
-        expected_snapshot = None
-        why = f"the events cannot be folded ({type(exc).__name__}: {exc})"
-    else:
-        why = "the stored snapshot differs from fold(events)"
+    expected_snapshot, why = _fold_checking_states(events, recomputed, report,
+                                                   _first_problem(findings))
     if case.snapshot != expected_snapshot:
         report(None, "snapshot_mismatch", why)
 
@@ -458,3 +567,39 @@ def check_case(
                 "the chain was rewritten without the key (or the key is wrong)",
             )
     return findings
+
+
+def _first_problem(findings: Sequence[Finding]) -> int | None:
+    seqs = [f.seq for f in findings if f.seq is not None]
+    return min(seqs) if seqs else None
+
+
+def _fold_checking_states(events: Sequence[Event], recomputed: Sequence[str],
+                          report: Callable[[int | None, str, str], None],
+                          clean_before: int | None = None) -> tuple[str | None, str]:
+    """Fold the chain, checking each format-2 event's ``state_digest`` on the way.
+
+    Returns the canonical text of the final state (None when the events cannot
+    be folded) and what to say if the stored snapshot differs from it.  Only
+    the chain before the first event already reported (``clean_before``) is
+    checked: past a missing, edited or moved event every later state differs,
+    and the tamper is reported once, under its cause.
+    """
+    state: dict[str, Any] | None = None
+    every: dict[str, dict[str, Any]] = {}
+    try:
+        for i, event in enumerate(events):
+            state = apply_event(state, event, every.get)
+            _remember_intent(every, event)
+            if (event.state_digest is not None and recomputed[i] == event.digest
+                    and (clean_before is None or event.seq < clean_before)
+                    and state_digest(state) != event.state_digest):
+                report(event.seq, "state_mismatch",
+                       f"the event records state {event.state_digest}, but the chain folds "
+                       f"to {state_digest(state)} at seq {event.seq}")
+                clean_before = event.seq
+    except Exception as exc:
+        return None, f"the events cannot be folded ({type(exc).__name__}: {exc})"
+    if state is None:
+        return None, "the case has no events"
+    return canonical_text(state), "the stored snapshot differs from fold(events)"

@@ -1,5 +1,10 @@
 """The ledger's tables, one definition for SQLite and PostgreSQL.
 
+The tables are versioned with alembic (``executor/ledger/migrations``):
+:data:`HEAD_REVISION` is the revision this code reads and writes.  A fresh
+store is created from these definitions and stamped with it; an older store is
+refused until ``capgate ledger migrate`` upgraded it.
+
 Every text column is ``TEXT`` and every time is an ISO-8601 UTC string of fixed
 width (``2026-01-31T12:00:00.000000Z``): such strings sort like the instants
 they name, so expiry checks are plain string comparisons that behave the same
@@ -12,6 +17,13 @@ from __future__ import annotations
 import sqlalchemy as sa
 
 metadata = sa.MetaData()
+
+HEAD_REVISION = "0002_ledger_v2"
+"""The alembic revision these tables are (``tests/test_ledger_migrate.py`` checks it is
+the migrations' head)."""
+FIRST_REVISION = "0001_ledger_v1"
+"""What a store without an ``alembic_version`` table but with ``cg_events`` is: format 1,
+written before the tables were versioned."""
 
 events = sa.Table(
     "cg_events",
@@ -26,7 +38,12 @@ events = sa.Table(
     sa.Column("prev_digest", sa.Text, nullable=False),
     sa.Column("digest", sa.Text, nullable=False),
     sa.Column("recorded_at", sa.Text, nullable=False),
+    # Format 2: the digest of the case state after this event (NULL for format 1).
+    sa.Column("state_digest", sa.Text, nullable=True),
     sa.CheckConstraint("seq >= 0", name="ck_cg_events_seq"),
+    # An intent's events by index: a closed intent's outcome (replays, the resume
+    # fence, DDL replay) is read from them, not kept in the snapshot.
+    sa.Index("ix_cg_events_intent", "case_id", "intent_id", "seq"),
 )
 
 cases = sa.Table(
@@ -38,6 +55,24 @@ cases = sa.Table(
     sa.Column("head_digest", sa.Text, nullable=False),
     sa.Column("head_mac", sa.Text, nullable=True),
     sa.Column("updated_at", sa.Text, nullable=False),
+)
+
+# Anchors: the ledger-wide head over every case head, recorded by `capgate ledger
+# anchor` (and exported to where the ledger's writers cannot rewrite it).  Checked
+# by `ledger verify`: a case deleted, or rolled back to an older (validly signed)
+# state since an anchor, is found.  Each anchor chains to the one before it.
+anchors = sa.Table(
+    "cg_anchors",
+    metadata,
+    sa.Column("anchor_seq", sa.BigInteger, primary_key=True, autoincrement=False),
+    sa.Column("created_at", sa.Text, nullable=False),
+    sa.Column("cases", sa.BigInteger, nullable=False),
+    sa.Column("events", sa.BigInteger, nullable=False),
+    sa.Column("heads_digest", sa.Text, nullable=False),
+    sa.Column("heads", sa.Text, nullable=False),  # canonical JSON {case_id: [seq, digest]}
+    sa.Column("prev_digest", sa.Text, nullable=False),
+    sa.Column("digest", sa.Text, nullable=False),
+    sa.Column("mac", sa.Text, nullable=True),
 )
 
 idempotency = sa.Table(

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hmac
 import json
 import os
 import threading
@@ -68,6 +69,7 @@ from executor.ledger.chain import (
     RESERVED_INTENT_KEYS,
     TERMINAL_STATUSES,
     CaseRow,
+    ClosedLookup,
     Event,
     Finding,
     apply_event,
@@ -79,11 +81,23 @@ from executor.ledger.chain import (
     fold,
     format_time,
     head_mac,
+    head_matches,
+    intent_states,
     is_open_status,
     normalise_payload,
     parse_time,
+    state_digest,
 )
+from executor.ledger.migrate import (
+    MigrationReport,
+    check_revision,
+    current_revision,
+    stamp_head,
+)
+from executor.ledger.migrate import upgrade as upgrade_tables
 from executor.ledger.schema import (
+    HEAD_REVISION,
+    anchors,
     approval_proofs,
     approvals,
     cases,
@@ -92,7 +106,9 @@ from executor.ledger.schema import (
     metadata,
     plans,
 )
+from registry.canonical import canonical_hash
 from registry.errors import (
+    AnchorMismatch,
     ApprovalExpired,
     ApprovalNotAuthenticated,
     ApprovalRequired,
@@ -102,6 +118,7 @@ from registry.errors import (
     ConfigError,
     IdempotencyConflict,
     LedgerError,
+    LedgerNotMigrated,
     LedgerTampered,
     SelfApproval,
     UnknownCase,
@@ -115,6 +132,7 @@ __all__ = [
     "HMAC_KEY_ENV",
     "RESERVED_INTENT_KEYS",
     "TERMINAL_STATUSES",
+    "Anchor",
     "ApprovalRecord",
     "CaseSummary",
     "Event",
@@ -132,8 +150,10 @@ __all__ = [
     "event_digest",
     "fold",
     "head_mac",
+    "intent_states",
     "is_open_status",
     "open_ledger",
+    "state_digest",
 ]
 
 HMAC_KEY_ENV: Final = "CAPGATE_LEDGER_HMAC_KEY"
@@ -142,9 +162,13 @@ HMAC_KEY_ENV: Final = "CAPGATE_LEDGER_HMAC_KEY"
 _MAX_ATTEMPTS = 8
 _RECONNECTS = 3
 _HEAD_CACHE_SIZE = 4096
+_CHUNK = 500
+"""Most case ids in one ``IN (...)`` list."""
 
 EventSpec = tuple[str, Mapping[str, Any], str | None]
 """``(kind, payload, intent_id)`` for :meth:`Ledger.append_many`."""
+Guard = Callable[[Mapping[str, Any] | None], None]
+"""Sees the case state an append follows (None: a new case); refuses by raising."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,7 +240,7 @@ class CaseSummary:
     head_digest: str
     updated_at: datetime
     statuses: Mapping[str, str] = field(hash=False)
-    """intent id -> status (its last event kind)."""
+    """Open intent id -> status (its last event kind); the snapshot holds open intents only."""
     open: bool
     """True when any intent is not in :data:`TERMINAL_STATUSES` (or the snapshot is unreadable)."""
 
@@ -328,8 +352,13 @@ def open_ledger(
     *,
     hmac_key: bytes | None = None,
     clock: Callable[[], datetime] | None = None,
+    migrating: bool = False,
 ) -> Ledger:
     """Open (creating its tables if missing) the ledger store at ``url``.
+
+    A store whose tables are of another revision is refused
+    (LedgerNotMigrated) unless ``migrating`` (``capgate ledger migrate``, which
+    then calls :meth:`Ledger.migrate`).
 
     ``url`` is a SQLAlchemy URL: ``sqlite:///path/ledger.db`` (the parent
     folder is created) or ``postgresql://...`` (driven by psycopg 3).  With
@@ -363,7 +392,11 @@ def open_ledger(
     try:
         with engine.begin() as conn:
             backend.lock_for_ddl(conn)
-            metadata.create_all(conn, checkfirst=True)
+            revision = current_revision(conn)
+            if revision is None:  # an empty database: the current tables, stamped
+                metadata.create_all(conn, checkfirst=True)
+                stamp_head(conn)
+                revision = HEAD_REVISION
     except Exception as exc:
         engine.dispose()
         raise LedgerError(
@@ -371,6 +404,12 @@ def open_ledger(
             "database is reachable and the user may create tables",
             ledger=where,
         ) from None
+    if not migrating:
+        try:
+            check_revision(revision, where)
+        except LedgerNotMigrated:
+            engine.dispose()
+            raise
     return Ledger(engine, backend, parsed, key=key, clock=clock)
 
 
@@ -551,6 +590,7 @@ class Ledger:
         claim: KeyClaim | None = None,
         within: Callable[[Connection], None] | None = None,
         attempt: int | None = None,
+        guard: Guard | None = None,
     ) -> Event:
         """Record one event at the end of the case's chain (creating the case on seq 0).
 
@@ -566,17 +606,21 @@ class Ledger:
         of ``intent_id``: the append is refused (AttemptSuperseded, nothing
         written) once resume or a person settled the intent or a newer attempt
         was recorded -- checked against the head the event is chained to, so
-        no late event of a stale process can re-open a settled case.  Returns
-        the event as stored.
+        no late event of a stale process can re-open a settled case.  ``guard``
+        sees the case state the event follows (None: a new case), inside the
+        transaction, and refuses by raising: the executor's "no open intent"
+        check runs there, so it cannot race another writer.  Returns the event
+        as stored.
         """
         fence = (intent_id, attempt) if attempt is not None and intent_id is not None else None
         return self.append_many(case_id, [(kind, payload, intent_id)], claim=claim,
-                                within=within, fence=fence)[0]
+                                within=within, fence=fence, guard=guard)[0]
 
     def append_many(self, case_id: str, items: Sequence[EventSpec], *,
                     claim: KeyClaim | None = None,
                     within: Callable[[Connection], None] | None = None,
-                    fence: tuple[str, int] | None = None) -> list[Event]:
+                    fence: tuple[str, int] | None = None,
+                    guard: Guard | None = None) -> list[Event]:
         """Record several events, consecutively and atomically, in one transaction."""
         _check_id("case_id", case_id)
         specs: list[EventSpec] = []
@@ -594,11 +638,11 @@ class Ledger:
                 try:
                     if self._backend.single_statement_append and within is None:
                         written = self._append_unlocked(case_id, specs, tried, suspect, claim,
-                                                        fence)
+                                                        fence, guard)
                         if written is not None:
                             return written
                     return self._append_locked(case_id, specs, tried, suspect, claim, within,
-                                               fence)
+                                               fence, guard)
                 except sa.exc.DBAPIError as exc:
                     if not exc.connection_invalidated:
                         raise
@@ -623,6 +667,7 @@ class Ledger:
         suspect: dict[str, list[Event]] | None,
         claim: KeyClaim | None,
         fence: tuple[str, int] | None = None,
+        guard: Guard | None = None,
     ) -> list[Event] | None:
         """Compare-and-swap appends without a transaction; None when the head moved.
 
@@ -642,7 +687,8 @@ class Ledger:
                     landed = _landed(conn, case_id, suspect)
                     if landed is not None:
                         return landed
-                new, written, rows = self._build(case_id, head, specs, fence)
+                new, written, rows = self._build(case_id, head, specs, fence,
+                                                 self._closed_on(conn, case_id), guard)
                 tried[new.digest] = written
                 try:
                     ok = self._backend.write_chain(conn, head, new, rows,
@@ -667,6 +713,7 @@ class Ledger:
         claim: KeyClaim | None,
         within: Callable[[Connection], None] | None = None,
         fence: tuple[str, int] | None = None,
+        guard: Guard | None = None,
     ) -> list[Event]:
         """The pessimistic path: lock the case row (SQLite: the database), then write."""
         for _ in range(_MAX_ATTEMPTS):
@@ -679,9 +726,12 @@ class Ledger:
                     owner = _idempotency_record(conn, claim.key, lock=self._backend.lock_rows)
                     if owner is not None:
                         raise KeyAlreadyClaimed(owner)
+                if guard is not None:  # before anything is claimed: a refusal claims nothing
+                    guard(_parse_snapshot(case_id, head.snapshot) if head else None)
                 if within is not None:
                     within(conn)
-                new, written, rows = self._build(case_id, head, specs, fence)
+                new, written, rows = self._build(case_id, head, specs, fence,
+                                                 self._closed_on(conn, case_id))
                 tried[new.digest] = written
                 try:
                     ok = self._backend.write_chain(conn, head, new, rows,
@@ -704,6 +754,13 @@ class Ledger:
             "contention; retry the call",
             case_id=case_id,
         )
+
+    @staticmethod
+    def _closed_on(conn: Connection, case_id: str) -> ClosedLookup:
+        """A closed intent's full state, from its events by index, on ``conn``."""
+        def lookup(intent_id: str) -> dict[str, Any] | None:
+            return intent_states(_read_events(conn, case_id, intent_id)).get(intent_id)
+        return lookup
 
     def _claim_row(self, case_id: str, claim: KeyClaim | None) -> dict[str, Any] | None:
         if claim is None:
@@ -738,30 +795,39 @@ class Ledger:
         head: StoredHead | None,
         specs: list[EventSpec],
         fence: tuple[str, int] | None = None,
+        closed: ClosedLookup | None = None,
+        guard: Callable[[Mapping[str, Any] | None], None] | None = None,
     ) -> tuple[NewHead, list[Event], list[dict[str, Any]]]:
-        """The events, rows and new head that follow ``head``: pure computation."""
+        """The events, rows and new head that follow ``head``: pure computation.
+
+        ``closed`` gives the full state of an intent no longer in the snapshot
+        (the fence of a settled intent, an event re-opening one).  ``guard``
+        sees the state the events will follow and may refuse by raising.
+        """
         recorded_at = format_time(self._now())
         if head is None:
             state: dict[str, Any] | None = None
             seq, prev = 0, GENESIS_DIGEST
         else:
-            try:
-                state = json.loads(head.snapshot)
-            except ValueError:
-                raise LedgerTampered(
-                    f"the snapshot of case {case_id!r} is not JSON; run `capgate ledger verify "
-                    f"--case {case_id}`",
-                    case_id=case_id,
-                    findings=[
-                        Finding(case_id, None, "snapshot_mismatch", "unreadable").to_dict()
-                    ],
-                ) from None
+            state = _parse_snapshot(case_id, head.snapshot)
             seq, prev = head.seq + 1, head.digest
+        if guard is not None:
+            guard(state)
         if fence is not None:
-            _check_fence(case_id, state, *fence)
+            _check_fence(case_id, state, *fence, closed=closed)
         written: list[Event] = []
         rows: list[dict[str, Any]] = []
         for kind, payload, intent_id in specs:
+            draft = Event(case_id, seq, kind, intent_id, payload, prev, "", recorded_at)
+            try:
+                state = apply_event(state, draft, closed)
+            except (LedgerError, KeyError, TypeError, AttributeError) as exc:
+                raise LedgerTampered(
+                    f"the snapshot of case {case_id!r} has not the reducer's shape ({exc}); run "
+                    f"`capgate ledger verify --case {case_id}`",
+                    case_id=case_id,
+                ) from None
+            after = state_digest(state)
             digest = event_digest(
                 case_id=case_id,
                 seq=seq,
@@ -770,16 +836,11 @@ class Ledger:
                 payload=payload,
                 prev_digest=prev,
                 recorded_at=recorded_at,
+                state_digest=after,
             )
-            event = Event(case_id, seq, kind, intent_id, payload, prev, digest, recorded_at)
-            try:
-                state = apply_event(state, event)
-            except (LedgerError, KeyError, TypeError, AttributeError) as exc:
-                raise LedgerTampered(
-                    f"the snapshot of case {case_id!r} has not the reducer's shape ({exc}); run "
-                    f"`capgate ledger verify --case {case_id}`",
-                    case_id=case_id,
-                ) from None
+            state["head_digest"] = digest
+            event = Event(case_id, seq, kind, intent_id, payload, prev, digest, recorded_at,
+                          after)
             written.append(event)
             rows.append(
                 {
@@ -791,6 +852,7 @@ class Ledger:
                     "prev_digest": prev,
                     "digest": digest,
                     "recorded_at": recorded_at,
+                    "state_digest": after,
                 }
             )
             seq, prev = seq + 1, digest
@@ -808,27 +870,14 @@ class Ledger:
     # -- reading
 
     @_reconnecting
-    def events(self, case_id: str) -> list[Event]:
+    def events(self, case_id: str, intent_id: str | None = None) -> list[Event]:
         """The case's events in seq order (empty for an unknown case).
 
-        Raises LedgerTampered if a stored payload is not JSON.
+        With ``intent_id``, only that intent's events (read by index).  Raises
+        LedgerTampered if a stored payload is not JSON.
         """
         with self._guard(f"read case {case_id!r}"), self._read_one.connect() as conn:
-            rows = conn.execute(
-                sa.select(events).where(events.c.case_id == case_id).order_by(events.c.seq)
-            ).all()
-        out = []
-        for row in rows:
-            event = _event_from_row(row)
-            if event is None:
-                raise LedgerTampered(
-                    f"event {row.seq} of case {case_id!r} has a payload that is not JSON; run "
-                    f"`capgate ledger verify --case {case_id}`",
-                    case_id=case_id,
-                    seq=int(row.seq),
-                )
-            out.append(event)
-        return out
+            return _read_events(conn, case_id, intent_id)
 
     @_reconnecting
     def snapshot(self, case_id: str) -> dict[str, Any] | None:
@@ -856,47 +905,95 @@ class Ledger:
         self._remember(case_id, StoredHead(int(row.head_seq), row.head_digest, row.snapshot))
         return state
 
+    @_reconnecting
     def verified_snapshot(self, case_id: str) -> dict[str, Any] | None:
         """The case's snapshot, trusted only after it verified (None for an unknown case).
 
         The executor continues a case from this, never from :meth:`snapshot`:
         a snapshot edited by hand (say, an open intent marked finished) raises
-        LedgerTampered instead of letting the case continue.  The stored head
-        is read in one statement; when it is exactly the head this process
-        last verified or wrote on a verified state, that is enough (one
-        round trip).  Otherwise the whole chain is replayed once
-        (:meth:`load_verified`) and the result remembered.
+        LedgerTampered instead of letting the case continue.  One statement
+        reads the case row and its head event together; the check is O(1)
+        whatever the case's length (:func:`~executor.ledger.chain.head_matches`:
+        the head event recomputes to the head digest, and the snapshot hashes
+        to the state digest that event records; with a key, the head's MAC).
+        A head this process last verified or wrote on a verified state needs no
+        recomputation.  A case whose head event format 1 wrote is replayed once
+        (:meth:`load_verified`).
         """
         with self._guard(f"read case {case_id!r}"), self._read_one.connect() as conn:
-            row = conn.execute(
-                sa.select(cases.c.head_seq, cases.c.head_digest, cases.c.snapshot).where(
-                    cases.c.case_id == case_id
-                )
-            ).first()
+            row = conn.execute(_HEAD_WITH_EVENT, {"case_id": case_id}).first()
         if row is None:
             return None
         stored = StoredHead(int(row.head_seq), row.head_digest, row.snapshot)
         with self._heads_lock:
             trusted = self._verified.get(case_id) == stored
-        if not trusted:
-            return dict(self.load_verified(case_id).snapshot)
-        self._remember(case_id, stored)
-        state: dict[str, Any] = json.loads(stored.snapshot)
+        if trusted:
+            self._remember(case_id, stored)
+            return _parse_snapshot(case_id, stored.snapshot)
+        state = _parse_snapshot(case_id, stored.snapshot)
+        head = _event_from_row(row) if row.seq is not None else None
+        if head is not None and head.state_digest is None:
+            return dict(self.load_verified(case_id).snapshot)  # a format-1 head
+        why = "the head event is missing" if head is None else head_matches(
+            state, head, stored.seq, stored.digest)
+        if why is None and self._key is not None and (
+                row.head_mac is None
+                or not hmac.compare_digest(row.head_mac, head_mac(self._key, stored.digest))):
+            why = "the head's MAC does not match under the configured key"
+        if why is not None:
+            raise LedgerTampered(
+                f"case {case_id!r} cannot be continued: {why}; run `capgate ledger verify "
+                f"--case {case_id}` and do not continue the case until the cause is "
+                "understood", case_id=case_id,
+                findings=[Finding(case_id, stored.seq, "snapshot_mismatch", why).to_dict()])
+        self._remember(case_id, stored, verified=True)
         return state
 
     def intent(self, case_id: str, intent_id: str) -> dict[str, Any]:
-        """One intent's state from the snapshot (``status``, ``last_seq``, merged state)."""
+        """One intent's full state (``status``, ``last_seq``, merged state), open or closed.
+
+        An open intent is read from the snapshot; a closed one from its events,
+        by index -- the one way every reader (idempotent replay, the resume
+        fence, the poisoned-resume recheck, ``ledger show``, DDL replay) gets a
+        settled intent's outcome.  Those events must hash to their digests
+        (LedgerTampered otherwise); that they still belong to the chain is what
+        ``verify`` establishes.
+        """
         state = self.snapshot(case_id)
         if state is None:
             raise UnknownCase(f"no case {case_id!r} in the ledger", case_id=case_id)
-        found = state.get("intents", {}).get(intent_id)
-        if found is None:
+        found = (state.get("intents") or {}).get(intent_id)
+        if found is not None:
+            return dict(found)
+        own = self.events(case_id, intent_id)
+        edited = [e.seq for e in own if digest_of(e) != e.digest]
+        if edited:  # a naive edit of a settled outcome; a consistent rewrite is verify's
+            raise LedgerTampered(
+                f"the events of intent {intent_id} in case {case_id!r} (seq "
+                f"{', '.join(map(str, edited))}) do not hash to their digests; run `capgate "
+                f"ledger verify --case {case_id}`", case_id=case_id, intent_id=intent_id,
+                findings=[Finding(case_id, seq, "payload_edited", "read by index").to_dict()
+                          for seq in edited])
+        folded = intent_states(own).get(intent_id)
+        if folded is None:
             raise UnknownIntent(
                 f"case {case_id!r} has no intent {intent_id!r}",
                 case_id=case_id,
                 intent_id=intent_id,
             )
-        return dict(found)
+        return folded
+
+    def outcome_of(self, case_id: str, intent_id: str) -> dict[str, Any] | None:
+        """The recorded outcome of a settled intent (None while it is open or has none)."""
+        state = self.intent(case_id, intent_id)
+        record = state.get("outcome_record")
+        if is_open_status(str(state.get("status"))) or not isinstance(record, dict):
+            return None
+        return dict(record)
+
+    def intents(self, case_id: str) -> dict[str, dict[str, Any]]:
+        """Every intent of the case, open and closed, folded from its events (O(events))."""
+        return intent_states(self.events(case_id))
 
     @_reconnecting
     def cases(self, open_only: bool = False) -> list[CaseSummary]:
@@ -941,25 +1038,97 @@ class Ledger:
     # -- verification
 
     @_reconnecting
-    def verify(self, case_id: str | None = None) -> VerifyReport:
+    def verify(self, case_id: str | None = None, *, anchor: Anchor | None = None
+               ) -> VerifyReport:
         """Replay one case's chain, or every case's, and report what does not hold.
 
         Checks, per case: each digest recomputes, each link names the event
         before it, seq runs from 0 without gaps, the case row's head is the last
-        event, the snapshot equals ``fold(events)``, and with a key the head's
-        MAC.  Tampering is reported as findings, never raised; an unknown
-        ``case_id`` raises UnknownCase.
+        event, each format-2 event's state digest is the state the chain folds
+        to there, the snapshot equals ``fold(events)``, and with a key the head's
+        MAC.  Over the whole ledger (no ``case_id``), the anchors recorded in the
+        store chain and hold, and every case the latest one names still holds
+        the head it recorded -- a case deleted, or restored to an older copy,
+        is found.  ``anchor`` (one exported by ``capgate ledger anchor``) is
+        checked the same way, and must be one this store recorded.  Tampering
+        is reported as findings, never raised; an unknown ``case_id`` raises
+        UnknownCase.
         """
         findings: list[Finding] = []
         n_cases = n_events = 0
+        chains: dict[str, list[Event]] = {}
         with self._guard("verify"), self._read_many.connect() as conn, conn.begin():
             for cid, chain, case in self._read_cases(conn, case_id):
                 n_cases += 1
                 n_events += len(chain)
                 findings.extend(check_case(cid, chain, case, self._key))
+                if case_id is None or anchor is not None:
+                    chains[cid] = chain
+            if case_id is None or anchor is not None:
+                recorded = _read_anchors(conn)
+                findings.extend(_check_anchor_chain(recorded, self._key))
+                if anchor is not None:
+                    findings.extend(_check_exported(anchor, recorded, self._key))
+                    if _anchor_problem(anchor, self._key) is None:  # else it says nothing
+                        findings.extend(_check_heads(anchor, chains, case_id))
+                elif recorded:
+                    findings.extend(_check_heads(recorded[-1], chains, case_id))
         if case_id is not None and n_cases == 0:
             raise UnknownCase(f"no case {case_id!r} in the ledger", case_id=case_id)
         return VerifyReport(n_cases, n_events, tuple(findings), self._key is not None)
+
+    # -- anchors
+
+    def anchor(self) -> Anchor:
+        """Record the ledger-wide head: every case's head, digested, chained, MAC'd.
+
+        Export the result (``capgate ledger anchor --out FILE``) to somewhere the
+        ledger's writers cannot rewrite: ``verify(anchor=...)`` then finds a case
+        deleted, or rolled back to an older validly signed state, since.
+        """
+        with self._guard("record an anchor"), self._engine.begin() as conn:
+            self._backend.lock_for_ddl(conn)  # one anchor at a time
+            heads = {str(r.case_id): (int(r.head_seq), str(r.head_digest))
+                     for r in conn.execute(sa.select(cases.c.case_id, cases.c.head_seq,
+                                                     cases.c.head_digest))}
+            n_events = int(conn.execute(sa.select(sa.func.count()).select_from(events))
+                           .scalar_one())
+            recorded = _read_anchors(conn)
+            prev = recorded[-1] if recorded else None
+            made = _make_anchor(
+                anchor_seq=(prev.anchor_seq + 1) if prev else 0,
+                created_at=format_time(self._now()), n_events=n_events, heads=heads,
+                prev_digest=prev.digest if prev else GENESIS_DIGEST, key=self._key)
+            conn.execute(sa.insert(anchors).values(
+                anchor_seq=made.anchor_seq, created_at=made.created_at, cases=len(heads),
+                events=made.events, heads_digest=made.heads_digest,
+                heads=canonical_text({k: list(v) for k, v in made.heads.items()}),
+                prev_digest=made.prev_digest, digest=made.digest, mac=made.mac))
+        return made
+
+    @_reconnecting
+    def anchors(self) -> list[Anchor]:
+        """The anchors recorded in this store, oldest first."""
+        with self._guard("read anchors"), self._read_one.connect() as conn:
+            return _read_anchors(conn)
+
+    # -- migrations
+
+    def migrate(self) -> MigrationReport:
+        """Upgrade the store's tables to the revision this code writes (one transaction)."""
+        with self._guard("migrate"), self._engine.begin() as conn:
+            self._backend.lock_for_ddl(conn)
+            report = upgrade_tables(conn, key=self._key)
+        with self._heads_lock:
+            self._heads.clear()
+            self._verified.clear()
+        return report
+
+    @_reconnecting
+    def revision(self) -> str | None:
+        """The store's table revision (``capgate doctor``, ``ledger migrate``)."""
+        with self._guard("read the revision"), self._read_one.connect() as conn:
+            return current_revision(conn)
 
     @_reconnecting
     def load_verified(self, case_id: str) -> VerifiedCase:
@@ -979,18 +1148,64 @@ class Ledger:
         if not loaded:
             raise UnknownCase(f"no case {case_id!r} in the ledger", case_id=case_id)
         _, chain, case = loaded[0]
+        return self._verified_case(case_id, chain, case)
+
+    @_reconnecting
+    def load_verified_many(self, case_ids: Sequence[str]) -> dict[str, VerifiedCase]:
+        """Every case of ``case_ids``, verified, in a few reads instead of one per case.
+
+        Resume of a thousand open cases reads their rows and events in chunks of
+        500 in one consistent read and runs the same chain check as
+        :meth:`load_verified` (with the MAC, when a key is set) on each.
+        LedgerTampered / UnknownCase exactly as :meth:`load_verified`.
+        """
+        wanted = list(dict.fromkeys(case_ids))
+        out: dict[str, VerifiedCase] = {}
+        with self._guard("verify cases"), self._read_many.connect() as conn, conn.begin():
+            for i in range(0, len(wanted), _CHUNK):
+                chunk = wanted[i:i + _CHUNK]
+                rows = {r.case_id: CaseRow(r.snapshot, int(r.head_seq), r.head_digest,
+                                           r.head_mac)
+                        for r in conn.execute(sa.select(cases).where(
+                            cases.c.case_id.in_(chunk)))}
+                chains: dict[str, list[Event]] = {c: [] for c in chunk}
+                for r in conn.execute(sa.select(events).where(events.c.case_id.in_(chunk))
+                                      .order_by(events.c.case_id, events.c.seq)):
+                    chains[r.case_id].append(_event_from_row(r) or _unreadable_event(r))
+                for case_id in chunk:
+                    out[case_id] = self._verified_case(case_id, chains[case_id],
+                                                       rows.get(case_id))
+        return out
+
+    def _verified_case(self, case_id: str, chain: list[Event],
+                       case: CaseRow | None) -> VerifiedCase:
+        if case is None and not chain:
+            raise UnknownCase(f"no case {case_id!r} in the ledger", case_id=case_id)
         findings = check_case(case_id, chain, case, self._key)
         if findings or case is None:
-            kinds = ", ".join(sorted({f.kind for f in findings}))
+            kinds = ", ".join(sorted({f.kind for f in findings})) or "case_missing"
             raise LedgerTampered(
-                f"case {case_id!r} does not verify ({kinds}); run `capgate ledger verify --case "
-                f"{case_id}` and do not continue the case until the cause is understood",
+                f"case {case_id!r} does not verify ({kinds}); run `capgate ledger verify "
+                f"--case {case_id}` and do not continue the case until the cause is "
+                "understood",
                 case_id=case_id,
                 findings=[f.to_dict() for f in findings],
             )
         self._remember(case_id, StoredHead(case.head_seq, case.head_digest, case.snapshot),
                        verified=True)
-        return VerifiedCase(case_id, tuple(chain), json.loads(case.snapshot))
+        return VerifiedCase(case_id, tuple(chain), _parse_snapshot(case_id, case.snapshot))
+
+    @_reconnecting
+    def snapshots(self, case_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+        """The stored snapshots of many cases (unverified: resume's fast re-read)."""
+        out: dict[str, dict[str, Any]] = {}
+        wanted = list(dict.fromkeys(case_ids))
+        with self._guard("read cases"), self._read_one.connect() as conn:
+            for i in range(0, len(wanted), _CHUNK):
+                for r in conn.execute(sa.select(cases.c.case_id, cases.c.snapshot)
+                                      .where(cases.c.case_id.in_(wanted[i:i + _CHUNK]))):
+                    out[r.case_id] = _parse_snapshot(r.case_id, r.snapshot)
+        return out
 
     def _read_cases(
         self, conn: Connection, case_id: str | None
@@ -1343,9 +1558,15 @@ and every older attempt is refused from then on.)"""
 
 
 def _check_fence(case_id: str, state: Mapping[str, Any] | None, intent_id: str,
-                 attempt: int) -> None:
-    """Refuse an executing attempt's event once its intent moved on without it."""
+                 attempt: int, *, closed: ClosedLookup | None = None) -> None:
+    """Refuse an executing attempt's event once its intent moved on without it.
+
+    The snapshot holds open intents only: an intent not in it was settled (its
+    full state comes from ``closed``, its events by index) -- or never existed.
+    """
     current = ((state or {}).get("intents") or {}).get(intent_id)
+    if current is None and closed is not None:
+        current = closed(intent_id)
     if current is None:
         return
     recorded = max(int(current.get("attempt") or 0), int(current.get("retry_attempt") or 0))
@@ -1359,7 +1580,33 @@ def _check_fence(case_id: str, state: Mapping[str, Any] | None, intent_id: str,
             recorded_outcome=current.get("outcome_record"))
 
 
+def _parse_snapshot(case_id: str, text: str) -> dict[str, Any]:
+    try:
+        state: dict[str, Any] = json.loads(text)
+    except ValueError:
+        raise LedgerTampered(
+            f"the snapshot of case {case_id!r} is not JSON; run `capgate ledger verify "
+            f"--case {case_id}`",
+            case_id=case_id,
+            findings=[Finding(case_id, None, "snapshot_mismatch", "unreadable").to_dict()],
+        ) from None
+    if not isinstance(state, dict):
+        raise LedgerTampered(
+            f"the snapshot of case {case_id!r} is not a JSON object; run `capgate ledger "
+            f"verify --case {case_id}`", case_id=case_id)
+    return state
+
+
 # --- row helpers --------------------------------------------------------------
+
+_HEAD_WITH_EVENT = sa.select(
+    cases.c.head_seq, cases.c.head_digest, cases.c.snapshot, cases.c.head_mac,
+    events.c.case_id, events.c.seq, events.c.kind, events.c.intent_id, events.c.payload,
+    events.c.prev_digest, events.c.digest, events.c.recorded_at, events.c.state_digest,
+).select_from(cases.outerjoin(
+    events, sa.and_(events.c.case_id == cases.c.case_id, events.c.seq == cases.c.head_seq)
+)).where(cases.c.case_id == sa.bindparam("case_id"))
+"""The case row and its head event, in one statement (the O(1) continuation check)."""
 
 
 def _check_id(name: str, value: object) -> None:
@@ -1367,7 +1614,7 @@ def _check_id(name: str, value: object) -> None:
         raise LedgerError(f"{name} must be a non-empty string, not {value!r}")
 
 
-def _event_from_row(row: sa.Row[Any]) -> Event | None:
+def _event_from_row(row: Any) -> Event | None:
     """An Event from a ``cg_events`` row, or None when its payload is not a JSON object."""
     try:
         payload = json.loads(row.payload)
@@ -1384,10 +1631,11 @@ def _event_from_row(row: sa.Row[Any]) -> Event | None:
         prev_digest=row.prev_digest,
         digest=row.digest,
         recorded_at=row.recorded_at,
+        state_digest=row.state_digest,
     )
 
 
-def _unreadable_event(row: sa.Row[Any]) -> Event:
+def _unreadable_event(row: Any) -> Event:
     """Stand-in for an event whose payload text is not a JSON object: it will not verify."""
     return Event(
         case_id=row.case_id,
@@ -1398,7 +1646,30 @@ def _unreadable_event(row: sa.Row[Any]) -> Event:
         prev_digest=row.prev_digest,
         digest=row.digest,
         recorded_at=row.recorded_at,
+        state_digest=row.state_digest,
     )
+
+
+def _read_events(conn: Connection, case_id: str, intent_id: str | None = None) -> list[Event]:
+    """A case's events in seq order (only one intent's, by index, with ``intent_id``).
+
+    Raises LedgerTampered when a stored payload is not a JSON object.
+    """
+    stmt = sa.select(events).where(events.c.case_id == case_id)
+    if intent_id is not None:
+        stmt = stmt.where(events.c.intent_id == intent_id)
+    out = []
+    for row in conn.execute(stmt.order_by(events.c.seq)):
+        event = _event_from_row(row)
+        if event is None:
+            raise LedgerTampered(
+                f"event {row.seq} of case {case_id!r} has a payload that is not JSON; run "
+                f"`capgate ledger verify --case {case_id}`",
+                case_id=case_id,
+                seq=int(row.seq),
+            )
+        out.append(event)
+    return out
 
 
 def _landed(
@@ -1475,3 +1746,148 @@ def _approval_record(values: Mapping[str, Any]) -> ApprovalRecord:
         signature=values.get("signature"),
         expires_text=str(values["expires_at"]),
     )
+
+
+# --- anchors --------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Anchor:
+    """The ledger-wide head at one moment: every case's head, digested and chained."""
+
+    anchor_seq: int
+    created_at: str
+    events: int
+    heads: Mapping[str, tuple[int, str]] = field(hash=False)
+    """case id -> (head seq, head digest) when the anchor was recorded."""
+    heads_digest: str
+    prev_digest: str
+    """The digest of the anchor before it (GENESIS_DIGEST for the first)."""
+    digest: str
+    mac: str | None
+
+    @property
+    def cases(self) -> int:
+        return len(self.heads)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": "capgate-ledger-anchor/1", "anchor_seq": self.anchor_seq,
+                "created_at": self.created_at, "cases": self.cases, "events": self.events,
+                "heads_digest": self.heads_digest, "prev_digest": self.prev_digest,
+                "digest": self.digest, "mac": self.mac,
+                "heads": {k: list(v) for k, v in sorted(self.heads.items())}}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], where: str = "the anchor") -> Anchor:
+        """An exported anchor, read back; AnchorMismatch names what is wrong with it."""
+        try:
+            if data.get("format") != "capgate-ledger-anchor/1":
+                raise ValueError(f"format {data.get('format')!r}")
+            heads = {str(k): (int(v[0]), str(v[1])) for k, v in dict(data["heads"]).items()}
+            return cls(int(data["anchor_seq"]), str(data["created_at"]), int(data["events"]),
+                       heads, str(data["heads_digest"]), str(data["prev_digest"]),
+                       str(data["digest"]), None if data.get("mac") is None else str(data["mac"]))
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
+            raise AnchorMismatch(f"{where} is not a capgate ledger anchor ({exc})",
+                                 where=where) from None
+
+
+def _heads_digest(heads: Mapping[str, tuple[int, str]]) -> str:
+    return canonical_hash(sorted([k, v[0], v[1]] for k, v in heads.items()))
+
+
+def _anchor_digest(anchor_seq: int, created_at: str, n_events: int, heads_digest: str,
+                   prev_digest: str, n_cases: int) -> str:
+    return canonical_hash({"anchor_seq": anchor_seq, "created_at": created_at,
+                           "cases": n_cases, "events": n_events,
+                           "heads_digest": heads_digest, "prev_digest": prev_digest})
+
+
+def _make_anchor(*, anchor_seq: int, created_at: str, n_events: int,
+                 heads: Mapping[str, tuple[int, str]], prev_digest: str,
+                 key: bytes | None) -> Anchor:
+    hd = _heads_digest(heads)
+    digest = _anchor_digest(anchor_seq, created_at, n_events, hd, prev_digest, len(heads))
+    return Anchor(anchor_seq, created_at, n_events, dict(heads), hd, prev_digest, digest,
+                  head_mac(key, digest) if key is not None else None)
+
+
+def _read_anchors(conn: Connection) -> list[Anchor]:
+    out: list[Anchor] = []
+    for r in conn.execute(sa.select(anchors).order_by(anchors.c.anchor_seq)):
+        try:
+            heads = {str(k): (int(v[0]), str(v[1])) for k, v in json.loads(r.heads).items()}
+        except (ValueError, TypeError, AttributeError, IndexError):
+            heads = {}
+        out.append(Anchor(int(r.anchor_seq), r.created_at, int(r.events), heads,
+                          r.heads_digest, r.prev_digest, r.digest, r.mac))
+    return out
+
+
+_LEDGER = "(ledger)"
+"""The ``case_id`` of a finding about the ledger as a whole (its anchors)."""
+
+
+def _anchor_problem(a: Anchor, key: bytes | None) -> str | None:
+    if _heads_digest(a.heads) != a.heads_digest:
+        return "its case heads do not hash to its heads digest"
+    if _anchor_digest(a.anchor_seq, a.created_at, a.events, a.heads_digest, a.prev_digest,
+                      len(a.heads)) != a.digest:
+        return "its fields do not hash to its digest"
+    if key is not None and (a.mac is None or not hmac.compare_digest(a.mac,
+                                                                     head_mac(key, a.digest))):
+        return "its MAC does not match under the configured key"
+    return None
+
+
+def _check_anchor_chain(recorded: Sequence[Anchor], key: bytes | None) -> list[Finding]:
+    findings: list[Finding] = []
+    prev = GENESIS_DIGEST
+    for i, a in enumerate(recorded):
+        why = _anchor_problem(a, key)
+        if why is None and a.anchor_seq != i:
+            why = f"it sits at position {i} (an anchor before it was deleted)"
+        if why is None and a.prev_digest != prev:
+            why = "it does not chain to the anchor before it"
+        if why is not None:
+            findings.append(Finding(_LEDGER, a.anchor_seq, "anchor_broken",
+                                    f"anchor {a.anchor_seq}: {why}"))
+        prev = a.digest
+    return findings
+
+
+def _check_exported(anchor: Anchor, recorded: Sequence[Anchor],
+                    key: bytes | None) -> list[Finding]:
+    why = _anchor_problem(anchor, key)
+    if why is None:
+        same = [a for a in recorded if a.anchor_seq == anchor.anchor_seq]
+        if not same or same[0].digest != anchor.digest:
+            why = "this store no longer records it (its anchors were deleted or rewritten)"
+    if why is None:
+        return []
+    return [Finding(_LEDGER, anchor.anchor_seq, "anchor_broken",
+                    f"the exported anchor {anchor.anchor_seq}: {why}")]
+
+
+def _check_heads(anchor: Anchor, chains: Mapping[str, Sequence[Event]],
+                 only: str | None) -> list[Finding]:
+    """Every case the anchor names still holds the head it recorded."""
+    findings: list[Finding] = []
+    for case_id, (seq, digest) in sorted(anchor.heads.items()):
+        if only is not None and case_id != only:
+            continue
+        chain = chains.get(case_id)
+        if not chain:
+            findings.append(Finding(case_id, None, "case_deleted",
+                                    f"anchor {anchor.anchor_seq} ({anchor.created_at}) recorded "
+                                    f"this case at seq {seq}; it is gone from the ledger"))
+            continue
+        at = next((e for e in chain if e.seq == seq), None)
+        if at is None or at.digest != digest:
+            last = chain[-1].seq
+            findings.append(Finding(
+                case_id, seq, "case_rolled_back",
+                f"anchor {anchor.anchor_seq} ({anchor.created_at}) recorded head seq {seq} "
+                f"({digest}); the chain now ends at seq {last} and "
+                + ("lacks that event" if at is None else f"holds {at.digest} there")))
+    return findings

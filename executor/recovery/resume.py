@@ -44,7 +44,7 @@ from executor import outcome as oc
 from executor.call import Executor
 from executor.compensate import finish_compensation, record_final, run_compensation
 from executor.context import TERMINAL, CallContext
-from executor.ledger import VerifiedCase
+from executor.ledger import VerifiedCase, intent_states, is_open_status
 from executor.outcome import Outcome
 from executor.plan import fingerprint, render
 from executor.recovery.evidence import Classification, Facts, Pending, classify, gather
@@ -356,6 +356,9 @@ class _Case:
     parked: list[IntentReport] = field(default_factory=list)
     """Open intents resume does not settle itself (a person's or the DDL loop's)."""
 
+    def open_intents(self) -> dict[str, dict[str, Any]]:
+        return {k: v for k, v in self.intents.items() if is_open_status(str(v.get("status")))}
+
 
 def _load(verified: VerifiedCase, task: str | None) -> _Case:
     case_id = verified.case_id
@@ -370,7 +373,9 @@ def _load(verified: VerifiedCase, task: str | None) -> _Case:
     for event in verified.events:
         if event.intent_id is not None and event.intent_id not in order:
             order[event.intent_id] = event.seq
-    intents = {str(k): dict(v) for k, v in (snapshot.get("intents") or {}).items()}
+    # every intent of the case, settled ones too (the poisoned-resume recheck needs the
+    # applied ones): folded from the verified chain, not from the snapshot (open only)
+    intents = intent_states(verified.events)
     case = _Case(case_id, intents, order)
     for intent_id, state in intents.items():
         status = str(state.get("status"))
@@ -478,16 +483,19 @@ def _record(executor: Executor, case: _Case, facts: Mapping[str, Facts], rows: _
         return _Settling(case, reports, [], states,
                          dependencies(case.case_id, _states(states, case.order), rows.of))
 
-    now_states = {str(k): dict(v) for k, v in
-                  ((fresh or {"intents": case.intents}).get("intents") or {}).items()}
+    # the snapshot holds the open intents: one that left it since was settled meanwhile
+    still_open = {str(k): dict(v) for k, v in
+                  ((fresh or {"intents": case.open_intents()}).get("intents") or {}).items()}
+    now_states = {**{k: dict(v) for k, v in case.intents.items()}, **still_open}
     retry: list[tuple[Pending, dict[str, Any]]] = []
     for p, classification, ev in decided:
-        current = now_states.get(p.intent_id, {})
-        if current.get("last_seq") != p.state.get("last_seq"):
+        current = still_open.get(p.intent_id)
+        if current is None or current.get("last_seq") != p.state.get("last_seq"):
             reports.append(_report(p, classification, ev, "skipped_concurrent",
                                    detail="the intent moved on while resume looked; "
                                           "run resume again",
-                                   resolved=str(current.get("status")) in TERMINAL))
+                                   resolved=current is None
+                                   or str(current.get("status")) in TERMINAL))
             continue
         recovery = str(p.state.get("recovery") or "")
         if classification is Classification.APPLIED:

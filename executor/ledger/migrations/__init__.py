@@ -1,0 +1,1 @@
+"""The ledger's table versions, as alembic migrations (see :mod:`executor.ledger.migrate`)."""

@@ -1,0 +1,1 @@
+"""One module per ledger table revision."""
