@@ -197,6 +197,14 @@ def _generic(payload: Mapping[str, Any]) -> str:
     return " ".join(f"{k}={v if isinstance(v, str) else compact(v)}" for k, v in items)
 
 
+def starts_attempt(event: Event) -> bool:
+    """The event begins an attempt (a collapsed call's ``prepared`` records its first)."""
+    if event.kind in ("attempt_started", "retrying", "lease_started", "ddl.apply_started"):
+        return True
+    state = event.payload.get("state")
+    return event.kind == "prepared" and isinstance(state, Mapping) and "tx" in state
+
+
 def summarise(event: Event, who: str | None, operation: str | None) -> str:
     """One line about one event (untruncated; :func:`timeline` clips it)."""
     p = event.payload
@@ -208,7 +216,10 @@ def summarise(event: Event, who: str | None, operation: str | None) -> str:
         assert isinstance(request, Mapping)
         if "objects" in request and not request.get("inputs"):
             return f"{operation or '?'} replace {compact(request['objects'])}"
-        return f"{operation or '?'} inputs {compact(request.get('inputs', {}))}"
+        line = f"{operation or '?'} inputs {compact(request.get('inputs', {}))}"
+        if isinstance(state.get("tx"), Mapping):  # the first attempt, recorded with it
+            line += f"; attempt {state.get('attempt')} on {state['tx'].get('dialect', '?')}"
+        return line
     if kind == "attempt_started":
         tx = state.get("tx") or {}
         ident = " ".join(f"{k} {v}" for k, v in tx.items() if k != "dialect")
@@ -392,8 +403,7 @@ def _svg(events: Sequence[Event], intents: Mapping[str, _Intent]) -> str:
         start: int | None = None
         for n, e in mine:
             x = left + step * n + step // 2
-            if e.kind in ("attempt_started", "retrying", "lease_started",
-                          "ddl.apply_started"):
+            if starts_attempt(e):
                 start = x
             cls = "none"
             outcome = e.payload.get("outcome")
@@ -510,7 +520,8 @@ def render_html(case_id: str, events: Sequence[Event], snapshot: Mapping[str, An
         ["intent", "operation", "by", "inputs", "attempts", "status", "outcome"],
         [[f'<span class="mono">{_e(i.intent_id)}</span>', _e(i.operation), _e(i.who),
           f'<span class="mono">{_e(compact(i.inputs))}</span>',
-          _e(str(sum(1 for e in i.events if e.kind in ("attempt_started", "retrying")))),
+          _e(str(sum(1 for e in i.events if starts_attempt(e) and e.kind != "lease_started"
+                     and not e.kind.startswith("ddl.")))),
           _e(i.status), _pill(str(i.outcome.get("status")) if i.outcome else None)]
          for i in intents.values()], "intents"))
     parts.append("</section>")

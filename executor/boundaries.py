@@ -20,35 +20,47 @@ as a case-level ``stale_attempt`` event (evidence, not state) by
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
-from typing import NoReturn
-
-import sqlalchemy as sa
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from executor import context
 from executor import outcome as oc
 from executor.context import CallContext
 from executor.dialects import TxIdentity
 from executor.gates import approval_problem
+from executor.hooks import RetryOutside
 from executor.ledger import KeyClaim
 from executor.outcome import Outcome
 from executor.runtime import Runtime
 from registry.errors import (
     ApprovalRequired,
     AttemptSuperseded,
+    CaseConflict,
+    LedgerError,
     ReconciliationRequired,
     UnknownPlan,
 )
+
+if TYPE_CHECKING:
+    from executor.ledger.backends import HotTx
+    from executor.ledger.store import Guard
 from registry.model import AuthKind
 
-__all__ = ["attempt_started", "attempts", "observed", "prepared", "record_stale"]
+_OUTSIDE_RETRIES = 8
+
+__all__ = ["attempt_started", "attempts", "case_guard", "observed", "prepared", "record_stale"]
 
 
-def prepared(rt: Runtime, ctx: CallContext) -> None:
-    """The intent, durable before anything is sent, with its key, approval and claims.
+def prepared(rt: Runtime, ctx: CallContext, identity: TxIdentity | None = None) -> None:
+    """The intent, durable before anything of the row is sent, with its key, approval and
+    claims -- and, with ``identity``, its first attempt and that attempt's transaction.
 
-    Raises KeyAlreadyClaimed (nothing written) when an identical call
-    prepared first: its execution is the only one.
+    The append continues the case only from a state that checks out (O(1), see
+    ``Ledger.append_many(continuing=True)``) and only when the case has no open
+    intent (ReconciliationRequired) and, with a task, was opened for that task
+    (CaseConflict) -- checked inside the transaction, so no other writer can
+    slip an intent in between.  Raises KeyAlreadyClaimed (nothing written) when
+    an identical call prepared first: its execution is the only one.
     """
     if ctx.resumed:  # a later attempt of an intent prepared before
         return
@@ -58,35 +70,74 @@ def prepared(rt: Runtime, ctx: CallContext) -> None:
         claim = KeyClaim(ctx.idem_key, ctx.intent_id, ctx.fingerprint, row.operation_id,
                          row.version)
 
-    def within(conn: sa.Connection) -> None:
+    def within(tx: HotTx) -> None:
         """In the `prepared` transaction: the approval, then the hooks (impact keys)."""
         if row.authorization.kind is AuthKind.GATE and not ctx.rehearse:
             try:
                 rt.ledger.consume_approval_on(
-                    conn, ctx.plan.plan_hash, ctx.intent_id, now=rt.clock(),
+                    tx, ctx.plan.plan_hash, ctx.intent_id, now=rt.clock(),
                     exclude_approver=ctx.who if row.authorization.four_eyes else None,
                     accept=lambda approval: approval_problem(rt, approval, row))
             except UnknownPlan:
                 raise ApprovalRequired(
                     f"{row.ref} is gated: no approval for {ctx.plan.plan_hash}",
                     plan_hash=ctx.plan.plan_hash, plan=ctx.plan.to_dict()) from None
-        rt.hooks.within_prepared(ctx, conn)
+        rt.hooks.within_prepared(ctx, tx)
 
-    rt.ledger.append(ctx.case_id, "prepared", {
+    state: dict[str, Any] = {
+        "operation_id": row.operation_id, "version": row.version,
+        "row_hash": row.row_hash, "idempotency_key": ctx.idem_key,
+        "fingerprint": ctx.fingerprint, "connector": ctx.connector.name,
+        "environment": ctx.connector.environment, "who": ctx.who,
+        "effect_class": str(row.effect_class), "recovery": str(row.recovery),
+        "plan_hash": ctx.plan.plan_hash, "attempt": 0, "inputs": dict(ctx.inputs)}
+    if identity is not None:  # the attempt, recorded with the intent (no second commit)
+        state.update(attempt=ctx.attempt, tx=identity.to_dict(),
+                     started_at=rt.clock().isoformat())
+    payload: dict[str, Any] = {
         "request": {"operation_id": row.operation_id, "version": row.version,
                     "inputs": dict(ctx.inputs), "who": ctx.who,
                     "connector": ctx.connector.name,
                     "environment": ctx.connector.environment},
-        "state": {"operation_id": row.operation_id, "version": row.version,
-                  "row_hash": row.row_hash, "idempotency_key": ctx.idem_key,
-                  "fingerprint": ctx.fingerprint, "connector": ctx.connector.name,
-                  "environment": ctx.connector.environment, "who": ctx.who,
-                  "effect_class": str(row.effect_class), "recovery": str(row.recovery),
-                  "plan_hash": ctx.plan.plan_hash, "attempt": 0, "inputs": dict(ctx.inputs)},
-        **({"case_state": {"task": ctx.task}} if ctx.task is not None else {}),
-    }, intent_id=ctx.intent_id, claim=claim, within=within)
+        "state": state}
+    if ctx.task is not None:
+        payload["case_state"] = {"task": ctx.task}
+    for _ in range(_OUTSIDE_RETRIES):
+        try:
+            rt.ledger.append(ctx.case_id, "prepared", payload, intent_id=ctx.intent_id,
+                             claim=claim, within=within,
+                             guard=case_guard(ctx.case_id, ctx.task), continuing=True)
+            break
+        except RetryOutside as wait:  # e.g. no budget slot free: wait outside, then again
+            wait.prepare()
+    else:
+        raise LedgerError(f"could not record intent {ctx.intent_id} after "
+                          f"{_OUTSIDE_RETRIES} tries under contention; retry the call",
+                          case_id=ctx.case_id)
     rt.hooks.after_prepared(ctx)
     context.at_boundary("after_prepared")
+    if identity is not None:
+        context.at_boundary("after_attempt_started")
+
+
+def case_guard(case_id: str, task: str | None) -> Guard:
+    """What a new intent requires of its case: no open intent, and the same task."""
+    def guard(state: Mapping[str, Any] | None) -> None:
+        if state is None:
+            return
+        open_intents = sorted(i for i, s in (state.get("intents") or {}).items()
+                              if s.get("status") not in context.TERMINAL)
+        if open_intents:
+            raise ReconciliationRequired(
+                f"case {case_id!r} has {len(open_intents)} unresolved intent(s); "
+                f"run `capgate resume {case_id}` first",
+                case=case_id, intents=open_intents)
+        recorded = (state.get("case") or {}).get("task")
+        if task is not None and recorded is not None and recorded != task:
+            raise CaseConflict(
+                f"case {case_id!r} was opened for task {recorded!r}, not {task!r}; "
+                "use a new case for new work", case=case_id, recorded=recorded, task=task)
+    return guard
 
 
 def attempt_started(rt: Runtime, ctx: CallContext, identity: TxIdentity) -> None:
@@ -99,13 +150,23 @@ def attempt_started(rt: Runtime, ctx: CallContext, identity: TxIdentity) -> None
 
 
 def observed(rt: Runtime, ctx: CallContext, result: Outcome) -> Outcome:
-    """The outcome, recorded -- unless this attempt was superseded meanwhile."""
+    """The outcome, recorded -- unless this attempt was superseded meanwhile.
+
+    The hooks' releases (impact claims, the session's budget slot) ride in the
+    same transaction.  An applied outcome whose landing marker committed with
+    the data is recorded without waiting for the disk: the marker already
+    proves it, and resume rebuilds it from the marker should an operating-system
+    crash lose it.  Every other outcome -- a rollback above all, which the
+    caller takes as "nothing landed" -- is committed durably.
+    """
     record = result.to_dict()
+    proven = result.status == oc.APPLIED and ctx.idem_key is not None and not ctx.rehearse
     try:
         rt.ledger.append(ctx.case_id, "observed", {
             "outcome": record,
             "state": {"outcome": result.status, "outcome_record": record},
-        }, intent_id=ctx.intent_id, attempt=ctx.attempt)
+        }, intent_id=ctx.intent_id, attempt=ctx.attempt,
+            within=lambda tx: rt.hooks.within_observed(ctx, tx), durable=not proven)
     except AttemptSuperseded as late:
         record_stale(rt, ctx, result, late)
     rt.hooks.after_observed(ctx)
@@ -118,13 +179,25 @@ def record_stale(rt: Runtime, ctx: CallContext, seen: Outcome | str,
     """Keep the late attempt's observation as evidence, then raise ``superseded``.
 
     ``seen`` is what the late attempt observed (an outcome, or a word such as
-    ``commit_uncertain`` when it lost its connection around COMMIT).
+    ``commit_uncertain`` when it lost its connection around COMMIT).  A late
+    attempt that *applied* while the intent is recorded otherwise (resume
+    closed it as not applied, or a retry rolled back) must not leave the
+    record saying so: the intent is escalated, for a person to decide.
     """
+    recorded = superseded.details.get("recorded_outcome") or {}
+    late_applied = isinstance(seen, Outcome) and seen.status in (oc.APPLIED, oc.ALREADY_APPLIED)
     rt.ledger.append(ctx.case_id, "stale_attempt", {"stale": {
         "intent_id": ctx.intent_id, "attempt": ctx.attempt,
         "recorded_attempt": superseded.details.get("recorded_attempt"),
         "recorded_status": superseded.details.get("recorded_status"),
         "outcome": seen if isinstance(seen, str) else seen.to_dict()}})
+    if late_applied and recorded.get("status") not in (oc.APPLIED, oc.ALREADY_APPLIED):
+        rt.ledger.append(ctx.case_id, "escalated", {"state": {"escalation": {
+            "kind": "stale_attempt_applied", "by": "executor",
+            "detail": f"attempt {ctx.attempt} applied after the intent was recorded as "
+                      f"{recorded.get('status') or superseded.details.get('recorded_status')}",
+            "late_outcome": seen.to_dict() if isinstance(seen, Outcome) else seen}}},
+            intent_id=ctx.intent_id)
     raise superseded
 
 

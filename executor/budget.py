@@ -51,7 +51,7 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -59,13 +59,14 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from executor.claims import StoreAccess
-from executor.hooks import CallHooks, HasHooks
+from executor.hooks import CallHooks, HasHooks, RetryOutside
 from registry.errors import BudgetExhausted, LedgerError
 
 if TYPE_CHECKING:
     from executor.connectors import Connector
     from executor.context import CallContext
     from executor.ledger import Ledger
+    from executor.ledger.backends import HotTx
 
 __all__ = ["BUDGET_MARGIN_SECONDS", "SessionBudgets", "SlotStore", "Ticket", "holding",
            "scopes_for", "slot_store"]
@@ -74,6 +75,7 @@ BUDGET_MARGIN_SECONDS = 5.0
 """How long past a call's timeout a slot outlives a holder that vanished."""
 
 _RECORD_KEY = "capgate_budget_ticket"
+_HOST = socket.gethostname()
 
 
 @dataclass(frozen=True)
@@ -123,8 +125,8 @@ class SlotStore:
     def __init__(self, ledger: Ledger) -> None:
         self.store = StoreAccess(ledger)
         s = self.store
-        lock = " FOR UPDATE SKIP LOCKED" if s.backend == "postgresql" else ""
-        self._take = sa.text(
+        lock = s.skip_locked
+        self._take = (
             "UPDATE cg_budget_slots SET ticket = :ticket, case_id = :case_id,"
             f" intent_id = :intent_id, holder = :holder, acquired_at = {s.now_sql},"
             f" expires_at = {s.now_sql} + :ttl"
@@ -133,15 +135,15 @@ class SlotStore:
             f" AND (ticket IS NULL OR expires_at < {s.now_sql})"
             f" ORDER BY slot LIMIT 1{lock}) RETURNING slot"
         )
-        self._seed = sa.text(
+        self._seed = (
             "INSERT INTO cg_budget_slots (scope, slot, acquired_at, expires_at)"
             " VALUES (:scope, :slot, 0, 0) ON CONFLICT (scope, slot) DO NOTHING"
         )
-        self._release = sa.text(
+        self._release = (
             "UPDATE cg_budget_slots SET ticket = NULL, case_id = NULL, intent_id = NULL,"
             " holder = NULL, expires_at = 0 WHERE ticket = :ticket"
         )
-        self._holders = sa.text(
+        self._holders = (
             "SELECT slot, case_id, intent_id, holder,"
             f" expires_at - {s.now_sql} AS expires_in FROM cg_budget_slots"
             f" WHERE scope = :scope AND slot < :n AND ticket IS NOT NULL"
@@ -149,32 +151,56 @@ class SlotStore:
         )
         self._seeded: set[tuple[str, int]] = set()
 
+    def ensure(self, scope: Scope) -> None:
+        """The scope's slot rows exist (once per process; outside any other transaction)."""
+        self._ensure(scope)
+
     def _ensure(self, scope: Scope) -> None:
         if (scope.name, scope.budget) in self._seeded:
             return
-        with self.store.write("prepare session budget slots", many=True) as conn:
-            conn.execute(self._seed, [{"scope": scope.name, "slot": i}
-                                      for i in range(scope.budget)])
+        with self.store.write("prepare session budget slots") as tx:
+            tx.run_many(self._seed, [{"scope": scope.name, "slot": i}
+                                     for i in range(scope.budget)])
         self._seeded.add((scope.name, scope.budget))
 
     def try_take(self, scope: Scope, ticket: str, *, ttl: float, case_id: str | None,
                  intent_id: str | None) -> int | None:
         self._ensure(scope)
-        with self.store.write("take a session budget slot") as conn:
-            row = conn.execute(self._take, {
-                "scope": scope.name, "n": scope.budget, "ticket": ticket, "ttl": float(ttl),
-                "case_id": case_id, "intent_id": intent_id,
-                "holder": f"{socket.gethostname()}:{os.getpid()}"}).first()
+        with self.store.write("take a session budget slot") as tx:
+            return self.take_on(tx, scope, ticket, ttl=ttl, case_id=case_id,
+                                intent_id=intent_id)
+
+    def take_on(self, tx: HotTx, scope: Scope, ticket: str, *, ttl: float,
+                case_id: str | None, intent_id: str | None) -> int | None:
+        """:meth:`try_take` inside the caller's transaction (the ``prepared`` append)."""
+        row = tx.run(self._take, {
+            "scope": scope.name, "n": scope.budget, "ticket": ticket, "ttl": float(ttl),
+            "case_id": case_id, "intent_id": intent_id, "holder": f"{_HOST}:{os.getpid()}"}).first()
         return None if row is None else int(row[0])
 
     def holders(self, scope: Scope) -> list[dict[str, Any]]:
-        with self.store.write("read session budget slots") as conn:
-            rows = conn.execute(self._holders, {"scope": scope.name, "n": scope.budget})
-            return [dict(r) for r in rows.mappings()]
+        with self.store.write("read session budget slots") as tx:
+            return tx.run(self._holders, {"scope": scope.name, "n": scope.budget}).mappings()
 
     def release(self, ticket: str) -> None:
-        with self.store.write("release session budget slots") as conn:
-            conn.execute(self._release, {"ticket": ticket})
+        with self.store.write("release session budget slots") as tx:
+            self.release_on(tx, ticket)
+
+    def release_on(self, tx: HotTx, ticket: str) -> None:
+        tx.run(self._release, {"ticket": ticket})
+
+    def free_dead(self, intent_ids: Sequence[str]) -> None:
+        """Free the slots of these intents whose holder is a dead process of this host."""
+        with self.store.write("free the budget slots of dead sessions") as tx:
+            for i in range(0, len(intent_ids), 500):
+                chunk = list(intent_ids[i:i + 500])
+                names = ", ".join(f":i{n}" for n in range(len(chunk)))
+                rows = tx.run(f"SELECT ticket, holder FROM cg_budget_slots WHERE intent_id IN "
+                              f"({names}) AND ticket IS NOT NULL",
+                              {f"i{n}": v for n, v in enumerate(chunk)}).all()
+                for ticket, holder in rows:
+                    if _dead_local(str(holder or "")):
+                        self.release_on(tx, str(ticket))
 
     def acquire(self, scopes: list[Scope], *, wait: float, ttl: float,
                 case_id: str | None = None, intent_id: str | None = None) -> Ticket:
@@ -218,6 +244,20 @@ class SlotStore:
 # --- the executor's hook ----------------------------------------------------------------
 
 
+def _dead_local(holder: str) -> bool:
+    """``host:pid`` names a process of this host that no longer exists."""
+    host, _, pid = holder.rpartition(":")
+    if host != _HOST or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
 def _ttl(connector: Connector, ctx: CallContext | None) -> float:
     seconds = ctx.row.timeout.seconds if ctx is not None else connector.config.statement_timeout
     return float(seconds) + BUDGET_MARGIN_SECONDS
@@ -229,22 +269,44 @@ def _on_checkin(_dbapi_conn: Any, record: Any) -> None:
         ticket.release()
 
 
+@dataclass
+class _CallSlot:
+    """The slots a call holds for its session, and how they go back."""
+
+    connector: str
+    ticket: Ticket
+    on_checkin: bool
+    """Taken outside ``prepared`` (a new session had to be opened first): the pool's
+    checkin gives it back, not ``observed``."""
+
+
 class SessionBudgets(CallHooks):
     """The executor's session budgets: a hook (see :mod:`executor.hooks`) with its own state.
 
-    * ``before_prepared``: reserve the slots of the call's first session, so an
-      exhausted budget refuses before anything is recorded;
-    * ``check_target``: the once-per-process check of capgate's tables, under a
-      slot of its own;
-    * ``open_session``: every target session takes its slots (the call's
-      reservation, or new ones) and gives them back when the connection returns
-      to its pool;
-    * ``after_call``: a reservation no session used goes back.
+    A call's session slot is taken in the transaction that records
+    ``prepared`` and given back in the one that records ``observed`` -- no
+    ledger transaction of its own.  Only when the call would have to open a
+    *new* session to its database (none idle in the pool) is the slot taken
+    first, waiting up to ``budget_wait_seconds``: a session must never be
+    opened beyond the budget.
+
+    * ``before_prepared``: the once-per-process check of capgate's tables (under
+      a slot of its own) and the scope rows, outside the ``prepared`` transaction;
+    * ``open_session``: a session of a call that is about to prepare, from the
+      pool: no slot yet; a session that must be opened: its slots first; any
+      other session (post-commit checks, resume, a rehearsal): its own slots,
+      given back when the connection returns to its pool;
+    * ``within_prepared`` / ``within_observed``: take / give back the call's slot;
+      with none free, :class:`~executor.hooks.RetryOutside` waits for one outside
+      the transaction and prepares again;
+    * ``after_call``: a slot the call still holds goes back.
     """
 
     def __init__(self, ledger: Ledger) -> None:
         self.store = SlotStore(ledger)
-        self._reserved: dict[str, tuple[str, Ticket]] = {}
+        self._calls: dict[str, _CallSlot] = {}
+        self._pending: dict[str, _CallSlot] = {}
+        self._opened_unslotted: set[str] = set()
         self._lock = threading.Lock()
         self._hooked: weakref.WeakSet[sa.Engine] = weakref.WeakSet()
 
@@ -263,13 +325,12 @@ class SessionBudgets(CallHooks):
         if ctx.rehearse:
             return
         if ctx.row.is_write:
-            # the once-per-process check of the target's tables runs first, under a slot
-            # of its own that goes back before the call's reservation is taken (a budget
-            # of 1 would otherwise wait for itself)
+            # the once-per-process check of the target's tables, under a slot of its own
+            # that goes back before the call takes its own (a budget of 1 would wait for
+            # itself)
             self.check_target(ctx.connector, ctx)
-        ticket = self.acquire(ctx.connector, ctx)
-        with self._lock:
-            self._reserved[ctx.intent_id] = (ctx.connector.name, ticket)
+        for scope in scopes_for(ctx.connector):
+            self.store.ensure(scope)
 
     def check_target(self, connector: Connector, ctx: CallContext | None) -> None:
         """The tables' check opens a session of its own; it is counted like any other."""
@@ -283,21 +344,27 @@ class SessionBudgets(CallHooks):
 
     def open_session(self, connector: Connector, ctx: CallContext | None,
                      open_: Callable[[], Connection]) -> Connection:
-        ticket: Ticket | None = None
+        self._hook(connector)
         if ctx is not None:
             with self._lock:
-                entry = self._reserved.get(ctx.intent_id)
-                if entry is not None and entry[0] == connector.name:
-                    ticket = self._reserved.pop(ctx.intent_id)[1]
-        if ticket is None:
-            ticket = self.acquire(connector, ctx)
-        self._hook(connector)
+                held = self._calls.get(ctx.intent_id)
+            if held is not None and held.connector == connector.name:
+                return open_()  # the call's own session: its slot is held already
+            if held is None and self._before_prepared(ctx) and _idle_in_pool(connector):
+                conn = open_()  # a pooled session: the slot comes with `prepared`
+                with self._lock:
+                    self._opened_unslotted.add(ctx.intent_id)
+                return conn
+        ticket = self.acquire(connector, ctx)
         try:
             conn = open_()
         except BaseException:
             ticket.release()
             raise
         info: dict[str, Any] | None = conn.connection.record_info
+        if ctx is not None and self._before_prepared(ctx):
+            with self._lock:  # the call's slot, taken before its new session opened
+                self._calls[ctx.intent_id] = _CallSlot(connector.name, ticket, True)
         if info is not None:
             info[_RECORD_KEY] = ticket
         else:  # no pool record to carry it: the slot expires on its own
@@ -305,11 +372,62 @@ class SessionBudgets(CallHooks):
         opened: Connection = conn
         return opened
 
+    @staticmethod
+    def _before_prepared(ctx: CallContext) -> bool:
+        """A call's first attempt, whose ``prepared`` is still to come."""
+        return not ctx.resumed and not ctx.rehearse
+
+    def within_prepared(self, ctx: CallContext, tx: HotTx) -> None:
+        if ctx.rehearse:
+            return
+        with self._lock:
+            if ctx.intent_id in self._calls:
+                return
+        ticket = Ticket(uuid.uuid4().hex, (), self.store)
+        taken: list[tuple[str, int]] = []
+        for scope in scopes_for(ctx.connector):
+            slot = self.store.take_on(tx, scope, ticket.ticket, ttl=_ttl(ctx.connector, ctx),
+                                      case_id=ctx.case_id, intent_id=ctx.intent_id)
+            if slot is None:
+                raise RetryOutside(lambda: self._wait_for_slot(ctx))
+            taken.append((scope.name, slot))
+        ticket.slots = tuple(taken)
+        with self._lock:  # may run again (a retried transaction): the last run counts
+            self._pending[ctx.intent_id] = _CallSlot(ctx.connector.name, ticket, False)
+
+    def _wait_for_slot(self, ctx: CallContext) -> None:
+        """No slot free in ``prepared``: wait for one outside it (BudgetExhausted after
+        ``budget_wait_seconds``); ``prepared`` then runs again and keeps it."""
+        ticket = self.acquire(ctx.connector, ctx)
+        with self._lock:
+            self._calls[ctx.intent_id] = _CallSlot(ctx.connector.name, ticket, False)
+
+    def after_prepared(self, ctx: CallContext) -> None:
+        with self._lock:
+            taken = self._pending.pop(ctx.intent_id, None)
+            if taken is not None:
+                self._calls[ctx.intent_id] = taken
+
+    def within_observed(self, ctx: CallContext, tx: HotTx) -> None:
+        with self._lock:
+            held = self._calls.get(ctx.intent_id)
+        if held is not None and not held.on_checkin:
+            self.store.release_on(tx, held.ticket.ticket)
+
+    def after_observed(self, ctx: CallContext) -> None:
+        with self._lock:
+            held = self._calls.pop(ctx.intent_id, None)
+        if held is not None and not held.on_checkin:
+            with held.ticket.lock:
+                held.ticket.released = True  # given back with `observed`
+
     def after_call(self, ctx: CallContext, error: BaseException | None) -> None:
         with self._lock:
-            entry = self._reserved.pop(ctx.intent_id, None)
-        if entry is not None:
-            entry[1].release()
+            self._pending.pop(ctx.intent_id, None)
+            self._opened_unslotted.discard(ctx.intent_id)
+            held = self._calls.pop(ctx.intent_id, None)
+        if held is not None and not held.on_checkin:
+            held.ticket.release()
 
     def _hook(self, connector: Connector) -> None:
         engine = connector.engine
@@ -319,6 +437,12 @@ class SessionBudgets(CallHooks):
             if not sa.event.contains(engine, "checkin", _on_checkin):
                 sa.event.listen(engine, "checkin", _on_checkin)
             self._hooked.add(engine)
+
+
+def _idle_in_pool(connector: Connector) -> bool:
+    """Whether the connector's pool has a session to hand out without opening one."""
+    checkedin = getattr(connector.engine.pool, "checkedin", None)
+    return bool(checkedin()) if callable(checkedin) else False
 
 
 def budgets_of(owner: HasHooks) -> SessionBudgets:

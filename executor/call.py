@@ -201,26 +201,21 @@ class Executor:
                 operation_id=row.operation_id, version=row.version)
         fp = fingerprint(row, inputs, connector.name, connector.environment)
         idem = self._key_for(row, inputs, case, key)
-        if idem is not None and not rehearse:
-            # one read: a recorded (or running) execution of this key answers for us --
-            # a replay, or a wait for the identical call in flight, is no new work
+        if rehearse:
+            self._check_case(case, task)  # a rehearsal prepares nothing: check the case here
+        elif idem is not None and row.authorization.kind is AuthKind.GATE:
+            # a gate is checked before anything is opened; an execution that owns the key
+            # answers first (its plan -- and approval -- may be another case's)
             owner = self.ledger.get_idempotency(idem)
             if owner is not None:
                 return self._follow_owner(owner, row, fp, idem, case)
-        try:
-            self._check_case(case, task)
-        except ReconciliationRequired:
-            # the open intent may be this very request, prepared by an identical call
-            # a moment ago (another process): then its outcome is ours too
-            owner = self.ledger.get_idempotency(idem) if idem and not rehearse else None
-            if owner is None or owner.case_id != case:
-                raise
-            return self._follow_owner(owner, row, fp, idem or owner.idem_key, case)
         ctx = CallContext(row, inputs, case, who, connector, uuid.uuid4().hex, idem, fp, plan,
                           rehearse=rehearse, task=task)
-        # the hooks: a budget slot is reserved before `prepared`; the impact keys (and
-        # the approval, and the idempotency key) are claimed in the `prepared`
-        # transaction itself: a conflict or an exhausted budget records nothing
+        # The `prepared` transaction is where everything is decided, all or nothing: the
+        # idempotency key (an execution that owns it answers for us -- a replay, or a
+        # wait for the identical call in flight), the case (no open intent, the same
+        # task), the approval, the impact keys and the session's budget slot.  A refusal
+        # there records nothing and sends nothing of the row.
         error: BaseException | None = None
         lost: IdempotencyRecord | None = None
         flight = contextlib.ExitStack()

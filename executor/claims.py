@@ -80,20 +80,20 @@ import hashlib
 import os
 import socket
 import threading
+import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Connection
 
 from executor.context import CallContext, Rollback
 from executor.dialects.base import FENCE_TABLE
 from executor.hooks import CallHooks, HasHooks
 from executor.plan import impact_keys
 from registry.errors import (
-    CapgateError,
     ImpactConflict,
     LedgerError,
     OutcomeUnknown,
@@ -103,6 +103,7 @@ from registry.model import EffectClass
 
 if TYPE_CHECKING:
     from executor.ledger import Ledger
+    from executor.ledger.backends import HotTx
 
 __all__ = [
     "CLAIM_MARGIN_SECONDS",
@@ -128,52 +129,34 @@ def _holder() -> str:
 
 
 class StoreAccess:
-    """The ledger's engine, used for coordination rows: fork-safe, short transactions.
+    """The ledger's store, used for coordination rows: short transactions on its driver.
 
-    ``write()`` is one statement's transaction: autocommit on PostgreSQL (one
-    round trip), ``BEGIN IMMEDIATE`` on SQLite.  ``now_sql`` is the store's
-    clock as epoch seconds, so that expiry is compared on one clock.
+    ``write()`` is one transaction (the ledger's hot path, see
+    :class:`executor.ledger.backends.HotConnections`: fork-safe, per thread);
+    ``now_sql`` is the store's clock as epoch seconds, so that expiry is
+    compared on one clock.
     """
 
     def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
         self.ledger_url = ledger.url
-        self.engine: Engine = ledger.engine
         self.backend = ledger.backend
-        self._pid = os.getpid()
-        self._single: Engine
-        if self.backend == "postgresql":
-            self.now_sql = "CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION)"
-            self.greatest = "GREATEST"
-            self._single = self.engine.execution_options(isolation_level="AUTOCOMMIT")
-        else:
-            self.now_sql = "((julianday('now') - 2440587.5) * 86400.0)"
-            self.greatest = "max"
-            self._single = self.engine
+        self.now_sql = ledger.sql_now
+        self.greatest = ledger.sql_greatest
+        self.skip_locked = ledger.sql_skip_locked
 
-    def _forked(self) -> None:
-        if os.getpid() != self._pid:  # a forked child must not share pooled sockets
-            self.engine.dispose(close=False)
-            self._pid = os.getpid()
-
-    @contextlib.contextmanager
-    def write(self, action: str, *, many: bool = False) -> Iterator[Connection]:
-        """A write transaction (``many``: several statements, all or none)."""
-        self._forked()
-        try:
-            with (self.engine if many else self._single).begin() as conn:
-                yield conn
-        except CapgateError:
-            raise
-        except sa.exc.SQLAlchemyError as exc:
-            first = str(getattr(exc, "orig", None) or exc).strip().splitlines()
-            raise LedgerError(f"could not {action} in the ledger at {self.ledger_url}: "
-                              f"{first[0] if first else type(exc).__name__}",
-                              ledger=self.ledger_url) from exc
+    def write(self, action: str, *, many: bool = False
+              ) -> contextlib.AbstractContextManager[HotTx]:
+        """A write transaction (all its statements, or none).  ``many`` is accepted for
+        the callers' clarity; every write is one transaction."""
+        return self.ledger.transaction(action)
 
     def now(self) -> float:
         """The store's clock (epoch seconds)."""
-        with self.write("read the clock") as conn:
-            return float(conn.execute(sa.text(f"SELECT {self.now_sql}")).scalar_one())
+        with self.ledger.transaction("read the clock", write=False) as tx:
+            row = tx.run(f"SELECT {self.now_sql}").first()
+        assert row is not None
+        return float(row[0])
 
 
 _ACQUIRE_ATTEMPTS = 8
@@ -193,6 +176,8 @@ class HeldClaim:
     expires_at: float
     release_on_observed: bool = False
     """True when taken by ``run_transaction`` itself (resume, compensation)."""
+    since: float | None = None
+    """``time.monotonic()`` before the claiming transaction began (see ``before_commit``)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"keys": dict(self.tokens), "expires_at": self.expires_at}
@@ -212,7 +197,7 @@ class ClaimStore:
         # attempt) moves the token on.
         keep = ("(cg_claims.case_id = excluded.case_id"
                 " AND cg_claims.expires_at >= excluded.acquired_at AND :takeover = 0)")
-        self._acquire = sa.text(
+        self._acquire = (
             "INSERT INTO cg_claims (impact_key, token, case_id, intent_id, operation_id, holder,"
             " acquired_at, expires_at)"
             f" VALUES (:k, 1, :case_id, :intent_id, :operation_id, :holder, {s.now_sql},"
@@ -229,16 +214,16 @@ class ClaimStore:
             " OR cg_claims.expires_at < excluded.acquired_at"
             " RETURNING token, expires_at"
         )
-        self._renew = sa.text(
+        self._renew = (
             f"UPDATE cg_claims SET expires_at = {s.greatest}(expires_at, {s.now_sql} + :margin)"
             " WHERE impact_key = :k AND token = :t AND case_id = :case_id RETURNING impact_key"
         )
-        self._release = sa.text(
+        self._release = (
             "UPDATE cg_claims SET case_id = NULL, intent_id = NULL, operation_id = NULL,"
             " holder = NULL, expires_at = 0 WHERE impact_key = :k AND token = :t"
             " AND intent_id = :i"
         )
-        self._read = sa.text(
+        self._read = (
             "SELECT impact_key, token, case_id, intent_id, operation_id, holder, acquired_at,"
             f" expires_at, {s.now_sql} AS now FROM cg_claims WHERE impact_key = :k"
         )
@@ -246,13 +231,12 @@ class ClaimStore:
     def ledger_id(self) -> str:
         """This ledger store's identity (created once, then read), cached per process."""
         if self._ledger_id is None:
-            with self.store.write("record the ledger's identity") as conn:
-                conn.execute(sa.text(
-                    "INSERT INTO cg_meta (key, value) VALUES ('ledger_id', :v)"
-                    " ON CONFLICT (key) DO NOTHING"), {"v": uuid.uuid4().hex})
-            with self.store.write("read the ledger's identity") as conn:
-                self._ledger_id = str(conn.execute(sa.text(
-                    "SELECT value FROM cg_meta WHERE key = 'ledger_id'")).scalar_one())
+            with self.store.write("record the ledger's identity") as tx:
+                tx.run("INSERT INTO cg_meta (key, value) VALUES ('ledger_id', :v)"
+                       " ON CONFLICT (key) DO NOTHING", {"v": uuid.uuid4().hex})
+                row = tx.run("SELECT value FROM cg_meta WHERE key = 'ledger_id'").first()
+            assert row is not None
+            self._ledger_id = str(row[0])
         return self._ledger_id
 
     def acquire(self, keys: Sequence[str], *, case_id: str, intent_id: str,
@@ -263,11 +247,11 @@ class ClaimStore:
         token (the claim is only extended) unless ``takeover``: resume's retry
         of an attempt takes it over with a new token, fencing the old attempt.
         """
-        with self.store.write("claim impact keys", many=len(set(keys)) > 1) as conn:
-            return self.acquire_on(conn, keys, case_id=case_id, intent_id=intent_id,
+        with self.store.write("claim impact keys") as tx:
+            return self.acquire_on(tx, keys, case_id=case_id, intent_id=intent_id,
                                    operation_id=operation_id, ttl=ttl, takeover=takeover)
 
-    def acquire_on(self, conn: Connection, keys: Sequence[str], *, case_id: str,
+    def acquire_on(self, tx: HotTx, keys: Sequence[str], *, case_id: str,
                    intent_id: str, operation_id: str, ttl: float,
                    takeover: bool = False) -> HeldClaim:
         """:meth:`acquire` inside the caller's transaction on the ledger store.
@@ -284,13 +268,13 @@ class ClaimStore:
         expires = 0.0
         for key in ordered:
             for _ in range(_ACQUIRE_ATTEMPTS):
-                row = conn.execute(self._acquire, {**params, "k": key}).first()
+                row = tx.run(self._acquire, {**params, "k": key}).first()
                 if row is not None:
                     tokens[key] = int(row[0])
                     expires = float(row[1])
                     break
                 try:
-                    self._refuse(conn, key, case_id)
+                    self._refuse(tx, key, case_id)
                 except _Released:
                     continue  # the holder let go between our claim and our look: again
             else:
@@ -299,8 +283,8 @@ class ClaimStore:
                                      requested_by_case=case_id)
         return HeldClaim(case_id, intent_id, tokens, expires)
 
-    def _refuse(self, conn: Connection, key: str, case_id: str) -> None:
-        conflict = self._describe(conn, key)
+    def _refuse(self, tx: HotTx, key: str, case_id: str) -> None:
+        conflict = self._describe(tx, key)
         if conflict["case_id"] is None or conflict["case_id"] == case_id \
                 or conflict["expires_in"] <= 0:
             raise _Released
@@ -311,8 +295,9 @@ class ClaimStore:
             "or coordinate with that case",
             **conflict, requested_by_case=case_id)
 
-    def _describe(self, conn: Connection, key: str) -> dict[str, Any]:
-        row = conn.execute(self._read, {"k": key}).mappings().first()
+    def _describe(self, tx: HotTx, key: str) -> dict[str, Any]:
+        found = tx.run(self._read, {"k": key}).mappings()
+        row = found[0] if found else None
         if row is None:  # vanished meanwhile: report it plainly, the caller may retry
             return {"impact_key": key, "case_id": None, "intent_id": None,
                     "operation_id": None, "holder": None, "token": None, "expires_in": 0.0}
@@ -324,9 +309,9 @@ class ClaimStore:
     def renew(self, held: HeldClaim, *, margin: float) -> list[str]:
         """Re-validate every token and extend the claim by ``margin``; the keys lost."""
         lost: list[str] = []
-        with self.store.write("re-validate impact claims", many=len(held.tokens) > 1) as conn:
+        with self.store.write("re-validate impact claims") as tx:
             for key, token in held.tokens.items():
-                row = conn.execute(self._renew, {"k": key, "t": token, "case_id": held.case_id,
+                row = tx.run(self._renew, {"k": key, "t": token, "case_id": held.case_id,
                                                  "margin": float(margin)}).first()
                 if row is None:
                     lost.append(key)
@@ -334,18 +319,33 @@ class ClaimStore:
 
     def release(self, held: HeldClaim) -> None:
         """Free the keys still held with these tokens (a taken-over key is left alone)."""
-        with self.store.write("release impact claims", many=len(held.tokens) > 1) as conn:
-            for key, token in held.tokens.items():
-                # only the intent recorded as holder frees a key: a call of the same case
-                # that merely joined that hold (see ``acquire``) leaves it alone
-                conn.execute(self._release, {"k": key, "t": token, "i": held.intent_id})
+        with self.store.write("release impact claims") as tx:
+            self.release_on(tx, held)
+
+    def release_on(self, tx: HotTx, held: HeldClaim) -> None:
+        """:meth:`release` inside the caller's transaction (the ``observed`` append)."""
+        for key, token in held.tokens.items():
+            # only the intent recorded as holder frees a key: a call of the same case
+            # that merely joined that hold (see ``acquire``) leaves it alone
+            tx.run(self._release, {"k": key, "t": token, "i": held.intent_id})
+
+    def release_intents(self, intent_ids: Sequence[str]) -> None:
+        """Free every key these (closed) intents still hold: one statement per 500."""
+        with self.store.write("release the claims of settled intents") as tx:
+            for i in range(0, len(intent_ids), 500):
+                chunk = list(intent_ids[i:i + 500])
+                names = ", ".join(f":i{n}" for n in range(len(chunk)))
+                tx.run("UPDATE cg_claims SET case_id = NULL, intent_id = NULL, "
+                       f"operation_id = NULL, holder = NULL, expires_at = 0 WHERE intent_id "
+                       f"IN ({names})", {f"i{n}": v for n, v in enumerate(chunk)})
 
     def current(self, key: str) -> dict[str, Any] | None:
         """The claim row of ``key`` as stored (``expires_in`` on the store's clock)."""
-        with self.store.write("read an impact claim") as conn:
-            row = conn.execute(self._read, {"k": key}).mappings().first()
-        if row is None:
+        with self.store.write("read an impact claim") as tx:
+            found = tx.run(self._read, {"k": key}).mappings()
+        if not found:
             return None
+        row = found[0]
         out = {k: row[k] for k in ("impact_key", "token", "case_id", "intent_id",
                                    "operation_id", "holder")}
         out["expires_in"] = float(row["expires_at"]) - float(row["now"])
@@ -400,12 +400,14 @@ class ImpactClaims(CallHooks):
         return (self.enabled and not ctx.rehearse
                 and ctx.row.effect_class is not EffectClass.READ)
 
-    def within_prepared(self, ctx: CallContext, conn: Connection) -> None:
+    def within_prepared(self, ctx: CallContext, tx: HotTx) -> None:
         if not self._wants(ctx):
             return
         keys = impact_keys(ctx.row, ctx.inputs, ctx.connector.environment)
-        taken = self.store.acquire_on(conn, keys, case_id=ctx.case_id, intent_id=ctx.intent_id,
+        started = time.monotonic()
+        taken = self.store.acquire_on(tx, keys, case_id=ctx.case_id, intent_id=ctx.intent_id,
                                       operation_id=ctx.row.operation_id, ttl=claim_ttl(ctx))
+        taken = dataclasses.replace(taken, since=started)
         with self._lock:  # may run again (a lost race is retried): the last run counts
             self._pending[ctx.intent_id] = taken
 
@@ -419,14 +421,25 @@ class ImpactClaims(CallHooks):
         if not self._wants(ctx) or self.held(ctx.intent_id) is not None:
             return
         keys = impact_keys(ctx.row, ctx.inputs, ctx.connector.environment)
+        started = time.monotonic()
         taken = self.store.acquire(keys, case_id=ctx.case_id, intent_id=ctx.intent_id,
                                    operation_id=ctx.row.operation_id, ttl=claim_ttl(ctx),
                                    takeover=ctx.resumed)
         with self._lock:
-            self._held[ctx.intent_id] = dataclasses.replace(taken, release_on_observed=True)
+            self._held[ctx.intent_id] = dataclasses.replace(taken, release_on_observed=True,
+                                                            since=started)
 
     def before_commit(self, ctx: CallContext, conn: Connection) -> None:
-        """Just before COMMIT: refuse (roll back) a write whose claim was taken over."""
+        """Just before COMMIT: refuse (roll back) a write whose claim was taken over.
+
+        The target's fence row moves to our token first.  The ledger-side
+        renewal is needed only once the claim could have expired: while less
+        than half its lifetime has passed since it was taken (measured from
+        before the claiming transaction began, on this machine's monotonic
+        clock), no other case can have taken it over, and it still covers the
+        COMMIT by more than the fence margin -- a collapsed call's usual case,
+        which then sends nothing more to the ledger here.
+        """
         claim = self.held(ctx.intent_id)
         if claim is None:
             return
@@ -436,7 +449,11 @@ class ImpactClaims(CallHooks):
                             **stale,
                             "message": "a newer claim of this target already wrote; this "
                                        "holder's claim had expired and was taken over"})
-        lost = self.store.renew(claim, margin=fence_margin(ctx))
+        margin = fence_margin(ctx)
+        if claim.since is not None and \
+                time.monotonic() - claim.since + margin < claim_ttl(ctx) / 2:
+            return
+        lost = self.store.renew(claim, margin=margin)
         if lost:
             now = self.store.current(lost[0]) or {}
             raise Rollback({"kind": "stale_fence", "code": StaleFence.code, "where": "ledger",
@@ -447,14 +464,19 @@ class ImpactClaims(CallHooks):
                             "message": "the impact claim expired and was taken over before "
                                        "COMMIT; nothing was committed"})
 
-    def after_observed(self, ctx: CallContext) -> None:
-        """Release what ``before_write`` took (a call releases its own in ``after_call``)."""
+    def within_observed(self, ctx: CallContext, tx: HotTx) -> None:
+        """The claim goes back in the transaction that records the outcome."""
         claim = self.held(ctx.intent_id)
-        if claim is not None and claim.release_on_observed:
-            self._release(ctx.intent_id)
+        if claim is not None:
+            self.store.release_on(tx, claim)
+
+    def after_observed(self, ctx: CallContext) -> None:
+        """Released with ``observed`` (see :meth:`within_observed`): forget it."""
+        with self._lock:
+            self._held.pop(ctx.intent_id, None)
 
     def after_call(self, ctx: CallContext, error: BaseException | None) -> None:
-        """The end of ``Executor.call``: release, unless the outcome is unknown.
+        """The end of ``Executor.call``: release what ``observed`` did not, unless unknown.
 
         After ``OutcomeUnknown`` (connection lost around COMMIT) the claim is kept
         until it expires: the target may still be settling, and resume takes the

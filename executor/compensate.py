@@ -107,7 +107,8 @@ def finish_compensation(rt: Runtime, comp: CallContext, result: Outcome
             "escalation": {"kind": "compensation_failed", "by": "executor",
                            "compensation": dict(result.reason or {}),
                            "restored_checks": checks}}},
-            intent_id=comp.intent_id, attempt=comp.attempt)
+            intent_id=comp.intent_id, attempt=comp.attempt,
+            within=lambda tx: rt.hooks.within_observed(comp, tx))
         rt.hooks.after_observed(comp)
     return restored, checks
 

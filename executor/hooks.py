@@ -10,6 +10,7 @@ default :class:`~executor.budget.SessionBudgets` then
 ==================  ==============================================================
 ``before_prepared``  before anything is recorded; a refusal here records nothing
 ``within_prepared``  inside the transaction that records ``prepared`` (same store)
+``within_observed``  inside the transaction that records ``observed``: releases ride there
 ``check_target``     before a write opens its target session for the first time
 ``before_write``     before a write transaction opens (a write reached without a call:
                      resume's retry, a compensation, takes its claims here)
@@ -33,10 +34,20 @@ import sqlalchemy as sa
 if TYPE_CHECKING:
     from executor.connectors import Connector
     from executor.context import CallContext
+    from executor.ledger.backends import HotTx
 
-__all__ = ["CallHooks", "HasHooks", "HookSet"]
+__all__ = ["CallHooks", "HasHooks", "HookSet", "RetryOutside"]
 
 _H = TypeVar("_H", bound="CallHooks")
+
+
+class RetryOutside(Exception):
+    """Raised by a ``within_*`` hook: undo the transaction, run ``prepare`` outside any
+    transaction (it may wait, or refuse with a CapgateError), then try again."""
+
+    def __init__(self, prepare: Callable[[], None]) -> None:
+        super().__init__("retry outside the transaction")
+        self.prepare = prepare
 
 
 class CallHooks:
@@ -45,7 +56,7 @@ class CallHooks:
     def before_prepared(self, ctx: CallContext) -> None:
         """Before ``prepared``: refuse (raise) here and nothing is recorded."""
 
-    def within_prepared(self, ctx: CallContext, conn: sa.Connection) -> None:
+    def within_prepared(self, ctx: CallContext, tx: HotTx) -> None:
         """In the ``prepared`` transaction, on the ledger's connection; raising undoes it."""
 
     def after_prepared(self, ctx: CallContext) -> None:
@@ -64,6 +75,10 @@ class CallHooks:
 
     def before_commit(self, ctx: CallContext, conn: sa.Connection) -> None:
         """In the write's own transaction after its last statement; raising rolls it back."""
+
+    def within_observed(self, ctx: CallContext, tx: HotTx) -> None:
+        """In the transaction that records ``observed`` (or its stand-ins): release here,
+        so a call's releases cost no transaction of their own."""
 
     def after_observed(self, ctx: CallContext) -> None:
         """After the intent's ``observed`` was recorded."""
@@ -92,9 +107,13 @@ class HookSet(CallHooks):
         for hook in self.hooks:
             hook.before_prepared(ctx)
 
-    def within_prepared(self, ctx: CallContext, conn: sa.Connection) -> None:
+    def within_prepared(self, ctx: CallContext, tx: HotTx) -> None:
         for hook in self.hooks:
-            hook.within_prepared(ctx, conn)
+            hook.within_prepared(ctx, tx)
+
+    def within_observed(self, ctx: CallContext, tx: HotTx) -> None:
+        for hook in self.hooks:
+            hook.within_observed(ctx, tx)
 
     def after_prepared(self, ctx: CallContext) -> None:
         for hook in self.hooks:

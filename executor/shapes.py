@@ -86,10 +86,15 @@ def read(rt: Runtime, ctx: CallContext) -> Outcome:
 def collapsed(rt: Runtime, ctx: CallContext) -> Outcome:
     """Shape A: statements, verify and replay in one transaction; then post-commit checks."""
     rt.check_target(ctx.connector, ctx)
-    if not ctx.rehearse:
-        boundaries.prepared(rt, ctx)
-    ctx, result = boundaries.attempts(rt, ctx, lambda c: run_transaction(
-        rt, c, lambda conn, ev: _statements(c, conn, ev)))
+    first = ctx
+
+    def attempt(c: CallContext) -> Outcome:
+        # the first attempt records itself with the intent (one durable commit before
+        # any statement); a retry under the timeout contract records attempt_started
+        return run_transaction(rt, c, lambda conn, ev: _statements(c, conn, ev),
+                               prepare=c is first and not c.rehearse and not c.resumed)
+
+    ctx, result = boundaries.attempts(rt, ctx, attempt)
     if ctx.rehearse:
         return result
     return finish(rt, ctx, result)

@@ -29,6 +29,7 @@ from executor.checks import CheckResult, evaluate
 from executor.context import CallContext, Rollback
 from executor.dialects import TxIdentity
 from executor.dialects.base import MARKER_TABLE, TARGET_TABLES
+from executor.ledger import KeyAlreadyClaimed
 from executor.outcome import Outcome, jsonable
 from executor.plan import binds_for
 from executor.runtime import Runtime
@@ -157,15 +158,30 @@ def open_write(rt: Runtime, ctx: CallContext) -> Iterator[tuple[sa.Connection, T
         return
 
 
-def run_transaction(rt: Runtime, ctx: CallContext, body: Body) -> Outcome:
-    """Open, label, run ``body``, fence, COMMIT; or ROLLBACK with the reason."""
+def run_transaction(rt: Runtime, ctx: CallContext, body: Body, *,
+                    prepare: bool = False) -> Outcome:
+    """Open, label, run ``body``, fence, COMMIT; or ROLLBACK with the reason.
+
+    ``prepare`` (a collapsed call's first attempt): the transaction is opened
+    -- session labelled, timeouts armed, landing marker inserted, identity
+    read, in one round trip -- *before* ``prepared`` commits, so that one
+    durable ledger commit records the intent, its claims and its attempt with
+    the transaction's identity, and precedes every statement of the row.  A
+    refusal of ``prepared`` (a claimed key, an open intent, a budget, an
+    approval) rolls the transaction back: nothing of the row was sent.
+    Without ``prepare`` the intent was prepared before, and ``attempt_started``
+    records the attempt (resume's retry, a compensation, a lease).
+    """
     dialect = ctx.connector.dialect
     evidence: dict[str, Any] = {}
-    rt.hooks.before_write(ctx)
+    if not prepare:
+        rt.hooks.before_write(ctx)
     with contextlib.ExitStack() as stack:
         try:
             conn, identity = stack.enter_context(open_write(rt, ctx))
         except ConnectorUnavailable as exc:
+            if prepare:
+                raise  # nothing recorded, nothing sent: a refusal, not an outcome
             return ctx.outcome(oc.ROLLED_BACK, evidence, {
                 "kind": "connection_failed", "where": "connect",
                 "message": exc.message, "statements_sent": 0,
@@ -173,10 +189,19 @@ def run_transaction(rt: Runtime, ctx: CallContext, body: Body) -> Outcome:
                         "nothing of this call can have landed"})
         except sa.exc.DBAPIError as exc:
             if ctx.idem_key is not None and dialect.is_unique_violation(exc):
+                if prepare:
+                    owner = rt.ledger.get_idempotency(ctx.idem_key)
+                    if owner is not None:  # an identical request landed: its outcome is ours
+                        raise KeyAlreadyClaimed(owner) from None
+                    boundaries.prepared(rt, ctx)  # landed under another ledger: say so
                 return _landed_before(rt, ctx, evidence)
+            if prepare:  # (a lock wait, a refusal): the intent is recorded with its reason,
+                boundaries.prepared(rt, ctx)  # and the row's timeout contract applies
             return ctx.outcome(oc.ROLLED_BACK, evidence, db_error_reason(ctx, exc, "begin"))
         try:
-            if not ctx.rehearse:
+            if prepare:
+                boundaries.prepared(rt, ctx, identity)
+            elif not ctx.rehearse:
                 boundaries.attempt_started(rt, ctx, identity)
             body(conn, evidence)
             if not ctx.rehearse:

@@ -555,7 +555,10 @@ def test_a_stopped_executor_loses_its_locks_by_the_deadline(
                     if fh.read().split(") ", 1)[1].startswith("T"):
                         break
                 time.sleep(0.025)
-        state = next(s for s in ex.ledger.events(case) if s.kind == "attempt_started")
+        # the attempt's start: on `attempt_started`, or (a collapsed call's first attempt,
+        # issue 13) on `prepared`, which records the attempt with the intent
+        state = next(s for s in ex.ledger.events(case)
+                     if "started_at" in (s.payload.get("state") or {}))
         started = dt.datetime.fromisoformat(state.payload["state"]["started_at"]).timestamp()
         deadline = started + 3.0
         granted: dict[str, float] = {}
@@ -978,7 +981,12 @@ def test_a_read_against_an_unreachable_database_leaves_nothing_open(executor: Ex
 
 def test_a_write_whose_connection_fails_before_sending_is_rolled_back(
         executor: Executor) -> None:
-    """Item 7: prepared, then the connection fails before any statement: not applied, exit 1."""
+    """Item 7: the connection fails before any statement: not applied, exit 1, nothing open.
+
+    A collapsed call opens its transaction before it prepares (issue 13), so it is
+    refused with nothing recorded; a leased call prepares first, and then records
+    the rollback with the reason.
+    """
     from executor.connectors import Connector
 
     connector = executor.connectors.get("insurance")
@@ -986,12 +994,18 @@ def test_a_write_whose_connection_fails_before_sending_is_rolled_back(
     real_engine = connector.engine
     connector.engine = sa.create_engine("postgresql+psycopg://nobody@127.0.0.1:9/none")
     try:
-        out = executor.call("policy.add_note", {**NOTE, "body": "never sent"}, case="C-cut",
-                            who="agent")
+        with pytest.raises(errors.ConnectorUnavailable) as refused:
+            executor.call("policy.add_note", {**NOTE, "body": "never sent"}, case="C-cut",
+                          who="agent")
+        out = executor.call("policy.cancel", {"policy_id": 1, "cancel_date": "2024-08-15",
+                                              "author": "jdoe", "reason": "never sent"},
+                            case="C-cut-lease", who="agent")
     finally:
         connector.engine.dispose()
         connector.engine = real_engine
     assert isinstance(connector, Connector)
+    assert refused.value.exit_code == errors.EXIT_REFUSED
+    assert executor.ledger.snapshot("C-cut") is None, "nothing recorded"
     assert out.status == "rolled_back" and out.exit_code == errors.EXIT_REFUSED
     assert out.reason is not None and out.reason["kind"] == "connection_failed"
     assert not executor.ledger.cases(open_only=True), "nothing left open"
@@ -1207,11 +1221,11 @@ def test_a_timed_out_safe_retryable_row_is_attempted_again(executor: Executor) -
     assert out.status == "applied_verified", out.reason
     assert out.attempt == 2
     kinds = [e.kind for e in ex.ledger.events("C-retry")]
-    if url.get_backend_name() == "sqlite":  # the lock is SQLite's: attempt 1 never began
-        assert kinds == ["prepared", "retrying", "attempt_started", "observed"]
-    else:
-        assert kinds == ["prepared", "attempt_started", "retrying", "attempt_started",
-                         "observed"]
+    # (SQLite: the lock is the database's, attempt 1 never began; the others: attempt 1
+    # began and is recorded with the intent, issue 13 -- either way one `prepared`)
+    assert kinds == ["prepared", "retrying", "attempt_started", "observed"]
+    first = ex.ledger.events("C-retry")[0].payload["state"]
+    assert first["attempt"] == (0 if url.get_backend_name() == "sqlite" else 1)
     retry = next(e for e in ex.ledger.events("C-retry") if e.kind == "retrying")
     assert retry.payload["state"]["contract"]["cause"] == "timeout"
 

@@ -72,8 +72,13 @@ def test_collapsed_write_applies_verifies_and_records(executor: Executor) -> Non
     assert count(executor, "SELECT count(*) FROM policy_note WHERE policy_id = 1") == before + 1
     assert count(executor, "SELECT count(*) FROM capgate_landed WHERE intent_id = :i",
                  i=out.intent_id) == 1
-    kinds = [e.kind for e in executor.ledger.events("C-ok")]
-    assert kinds == ["prepared", "attempt_started", "observed"]
+    events = executor.ledger.events("C-ok")
+    # the first attempt is recorded with the intent: one durable commit before the row's
+    # statements (issue 13), the transaction's identity included
+    assert [e.kind for e in events] == ["prepared", "observed"]
+    state = events[0].payload["state"]
+    assert state["attempt"] == 1 and state["tx"]["dialect"] == executor.connectors.get(
+        "insurance").dialect.name
     assert executor.ledger.verify("C-ok").ok
 
 

@@ -296,14 +296,21 @@ def test_reconcile_first_is_retried_after_reconciliation(crash: Crash) -> None:
 
 
 def test_an_intent_killed_after_prepared_was_never_sent(crash: Crash) -> None:
+    """Killed after ``prepared``: nothing of the row was sent, and the evidence says so.
+
+    (A collapsed call's ``prepared`` records its first attempt, the transaction
+    opened just before -- issue 13 -- so the evidence is asked: no marker, and the
+    transaction is over.)
+    """
     case = "PREPARED"
     crash.call(case, NOTE, crash_at="after_prepared")
     report = resume(crash.ex, case, act=False)
     (only,) = report.intents
     assert only.classification == "not_applied"
-    assert "nothing was sent" in only.evidence["rule"]
+    assert only.evidence["marker"] == "absent", only.evidence
     assert report.intents[0].action == "none" and not report.acted
     assert crash.ex.ledger.intent(case, only.intent_id)["status"] == "prepared"  # dry run
+    assert notes(crash.ex, NOTE["body"]) == 0
 
 
 # --- the poisoned resume -----------------------------------------------------------------

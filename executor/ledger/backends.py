@@ -18,6 +18,13 @@ backend:
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import os
+import re
+import sqlite3
+import threading
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -71,8 +78,30 @@ class Backend:
     without the database checking it.
     """
 
+    now_sql: ClassVar[str] = ""
+    """The store's clock as epoch seconds (coordination rows compare expiries on it)."""
+    greatest: ClassVar[str] = "max"
+    skip_locked: ClassVar[str] = ""
+    """What a ``SELECT ... LIMIT 1`` of a free row adds to skip rows other writers hold."""
+
     def make_engine(self, url: URL) -> Engine:
         raise NotImplementedError
+
+    def hot_connect(self, url: URL) -> Any:
+        """A driver connection for :class:`HotConnections` (one per thread)."""
+        raise NotImplementedError
+
+    def hot_transaction(self, conns: HotConnections, *, durable: bool,
+                        write: bool) -> contextlib.AbstractContextManager[HotTx]:
+        raise NotImplementedError
+
+    def is_unique_violation(self, exc: BaseException) -> bool:
+        """A driver error of a hot statement: a unique key refused the row."""
+        return False
+
+    def is_driver_error(self, exc: BaseException) -> bool:
+        """An error the driver raised (the store refused or failed), not a bug of ours."""
+        return False
 
     def consistent_read_options(self) -> dict[str, Any]:
         """Execution options for a multi-statement read that must see one snapshot."""
@@ -178,6 +207,51 @@ class SQLiteBackend(Backend):
     """
 
     name = "sqlite"
+    now_sql = "((julianday('now') - 2440587.5) * 86400.0)"
+    greatest = "max"
+
+    def hot_connect(self, url: URL) -> Any:
+        conn = sqlite3.connect(url.database or "", timeout=SQLITE_BUSY_TIMEOUT_MS / 1000,
+                               isolation_level=None, check_same_thread=False)
+        conn.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
+        mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()
+        if mode is None or str(mode[0]).lower() != "wal":
+            conn.close()
+            raise sqlite3.OperationalError(
+                f"the ledger file refuses WAL journaling (journal_mode={mode!r}); put it on "
+                "a local file system")
+        conn.execute("PRAGMA synchronous = FULL")
+        return conn
+
+    @contextlib.contextmanager
+    def hot_transaction(self, conns: HotConnections, *, durable: bool,
+                        write: bool) -> Iterator[HotTx]:
+        conn: sqlite3.Connection = conns.get()
+        if not write:
+            yield _SQLiteTx(self, conn)
+            return
+        with conns.write_lock:
+            if not durable:
+                conn.execute("PRAGMA synchronous = NORMAL")
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    yield _SQLiteTx(self, conn)
+                    conn.execute("COMMIT")
+                except BaseException:
+                    with contextlib.suppress(sqlite3.Error):
+                        conn.execute("ROLLBACK")
+                    raise
+            finally:
+                if not durable:
+                    with contextlib.suppress(sqlite3.Error):
+                        conn.execute("PRAGMA synchronous = FULL")
+
+    def is_unique_violation(self, exc: BaseException) -> bool:
+        return isinstance(exc, sqlite3.IntegrityError)
+
+    def is_driver_error(self, exc: BaseException) -> bool:
+        return isinstance(exc, sqlite3.Error)
 
     def make_engine(self, url: URL) -> Engine:
         engine = sa.create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
@@ -229,6 +303,58 @@ class PostgreSQLBackend(Backend):
 
     name = "postgresql"
     single_statement_append = True
+    now_sql = "CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION)"
+    greatest = "GREATEST"
+    skip_locked = " FOR UPDATE SKIP LOCKED"
+
+    def hot_connect(self, url: URL) -> Any:
+        import psycopg
+
+        conninfo = url.set(drivername="postgresql").render_as_string(hide_password=False)
+        kwargs: dict[str, Any] = {"autocommit": True}
+        if "application_name" not in url.query:
+            kwargs["application_name"] = "capgate-ledger"
+        return psycopg.connect(conninfo, **kwargs)
+
+    @contextlib.contextmanager
+    def hot_transaction(self, conns: HotConnections, *, durable: bool,
+                        write: bool) -> Iterator[HotTx]:
+        conn = conns.get()
+        tx = _PgTx(self, conn)
+        if not write:
+            yield tx
+            return
+        try:
+            with conn.pipeline() as pipeline:
+                tx._pipeline = pipeline
+                conn.execute("BEGIN")
+                if not durable:
+                    conn.execute("SET LOCAL synchronous_commit TO OFF")
+                yield tx
+                conn.execute("COMMIT")
+        except BaseException as exc:
+            tx._pipeline = None
+            if conn.closed or conn.broken:
+                conns.drop()
+                if isinstance(exc, Exception):
+                    raise HotDisconnect(str(exc)) from exc
+                raise
+            try:
+                conn.execute("ROLLBACK")
+            except Exception:
+                conns.drop()
+            raise
+        finally:
+            tx._pipeline = None
+
+    def is_unique_violation(self, exc: BaseException) -> bool:
+        return getattr(exc, "sqlstate", None) == "23505"
+
+    def is_driver_error(self, exc: BaseException) -> bool:
+        import psycopg
+
+        return isinstance(exc, psycopg.Error)
+
 
     def make_engine(self, url: URL) -> Engine:
         connect_args: dict[str, Any] = {}
@@ -345,3 +471,191 @@ def backend_for(url: URL) -> Backend:
     if url.get_backend_name() == "sqlite":
         return SQLiteBackend()
     return PostgreSQLBackend()
+
+
+# --- hot transactions: the call path's writes, on the driver directly -----------------------
+#
+# An append sits on every call's path, twice.  Through SQLAlchemy Core it costs a
+# compiled-statement cache lookup, an execution context and result wrapping per
+# statement (~40 us each); the statements here are fixed strings, so they go to
+# the DBAPI connection itself.  Each thread keeps its own connection per store
+# (SQLite: a ``sqlite3`` connection in WAL mode; PostgreSQL: a psycopg
+# connection in autocommit mode that sends BEGIN/COMMIT itself, in pipeline
+# mode so that a transaction's statements share round trips).  SQLAlchemy still
+# owns the schema, the migrations and every read that is not on the call path.
+
+_NAMED = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
+
+
+class HotDisconnect(Exception):
+    """The store's connection died in a hot transaction; whether it committed is unknown."""
+
+
+class HotResult:
+    """One statement's result: rows and row count, read when asked (PostgreSQL: after a sync)."""
+
+    __slots__ = ("_columns", "_cursor", "_done", "_rowcount", "_rows", "_tx")
+
+    def __init__(self, tx: HotTx, cursor: Any) -> None:
+        self._tx = tx
+        self._cursor = cursor
+        self._done = False
+        self._rows: list[tuple[Any, ...]] = []
+        self._rowcount = -1
+        self._columns: list[str] = []
+
+    def _resolve(self) -> None:
+        if self._done:
+            return
+        self._tx.sync()
+        cur = self._cursor
+        self._columns = [d[0] for d in cur.description] if cur.description else []
+        self._rows = [tuple(r) for r in cur.fetchall()] if cur.description else []
+        self._rowcount = int(cur.rowcount)
+        self._done = True
+
+    def all(self) -> list[tuple[Any, ...]]:
+        self._resolve()
+        return self._rows
+
+    def first(self) -> tuple[Any, ...] | None:
+        self._resolve()
+        return self._rows[0] if self._rows else None
+
+    def mappings(self) -> list[dict[str, Any]]:
+        self._resolve()
+        return [dict(zip(self._columns, r, strict=True)) for r in self._rows]
+
+    @property
+    def rowcount(self) -> int:
+        self._resolve()
+        return self._rowcount
+
+
+class HotTx:
+    """One write (or read) transaction on a store, statements in ``:name`` style."""
+
+    backend: Backend
+
+    def run(self, sql: str, params: Mapping[str, Any] | None = None) -> HotResult:
+        raise NotImplementedError
+
+    def run_many(self, sql: str, rows: Sequence[Mapping[str, Any]]) -> None:
+        for row in rows:
+            self.run(sql, row)
+
+    def sync(self) -> None:
+        """Send what is queued and wait for its results (PostgreSQL); nothing on SQLite."""
+
+
+class _SQLiteTx(HotTx):
+    def __init__(self, backend: Backend, conn: sqlite3.Connection) -> None:
+        self.backend = backend
+        self._conn = conn
+
+    def run(self, sql: str, params: Mapping[str, Any] | None = None) -> HotResult:
+        cur = self._conn.execute(sql, dict(params or {}))
+        result = HotResult(self, cur)
+        result._resolve()
+        return result
+
+    def run_many(self, sql: str, rows: Sequence[Mapping[str, Any]]) -> None:
+        self._conn.executemany(sql, [dict(r) for r in rows])
+
+
+class _PgTx(HotTx):
+    def __init__(self, backend: Backend, conn: Any) -> None:
+        self.backend = backend
+        self._conn = conn
+        self._pipeline: Any = None
+
+    def run(self, sql: str, params: Mapping[str, Any] | None = None) -> HotResult:
+        cur = self._conn.cursor()
+        cur.execute(_pg_sql(sql), dict(params or {}))
+        return HotResult(self, cur)
+
+    def run_many(self, sql: str, rows: Sequence[Mapping[str, Any]]) -> None:
+        cur = self._conn.cursor()
+        cur.executemany(_pg_sql(sql), [dict(r) for r in rows])
+
+    def sync(self) -> None:
+        if self._pipeline is not None:
+            self._pipeline.sync()
+
+
+@functools.lru_cache(maxsize=512)
+def _pg_sql(sql: str) -> str:
+    """``:name`` placeholders as psycopg's ``%(name)s`` (a literal ``%`` doubled)."""
+    return _NAMED.sub(r"%(\1)s", sql.replace("%", "%%"))
+
+
+class HotConnections:
+    """Per-thread driver connections to one store, closed with the ledger.
+
+    A connection is never shared between threads, and a forked child drops its
+    parent's (without closing them: the sockets and file handles are the
+    parent's).  SQLite writers of one process take a process lock before
+    ``BEGIN IMMEDIATE``: SQLite's own busy handler sleeps at least a
+    millisecond, the process lock wakes the next writer at once.
+    """
+
+    def __init__(self, backend: Backend, url: URL) -> None:
+        self.backend = backend
+        self.url = url
+        self._local = threading.local()
+        self._all: list[Any] = []
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+        self.write_lock = threading.RLock()
+
+    def _forked(self) -> None:
+        if os.getpid() != self._pid:
+            self._local = threading.local()
+            with self._lock:
+                self._all = []
+            self.write_lock = threading.RLock()
+            self._pid = os.getpid()
+
+    def get(self) -> Any:
+        self._forked()
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self.backend.hot_connect(self.url)
+            self._local.conn = conn
+            with self._lock:
+                self._all.append(conn)
+        return conn
+
+    def drop(self) -> None:
+        """Forget this thread's connection (it died); the next use opens a new one."""
+        conn = getattr(self._local, "conn", None)
+        self._local.conn = None
+        if conn is not None:
+            with self._lock:
+                if conn in self._all:
+                    self._all.remove(conn)
+            with contextlib.suppress(Exception):
+                conn.close()
+
+    def close(self) -> None:
+        with self._lock:
+            conns, self._all = self._all, []
+        if os.getpid() != self._pid:
+            return
+        for conn in conns:
+            with contextlib.suppress(Exception):
+                conn.close()
+        self._local = threading.local()
+
+    @contextlib.contextmanager
+    def transaction(self, *, durable: bool = True, write: bool = True) -> Iterator[HotTx]:
+        """A transaction: committed when the block ends, rolled back if it raises.
+
+        ``durable=False`` commits without waiting for the disk (SQLite
+        ``synchronous=NORMAL`` in WAL mode, PostgreSQL ``synchronous_commit =
+        off``): visible to every reader at once and kept through a crash of
+        this process; only an operating-system crash or power loss can lose it,
+        and then only until the next durable commit, which flushes it too.
+        """
+        with self.backend.hot_transaction(self, durable=durable, write=write) as tx:
+            yield tx

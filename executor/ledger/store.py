@@ -62,7 +62,15 @@ from typing import Any, Final, ParamSpec, TypeVar
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 
-from executor.ledger.backends import Backend, NewHead, StoredHead, backend_for
+from executor.ledger.backends import (
+    Backend,
+    HotConnections,
+    HotDisconnect,
+    HotTx,
+    NewHead,
+    StoredHead,
+    backend_for,
+)
 from executor.ledger.chain import (
     FINDING_KINDS,
     GENESIS_DIGEST,
@@ -220,7 +228,8 @@ def _reconnecting(method: Callable[_P, _R]) -> Callable[_P, _R]:
                 return method(*args, **kwargs)
             except LedgerError as err:
                 cause = err.__cause__
-                lost = isinstance(cause, sa.exc.DBAPIError) and cause.connection_invalidated
+                lost = isinstance(cause, HotDisconnect) or (
+                    isinstance(cause, sa.exc.DBAPIError) and cause.connection_invalidated)
                 if not lost or attempt == _RECONNECTS - 1:
                     raise
         raise AssertionError("unreachable")
@@ -481,6 +490,7 @@ class Ledger:
             if backend.single_statement_append
             else engine
         )
+        self._hot = HotConnections(backend, url)
         self._heads: OrderedDict[str, StoredHead] = OrderedDict()
         self._verified: OrderedDict[str, StoredHead] = OrderedDict()
         self._heads_lock = threading.Lock()
@@ -515,7 +525,34 @@ class Ledger:
 
     def close(self) -> None:
         """Release the store's connections."""
+        self._hot.close()
         self._engine.dispose()
+
+    def transaction(self, action: str, *, durable: bool = True,
+                    write: bool = True) -> contextlib.AbstractContextManager[HotTx]:
+        """A transaction on the store's driver connection (claims, budgets: see backends).
+
+        Driver errors become LedgerError naming ``action``.
+        """
+        return self._hot_guarded(action, durable=durable, write=write)
+
+    @contextlib.contextmanager
+    def _hot_guarded(self, action: str, *, durable: bool, write: bool) -> Iterator[HotTx]:
+        with self._guard(action), self._hot.transaction(durable=durable, write=write) as tx:
+            yield tx
+
+    @property
+    def sql_now(self) -> str:
+        """The store's clock as epoch seconds, in its SQL (coordination expiries)."""
+        return self._backend.now_sql
+
+    @property
+    def sql_greatest(self) -> str:
+        return self._backend.greatest
+
+    @property
+    def sql_skip_locked(self) -> str:
+        return self._backend.skip_locked
 
     def __enter__(self) -> Ledger:
         return self
@@ -543,7 +580,19 @@ class Ledger:
             yield
         except CapgateError:
             raise
+        except HotDisconnect as exc:
+            raise LedgerError(
+                f"could not {action} in the ledger at {self.url}: the connection was lost "
+                f"({str(exc).splitlines()[0] if str(exc) else 'no reply'})", ledger=self.url,
+            ) from exc
         except sa.exc.SQLAlchemyError as exc:
+            raise LedgerError(
+                f"could not {action} in the ledger at {self.url}: {_describe(exc, self._url)}",
+                ledger=self.url,
+            ) from exc
+        except Exception as exc:
+            if not self._backend.is_driver_error(exc):
+                raise
             raise LedgerError(
                 f"could not {action} in the ledger at {self.url}: {_describe(exc, self._url)}",
                 ledger=self.url,
@@ -588,9 +637,11 @@ class Ledger:
         *,
         intent_id: str | None = None,
         claim: KeyClaim | None = None,
-        within: Callable[[Connection], None] | None = None,
+        within: Within | None = None,
         attempt: int | None = None,
         guard: Guard | None = None,
+        durable: bool = True,
+        continuing: bool = False,
     ) -> Event:
         """Record one event at the end of the case's chain (creating the case on seq 0).
 
@@ -614,14 +665,27 @@ class Ledger:
         """
         fence = (intent_id, attempt) if attempt is not None and intent_id is not None else None
         return self.append_many(case_id, [(kind, payload, intent_id)], claim=claim,
-                                within=within, fence=fence, guard=guard)[0]
+                                within=within, fence=fence, guard=guard, durable=durable,
+                                continuing=continuing)[0]
 
     def append_many(self, case_id: str, items: Sequence[EventSpec], *,
                     claim: KeyClaim | None = None,
-                    within: Callable[[Connection], None] | None = None,
+                    within: Within | None = None,
                     fence: tuple[str, int] | None = None,
-                    guard: Guard | None = None) -> list[Event]:
-        """Record several events, consecutively and atomically, in one transaction."""
+                    guard: Guard | None = None,
+                    durable: bool = True,
+                    continuing: bool = False) -> list[Event]:
+        """Record several events, consecutively and atomically, in one transaction.
+
+        ``durable=False`` commits without waiting for the disk (see
+        :meth:`HotConnections.transaction`): for events whose loss in an
+        operating-system crash is recovered from evidence (an ``observed``
+        whose landing marker proves it).  ``continuing``: the events continue
+        the case from its stored state, so that state is checked first, in
+        O(1) (:func:`~executor.ledger.chain.head_matches`, and the head's MAC
+        with a key) unless it is the head this process last verified or wrote
+        on a verified state; LedgerTampered when it does not hold.
+        """
         _check_id("case_id", case_id)
         specs: list[EventSpec] = []
         for kind, payload, intent_id in items:
@@ -636,130 +700,176 @@ class Ledger:
             for reconnect in range(_RECONNECTS):
                 suspect = tried if reconnect else None
                 try:
-                    if self._backend.single_statement_append and within is None:
-                        written = self._append_unlocked(case_id, specs, tried, suspect, claim,
-                                                        fence, guard)
+                    for _ in range(_MAX_ATTEMPTS):
+                        written = self._append_once(case_id, specs, tried, suspect, claim,
+                                                    within, fence, guard, durable, continuing)
                         if written is not None:
                             return written
-                    return self._append_locked(case_id, specs, tried, suspect, claim, within,
-                                               fence, guard)
-                except sa.exc.DBAPIError as exc:
-                    if not exc.connection_invalidated:
-                        raise
+                    raise LedgerError(
+                        f"could not append to case {case_id!r} after {_MAX_ATTEMPTS} attempts "
+                        "under contention; retry the call", case_id=case_id)
+                except HotDisconnect as exc:
                     # The connection died; the write may have landed.  Try again on a
                     # fresh connection: every attempt first looks for what we already sent.
                     self._remember(case_id, None)
-                    last_error: sa.exc.DBAPIError = exc
+                    last_error: HotDisconnect = exc
         raise LedgerError(
             f"lost the connection to the ledger at {self.url} {_RECONNECTS} times while "
-            f"appending to case {case_id!r} ({_describe(last_error, self._url)}); whether the "
-            f"last attempt landed is unknown: read `capgate ledger show {case_id}` before "
-            "retrying",
+            f"appending to case {case_id!r} ({last_error}); whether the last attempt landed "
+            f"is unknown: read `capgate ledger show {case_id}` before retrying",
             case_id=case_id,
             outcome="unknown",
         )
 
-    def _append_unlocked(
+    def _append_once(
         self,
         case_id: str,
         specs: list[EventSpec],
         tried: dict[str, list[Event]],
         suspect: dict[str, list[Event]] | None,
         claim: KeyClaim | None,
-        fence: tuple[str, int] | None = None,
-        guard: Guard | None = None,
+        within: Within | None,
+        fence: tuple[str, int] | None,
+        guard: Guard | None,
+        durable: bool,
+        continuing: bool,
     ) -> list[Event] | None:
-        """Compare-and-swap appends without a transaction; None when the head moved.
+        """One transaction; None when the head moved under a cached head (try again).
 
-        ``tried`` collects every attempt's events by last digest; ``suspect`` is
-        set after a lost connection, and then each round first checks whether an
-        earlier attempt landed (see :func:`_landed`).
+        With a head this process wrote or read last (and, when ``continuing``,
+        verified), the transaction builds on it without reading it: the head
+        update compares-and-swaps it, and a head that moved meanwhile makes the
+        attempt roll back and read it.  SQLite writers hold the file's write
+        lock (``BEGIN IMMEDIATE``); PostgreSQL writers lock the case row.
         """
-        cached = self._cached_head(case_id)
-        with self._write_one.connect() as conn:
-            for head_source in ("cache", "read"):
-                if head_source == "cache":
-                    if cached is None or suspect:
-                        continue
-                    head: StoredHead | None = cached
-                else:
-                    head = self._backend.read_head(conn, case_id, lock=False)
-                    landed = _landed(conn, case_id, suspect)
-                    if landed is not None:
-                        return landed
-                new, written, rows = self._build(case_id, head, specs, fence,
-                                                 self._closed_on(conn, case_id), guard)
-                tried[new.digest] = written
-                try:
-                    ok = self._backend.write_chain(conn, head, new, rows,
-                                                   self._claim_row(case_id, claim))
-                except sa.exc.IntegrityError:
-                    # a race, a claimed key or a damaged store: the locked path tells which
-                    ok = False
-                conn.commit()
-                if ok:
-                    self._remember(case_id, StoredHead(new.seq, new.digest, new.snapshot),
-                                   base=head, verified=head is None)
-                    return written
-        self._remember(case_id, None)
-        return None
+        cached = None if suspect else self._cached_head(case_id)
+        if cached is not None and continuing and not self._is_verified(case_id, cached):
+            cached = None
+        try:
+            written = self._append_tx(case_id, specs, tried, suspect, claim, within, fence,
+                                      guard, durable, continuing, cached)
+        except _HeadMoved:
+            self._remember(case_id, None)  # another writer moved it: read it, then again
+            return None
+        except _ClaimLost as lost:
+            owner = self.get_idempotency(lost.key)
+            if owner is None:
+                return None  # released meanwhile (never: a claim is kept for good); again
+            raise KeyAlreadyClaimed(owner) from None
+        except Exception as exc:
+            if not self._backend.is_unique_violation(exc):
+                raise
+            if cached is not None:  # the head moved on past the cached one: read it, again
+                self._remember(case_id, None)
+                return None
+            # an event at a seq the locked head says is free: the store was edited
+            with self._hot.transaction(write=False) as tx:
+                raise self._damaged(tx, case_id) from None
+        return written
 
-    def _append_locked(
+    def _append_tx(
         self,
         case_id: str,
         specs: list[EventSpec],
         tried: dict[str, list[Event]],
         suspect: dict[str, list[Event]] | None,
         claim: KeyClaim | None,
-        within: Callable[[Connection], None] | None = None,
-        fence: tuple[str, int] | None = None,
-        guard: Guard | None = None,
+        within: Within | None,
+        fence: tuple[str, int] | None,
+        guard: Guard | None,
+        durable: bool,
+        continuing: bool,
+        cached: StoredHead | None,
     ) -> list[Event]:
-        """The pessimistic path: lock the case row (SQLite: the database), then write."""
-        for _ in range(_MAX_ATTEMPTS):
-            with self._engine.connect() as conn, conn.begin() as tx:
-                head = self._backend.read_head(conn, case_id, lock=True)
-                landed = _landed(conn, case_id, suspect)
+        with self._hot.transaction(durable=durable) as tx:
+            if cached is not None:
+                head: StoredHead | None = cached
+            else:
+                head = self._read_head(tx, case_id, check=continuing)
+                landed = _landed_hot(tx, case_id, suspect)
                 if landed is not None:
                     return landed
-                if claim is not None:
-                    owner = _idempotency_record(conn, claim.key, lock=self._backend.lock_rows)
-                    if owner is not None:
-                        raise KeyAlreadyClaimed(owner)
-                if guard is not None:  # before anything is claimed: a refusal claims nothing
-                    guard(_parse_snapshot(case_id, head.snapshot) if head else None)
-                if within is not None:
-                    within(conn)
-                new, written, rows = self._build(case_id, head, specs, fence,
-                                                 self._closed_on(conn, case_id))
-                tried[new.digest] = written
+            if claim is not None:
+                row = tx.run(_CLAIM_KEY, self._claim_row(case_id, claim)).first()
+                if row is None:
+                    raise _ClaimLost(claim.key)
+            if guard is not None:  # before anything is claimed: a refusal claims nothing
                 try:
-                    ok = self._backend.write_chain(conn, head, new, rows,
-                                                   self._claim_row(case_id, claim))
-                except sa.exc.IntegrityError as exc:
-                    tx.rollback()
-                    # the key, claimed meanwhile by another case's append; else a damaged store
-                    owner = _idempotency_record(conn, claim.key) if claim is not None else None
-                    if owner is not None:
-                        raise KeyAlreadyClaimed(owner) from None
-                    raise self._damaged(conn, case_id, head) from exc
-                if ok:
-                    tx.commit()
-                    self._remember(case_id, StoredHead(new.seq, new.digest, new.snapshot),
-                                   base=head, verified=head is None)
-                    return written
-                tx.rollback()  # a new case created by someone else meanwhile: read it again
-        raise LedgerError(
-            f"could not append to case {case_id!r} after {_MAX_ATTEMPTS} attempts under "
-            "contention; retry the call",
-            case_id=case_id,
-        )
+                    guard(_parse_snapshot(case_id, head.snapshot) if head else None)
+                except CapgateError:
+                    if cached is not None:
+                        raise _HeadMoved from None  # refuse only on the stored state
+                    raise
+            if within is not None:
+                within(tx)
+            new, written, rows = self._build(case_id, head, specs, fence,
+                                             self._closed_in(tx, case_id))
+            tried[new.digest] = written
+            if head is None:
+                created = tx.run(_CREATE_CASE, _head_params(new))
+            else:
+                swapped = tx.run(_SWAP_HEAD, {**_head_params(new), "old_seq": head.seq,
+                                              "old_digest": head.digest,
+                                              "old_snapshot": head.snapshot})
+            tx.run_many(_INSERT_EVENT, rows)
+            ok = (created.first() is not None) if head is None else swapped.rowcount == 1
+            if not ok:
+                raise _HeadMoved
+        self._remember(case_id, StoredHead(new.seq, new.digest, new.snapshot), base=head,
+                       verified=head is None)
+        return written
+
+    def _read_head(self, tx: HotTx, case_id: str, *, check: bool) -> StoredHead | None:
+        """The case row (locked on PostgreSQL), verified when ``check`` and not trusted."""
+        row = tx.run(_HEAD_FOR_UPDATE if tx.backend.name == "postgresql" else _HEAD,
+                     {"case_id": case_id}).first()
+        if row is None:
+            return None
+        head = StoredHead(int(row[0]), str(row[1]), str(row[2]))
+        if check and not self._is_verified(case_id, head):
+            self._check_head(tx, case_id, head, row[3])
+        self._remember(case_id, head, verified=check)
+        return head
+
+    def _check_head(self, tx: HotTx, case_id: str, head: StoredHead,
+                    mac: str | None) -> None:
+        """The O(1) continuation check, inside the append's own transaction."""
+        found = tx.run(_HEAD_EVENT, {"case_id": case_id, "seq": head.seq}).first()
+        event = _event_from_values(found) if found is not None else None
+        state = _parse_snapshot(case_id, head.snapshot)
+        if event is not None and event.state_digest is None:
+            why = self._format1_problem(tx, case_id, head, mac)  # a migrated format-1 head
+        else:
+            why = "the head event is missing" if event is None else head_matches(
+                state, event, head.seq, head.digest)
+        if why is None and self._key is not None and (
+                mac is None or not hmac.compare_digest(mac, head_mac(self._key, head.digest))):
+            why = "the head's MAC does not match under the configured key"
+        if why is not None:
+            raise LedgerTampered(
+                f"case {case_id!r} cannot be continued: {why}; run `capgate ledger verify "
+                f"--case {case_id}` and do not continue the case until the cause is "
+                "understood", case_id=case_id,
+                findings=[Finding(case_id, head.seq, "snapshot_mismatch", why).to_dict()])
+
+    def _format1_problem(self, tx: HotTx, case_id: str, head: StoredHead,
+                         mac: str | None) -> str | None:
+        """A head written by format 1 records no state digest: replay the chain once."""
+        chain = [_event_from_values(r) for r in tx.run(_CASE_EVENTS, {"case_id": case_id}).all()]
+        findings = check_case(case_id, chain, CaseRow(head.snapshot, head.seq, head.digest, mac),
+                              self._key)
+        return None if not findings else ", ".join(sorted({f.kind for f in findings}))
+
+    def _is_verified(self, case_id: str, head: StoredHead) -> bool:
+        with self._heads_lock:
+            return self._verified.get(case_id) == head
 
     @staticmethod
-    def _closed_on(conn: Connection, case_id: str) -> ClosedLookup:
-        """A closed intent's full state, from its events by index, on ``conn``."""
+    def _closed_in(tx: HotTx, case_id: str) -> ClosedLookup:
+        """A closed intent's full state, from its events by index, in ``tx``."""
         def lookup(intent_id: str) -> dict[str, Any] | None:
-            return intent_states(_read_events(conn, case_id, intent_id)).get(intent_id)
+            rows = tx.run(_INTENT_EVENTS, {"case_id": case_id, "intent_id": intent_id}).all()
+            return intent_states([_event_from_values(r) for r in rows]).get(intent_id)
         return lookup
 
     def _claim_row(self, case_id: str, claim: KeyClaim | None) -> dict[str, Any] | None:
@@ -769,18 +879,20 @@ class Ledger:
                 "fingerprint": claim.fingerprint, "operation_id": claim.operation_id,
                 "version": int(claim.version), "created_at": format_time(self._now())}
 
-    def _damaged(self, conn: Connection, case_id: str, head: StoredHead | None) -> LedgerTampered:
+    def _damaged(self, tx: HotTx, case_id: str) -> LedgerTampered:
         """The error for an event key that exists although the case head says it cannot."""
-        if head is None:
+        row = tx.run(_HEAD, {"case_id": case_id}).first()
+        if row is None:
             finding = Finding(
                 case_id, None, "case_missing", "events exist but the cg_cases row is missing"
             )
         else:
             finding = Finding(
                 case_id,
-                head.seq + 1,
+                int(row[0]) + 1,
                 "head_mismatch",
-                f"an event with seq {head.seq + 1} exists beyond the case head (seq {head.seq})",
+                f"an event with seq {int(row[0]) + 1} exists beyond the case head "
+                f"(seq {row[0]})",
             )
         return LedgerTampered(
             f"cannot append to case {case_id!r}: {finding.detail}; run `capgate ledger verify "
@@ -1442,13 +1554,13 @@ class Ledger:
         every unused one has expired) or ApprovalUsed (every approval is used).
         """
         _check_id("intent_id", intent_id)
-        with self._guard("consume an approval"), self._write_one.begin() as conn:
-            return self.consume_approval_on(conn, plan_hash, intent_id, now,
+        with self.transaction("consume an approval") as tx:
+            return self.consume_approval_on(tx, plan_hash, intent_id, now,
                                             exclude_approver=exclude_approver, accept=accept)
 
     def consume_approval_on(
         self,
-        conn: Connection,
+        tx: HotTx,
         plan_hash: str,
         intent_id: str,
         now: datetime | None = None,
@@ -1472,15 +1584,14 @@ class Ledger:
         _check_id("intent_id", intent_id)
         moment = format_time(self._now(now))
         for _ in range(_MAX_ATTEMPTS):
-            rows = conn.execute(_approvals_of(plan_hash)).all()
+            rows = [_Row(m) for m in tx.run(_APPROVALS_OF, {"plan_hash": plan_hash}).mappings()]
             for row in rows:
                 if row.used_by_intent == intent_id:
-                    return _approval_record(dict(row._mapping))
+                    return _approval_record(row.values)
             valid = [r for r in rows if r.used_by_intent is None and r.expires_at > moment]
             usable = [r for r in valid if r.approver != exclude_approver]
             if accept is not None and usable:
-                rejected = {r.approval_id: accept(_approval_record(dict(r._mapping)))
-                            for r in usable}
+                rejected = {r.approval_id: accept(_approval_record(r.values)) for r in usable}
                 trusted = [r for r in usable if rejected[r.approval_id] is None]
                 if not trusted:
                     raise ApprovalNotAuthenticated(
@@ -1497,18 +1608,11 @@ class Ledger:
                     approver=exclude_approver,
                 )
             if not usable:
-                raise self._no_approval(conn, plan_hash, rows)
-            won = conn.execute(
-                sa.update(approvals)
-                .where(
-                    approvals.c.approval_id == usable[0].approval_id,
-                    approvals.c.used_by_intent.is_(None),
-                    approvals.c.expires_at > moment,
-                )
-                .values(used_by_intent=intent_id, used_at=moment)
-            ).rowcount
+                raise self._no_approval(tx, plan_hash, rows)
+            won = tx.run(_USE_APPROVAL, {"approval_id": usable[0].approval_id,
+                                         "intent_id": intent_id, "moment": moment}).rowcount
             if won == 1:
-                values = dict(usable[0]._mapping)
+                values = dict(usable[0].values)
                 values.update(used_by_intent=intent_id, used_at=moment)
                 return _approval_record(values)
         raise LedgerError(
@@ -1517,12 +1621,11 @@ class Ledger:
         )
 
     def _no_approval(
-        self, conn: Connection, plan_hash: str, rows: Sequence[sa.Row[Any]]
+        self, tx: HotTx, plan_hash: str, rows: Sequence[_Row]
     ) -> CapgateError:
         if not rows:
-            if conn.execute(
-                sa.select(plans.c.plan_hash).where(plans.c.plan_hash == plan_hash)
-            ).first() is None:
+            if tx.run("SELECT plan_hash FROM cg_plans WHERE plan_hash = :plan_hash",
+                      {"plan_hash": plan_hash}).first() is None:
                 return UnknownPlan(
                     f"no plan with hash {plan_hash!r} was recorded; run `capgate plan` first",
                     plan_hash=plan_hash,
@@ -1599,6 +1702,104 @@ def _parse_snapshot(case_id: str, text: str) -> dict[str, Any]:
 
 # --- row helpers --------------------------------------------------------------
 
+
+class _Row:
+    """A row as a mapping with attribute access (the hot path's approvals)."""
+
+    def __init__(self, values: Mapping[str, Any]) -> None:
+        self.values = dict(values)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self.values[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+_APPROVALS_OF = (
+    "SELECT a.approval_id, a.plan_hash, a.approver, a.role, a.created_at, a.expires_at, "
+    "a.used_by_intent, a.used_at, p.public_key, p.signature FROM cg_approvals a "
+    "LEFT OUTER JOIN cg_approval_proofs p ON p.approval_id = a.approval_id "
+    "WHERE a.plan_hash = :plan_hash ORDER BY a.created_at, a.approval_id")
+_USE_APPROVAL = ("UPDATE cg_approvals SET used_by_intent = :intent_id, used_at = :moment "
+                 "WHERE approval_id = :approval_id AND used_by_intent IS NULL "
+                 "AND expires_at > :moment")
+
+
+class _HeadMoved(Exception):
+    """Internal: the cached head was not the stored one; the attempt rolled back."""
+
+
+class _ClaimLost(Exception):
+    """Internal: the idempotency key is another intent's; the attempt rolled back."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+Within = Callable[[HotTx], None]
+"""Runs inside an append's transaction (claims, approval consumption); raises to undo it."""
+
+_EVENT_COLUMNS = ("case_id, seq, kind, intent_id, payload, prev_digest, digest, recorded_at, "
+                  "state_digest")
+_HEAD = ("SELECT head_seq, head_digest, snapshot, head_mac FROM cg_cases "
+         "WHERE case_id = :case_id")
+_HEAD_FOR_UPDATE = _HEAD + " FOR UPDATE"
+_HEAD_EVENT = f"SELECT {_EVENT_COLUMNS} FROM cg_events WHERE case_id = :case_id AND seq = :seq"
+_CASE_EVENTS = f"SELECT {_EVENT_COLUMNS} FROM cg_events WHERE case_id = :case_id ORDER BY seq"
+_INTENT_EVENTS = (f"SELECT {_EVENT_COLUMNS} FROM cg_events WHERE case_id = :case_id "
+                  "AND intent_id = :intent_id ORDER BY seq")
+_INSERT_EVENT = (f"INSERT INTO cg_events ({_EVENT_COLUMNS}) VALUES (:case_id, :seq, :kind, "
+                 ":intent_id, :payload, :prev_digest, :digest, :recorded_at, :state_digest)")
+_CREATE_CASE = ("INSERT INTO cg_cases (case_id, snapshot, head_seq, head_digest, head_mac, "
+                "updated_at) VALUES (:case_id, :snapshot, :head_seq, :head_digest, :head_mac, "
+                ":updated_at) ON CONFLICT (case_id) DO NOTHING RETURNING case_id")
+_SWAP_HEAD = ("UPDATE cg_cases SET snapshot = :snapshot, head_seq = :head_seq, "
+              "head_digest = :head_digest, head_mac = :head_mac, updated_at = :updated_at "
+              "WHERE case_id = :case_id AND head_seq = :old_seq AND head_digest = :old_digest "
+              "AND snapshot = :old_snapshot")
+_CLAIM_KEY = ("INSERT INTO cg_idempotency (idem_key, case_id, intent_id, fingerprint, "
+              "operation_id, version, created_at) VALUES (:idem_key, :case_id, :intent_id, "
+              ":fingerprint, :operation_id, :version, :created_at) "
+              "ON CONFLICT (idem_key) DO NOTHING RETURNING idem_key")
+_LANDED = "SELECT digest FROM cg_events WHERE case_id = :case_id AND digest = :digest"
+
+
+def _head_params(new: NewHead) -> dict[str, Any]:
+    return {"case_id": new.case_id, "snapshot": new.snapshot, "head_seq": new.seq,
+            "head_digest": new.digest, "head_mac": new.mac, "updated_at": new.updated_at}
+
+
+def _event_from_values(row: Sequence[Any]) -> Event:
+    """An Event from a row of :data:`_EVENT_COLUMNS` (a payload that is not a JSON object
+    is kept as text under ``unreadable_payload``: it will not verify)."""
+    try:
+        payload = json.loads(row[4])
+    except ValueError:
+        payload = None
+    if not isinstance(payload, dict):
+        payload = {"unreadable_payload": str(row[4])}
+    return Event(str(row[0]), int(row[1]), str(row[2]), row[3], payload, str(row[5]),
+                 str(row[6]), str(row[7]), row[8])
+
+
+def _landed_hot(tx: HotTx, case_id: str,
+                tried: dict[str, list[Event]] | None) -> list[Event] | None:
+    """The events of an earlier attempt of this append that reached the store, if any.
+
+    Only asked after a lost connection.  Every attempt's last digest is unique
+    (it covers ``recorded_at``), so finding one proves that attempt committed
+    and that retrying would record the events twice.  Read after the head
+    (under its lock), so an attempt that commits later could only do so on
+    the head just read, and then our own write fails and the next round finds it.
+    """
+    for digest, written in (tried or {}).items():
+        if tx.run(_LANDED, {"case_id": case_id, "digest": digest}).first() is not None:
+            return written
+    return None
+
+
 _HEAD_WITH_EVENT = sa.select(
     cases.c.head_seq, cases.c.head_digest, cases.c.snapshot, cases.c.head_mac,
     events.c.case_id, events.c.seq, events.c.kind, events.c.intent_id, events.c.payload,
@@ -1670,28 +1871,6 @@ def _read_events(conn: Connection, case_id: str, intent_id: str | None = None) -
             )
         out.append(event)
     return out
-
-
-def _landed(
-    conn: Connection, case_id: str, tried: dict[str, list[Event]] | None
-) -> list[Event] | None:
-    """The events of an earlier attempt of this append that reached the store, if any.
-
-    Only asked after a lost connection.  Every attempt's last digest is unique
-    (it covers ``recorded_at``), so finding one proves that attempt committed
-    and that retrying would record the events twice.  Reading this after the
-    head (and, on the locked path, under the row lock) leaves no window: an
-    attempt that commits later could only do so on the head we just read, and
-    then our own compare-and-swap fails and the next round finds it.
-    """
-    if not tried:
-        return None
-    found = conn.execute(
-        sa.select(events.c.digest).where(
-            events.c.case_id == case_id, events.c.digest.in_(list(tried))
-        )
-    ).first()
-    return None if found is None else tried[found.digest]
 
 
 def _idempotency_record(

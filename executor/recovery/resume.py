@@ -30,8 +30,6 @@ read why a case did or did not continue.
 from __future__ import annotations
 
 import contextlib
-import os
-import socket
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -293,32 +291,9 @@ def _free_dead_sessions(executor: Executor, intent_ids: Sequence[str]) -> None:
     its session is still open); slots held elsewhere expire on their own.
     """
     from executor import budget
-    from executor.ledger.schema import budget_slots as table
 
-    here = socket.gethostname()
-    store = budget.slot_store(executor).store
-    with contextlib.suppress(LedgerError), \
-            store.write("free the budget slots of dead sessions", many=True) as conn:
-        for i in range(0, len(intent_ids), 500):
-            rows = conn.execute(sa.select(table.c.ticket, table.c.holder).where(
-                table.c.intent_id.in_(intent_ids[i:i + 500]), table.c.ticket.is_not(None)))
-            dead = {ticket for ticket, holder in rows if _dead_local(str(holder or ""), here)}
-            for ticket in dead:
-                conn.execute(sa.update(table).where(table.c.ticket == ticket).values(
-                    ticket=None, case_id=None, intent_id=None, holder=None, expires_at=0))
-
-
-def _dead_local(holder: str, here: str) -> bool:
-    host, _, pid = holder.rpartition(":")
-    if host != here or not pid.isdigit():
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
-    except OSError:
-        return False
-    return False
+    with contextlib.suppress(LedgerError):
+        budget.slot_store(executor).free_dead(intent_ids)
 
 
 def _release_claims(executor: Executor, intent_ids: Sequence[str]) -> None:
@@ -331,17 +306,11 @@ def _release_claims(executor: Executor, intent_ids: Sequence[str]) -> None:
     since names another intent and is not touched.
     """
     from executor import claims
-    from executor.ledger.schema import claims as table
 
     if not intent_ids or not claims.claims_enabled(executor):
         return
-    store = claims.store_for(executor).store
-    with contextlib.suppress(LedgerError), \
-            store.write("release the claims of settled intents", many=True) as conn:
-        for i in range(0, len(intent_ids), 500):
-            conn.execute(sa.update(table).where(table.c.intent_id.in_(intent_ids[i:i + 500]))
-                         .values(case_id=None, intent_id=None, operation_id=None, holder=None,
-                                 expires_at=0))
+    with contextlib.suppress(LedgerError):
+        claims.store_for(executor).release_intents(intent_ids)
 
 
 # --- loading ---------------------------------------------------------------------
