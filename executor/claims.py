@@ -86,7 +86,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from executor.context import CallContext, Rollback
@@ -555,21 +554,21 @@ def target_fence(ctx: CallContext, conn: Connection, claim: HeldClaim,
     tokens are only comparable within the ledger that issued them.
     """
     dialect = ctx.connector.dialect
-    upsert = sa.text(dialect.sql(_FENCE_UPSERT.get(dialect.name, _FENCE_UPSERT["postgresql"]),
-                                 ctx.tag))
-    read = sa.text(dialect.sql(_FENCE_READ, ctx.tag))
+    upsert = _FENCE_UPSERT.get(dialect.name, _FENCE_UPSERT["postgresql"])
     for key, token in sorted(claim.tokens.items()):
         binds = {"h": key_hash(f"{namespace}\n{key}" if namespace else key), "k": key[:400],
                  "t": token, "i": ctx.intent_id}
-        result = conn.execute(upsert, binds)
+        result = dialect.execute(conn, upsert, binds, ctx.tag)
         if dialect.name in ("postgresql", "sqlite"):
-            moved = result.first() is not None
-            found = None if moved else conn.execute(read, {"h": binds["h"]}).first()
+            moved = result.fetchone() is not None
+            found = None if moved else dialect.execute(
+                conn, _FENCE_READ, {"h": binds["h"]}, ctx.tag).fetchone()
         elif dialect.name == "oracle":
             moved = result.rowcount == 1
-            found = None if moved else conn.execute(read, {"h": binds["h"]}).first()
+            found = None if moved else dialect.execute(
+                conn, _FENCE_READ, {"h": binds["h"]}, ctx.tag).fetchone()
         else:  # the row is ours now (locked by the upsert): is the token ours too?
-            found = conn.execute(read, {"h": binds["h"]}).first()
+            found = dialect.execute(conn, _FENCE_READ, {"h": binds["h"]}, ctx.tag).fetchone()
             moved = found is not None and int(found[0]) == token \
                 and str(found[1]) == ctx.intent_id
         if moved:

@@ -49,8 +49,8 @@ _MARKER_BY_KEY = (f"SELECT intent_id, case_id, fingerprint, attempt, operation_i
 
 def counted(ctx: CallContext, conn: sa.Connection, sql: str, counts: list[int]) -> int:
     """One write statement; its count is appended to ``counts`` (the evidence) at once."""
-    n: int = conn.execute(sa.text(ctx.connector.dialect.sql(sql, ctx.tag)),
-                          binds_for(sql, ctx.inputs)).rowcount
+    cursor = ctx.connector.dialect.execute(conn, sql, binds_for(sql, ctx.inputs), ctx.tag)
+    n = int(cursor.rowcount)
     counts.append(n)
     return n
 
@@ -68,9 +68,8 @@ def expect_count(n: int, expect_rows: ExpectRows | None, sql: str, where: dict[s
 def checked(ctx: CallContext, conn: sa.Connection, name: str, sql: str,
             expect: Any) -> CheckResult:
     """One check query in the open transaction, evaluated against its expectation."""
-    rows = conn.execute(sa.text(ctx.connector.dialect.sql(sql, ctx.tag)),
-                        binds_for(sql, ctx.inputs)).fetchmany(1001)
-    return evaluate(name, expect, rows)
+    cursor = ctx.connector.dialect.execute(conn, sql, binds_for(sql, ctx.inputs), ctx.tag)
+    return evaluate(name, expect, cursor.fetchmany(1001))
 
 
 def run_statements(ctx: CallContext, conn: sa.Connection, evidence: dict[str, Any],
@@ -102,9 +101,9 @@ def verify_and_replay(ctx: CallContext, conn: sa.Connection, evidence: dict[str,
     replay = ctx.row.replay
     if replay is not None:
         cap = replay.max_rows or 100
-        res = conn.execute(sa.text(ctx.connector.dialect.sql(replay.sql, ctx.tag)),
-                           binds_for(replay.sql, ctx.inputs))
-        columns = list(res.keys())
+        res = ctx.connector.dialect.execute(conn, replay.sql, binds_for(replay.sql, ctx.inputs),
+                                            ctx.tag)
+        columns = [d[0] for d in res.description or ()]
         rows = res.fetchmany(cap)
         evidence["replay"] = {"columns": columns, "rows": jsonable([list(r) for r in rows])}
         if replay.expect is not None:

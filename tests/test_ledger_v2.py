@@ -447,3 +447,51 @@ def test_fold_of_a_migrated_case_is_its_snapshot(tmp_path: Path,
         for case_id in V1_MANIFEST["cases"]:
             assert led.snapshot(case_id) == fold(led.events(case_id))
         assert uuid.UUID(str(next(iter(led.intents("V1-OPEN")))))
+
+
+# --- serialising once gives the very bytes of serialising whole -------------------------
+
+
+def test_digests_from_parts_are_the_canonical_digests() -> None:
+    """The hot path builds event digests and snapshots from canonical parts; a property
+    test holds them to the plain, whole-object functions (RFC 8785 bytes)."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from executor.ledger.chain import (
+        event_digest,
+        event_digest_of_text,
+        snapshot_text,
+        state_digest,
+        state_parts,
+    )
+
+    scalars = st.one_of(st.none(), st.booleans(), st.integers(-(2**53) + 1, 2**53 - 1),
+                        st.floats(min_value=-1e15, max_value=1e15, allow_nan=False),
+                        st.text(max_size=12))
+    json_values = st.recursive(scalars, lambda inner: st.one_of(
+        st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=6), inner, max_size=4)),
+        max_leaves=20)
+
+    @settings(max_examples=300, deadline=None)
+    @given(payload=st.dictionaries(st.text(max_size=8), json_values, max_size=5),
+           intents=st.dictionaries(st.text(min_size=1, max_size=6),
+                                   st.dictionaries(st.text(max_size=5), json_values,
+                                                   max_size=3), max_size=3),
+           intent=st.one_of(st.none(), st.text(min_size=1, max_size=8)),
+           sd=st.one_of(st.none(), st.just("sha256:" + "a" * 64)))
+    def check(payload: dict[str, Any], intents: dict[str, Any], intent: str | None,
+              sd: str | None) -> None:
+        text = canonical_text(payload)
+        fields = {"case_id": "c\u00e9", "seq": 7, "kind": "observed", "intent_id": intent,
+                  "prev_digest": "sha256:" + "0" * 64, "recorded_at": "2026-12-01T00:00:00Z",
+                  "state_digest": sd}
+        assert event_digest_of_text(payload_text=text, **fields) == event_digest(
+            payload=json.loads(text), **fields)
+        state = {"case_id": "c", "head_seq": 3, "head_digest": "d", "case": payload,
+                 "intents": intents, "intent_count": 2, "last": {"intent_id": intent}}
+        parts, digest = state_parts(state)
+        assert digest == state_digest(state)
+        assert snapshot_text(state, parts) == canonical_text(state)
+
+    check()

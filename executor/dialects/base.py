@@ -7,8 +7,10 @@ so code that needs a commit-outcome probe says so instead of guessing.
 
 from __future__ import annotations
 
+import functools
 import re
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -57,6 +59,15 @@ class TxDeadline:
 
     def left(self) -> float:
         return self.deadline - time.monotonic()
+
+
+_NAMED = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
+
+
+@functools.lru_cache(maxsize=4096)
+def _pyformat(text: str) -> str:
+    """``:name`` binds as ``%(name)s`` (psycopg, PyMySQL), a literal ``%`` doubled."""
+    return _NAMED.sub(r"%(\1)s", text.replace("%", "%%"))
 
 
 def rearm_before_statement(conn: Any, cursor: Any, statement: str, parameters: Any,
@@ -184,6 +195,45 @@ class Dialect:
     def sql(self, text: str, tag: SessionTag | None) -> str:
         """The SQL as sent; dialects without a session label prefix a comment."""
         return text
+
+    driver_paramstyle: ClassVar[str] = "named"
+    """How the driver takes binds: ``named`` (``:name``: sqlite3, python-oracledb) or
+    ``pyformat`` (``%(name)s``: psycopg, PyMySQL)."""
+
+    def execute(self, conn: sa.Connection, text: str, params: Mapping[str, Any],
+                tag: SessionTag | None = None) -> Any:
+        """Run one statement of a row on the driver's own cursor; the cursor is returned.
+
+        A call's statements go straight to the driver (SQLAlchemy would compile,
+        cache-look-up and wrap each one).  The server's timeouts are re-armed
+        first, as :func:`rearm_before_statement` does for statements sent through
+        SQLAlchemy; a driver error is raised as SQLAlchemy's ``DBAPIError``, the
+        connection invalidated when the driver says it is gone -- exactly what
+        the same statement through SQLAlchemy would raise.
+        """
+        native = _pyformat(text) if self.driver_paramstyle == "pyformat" else text
+        sql = self.sql(native, tag)
+        fairy = conn.connection
+        raw = fairy.driver_connection
+        assert raw is not None, "a statement on a closed connection"
+        cursor = raw.cursor()
+        binds = dict(params)
+        # SQLAlchemy's own statement event still fires (the engine's re-arming listener,
+        # and whatever instrumentation a user attached): the statement is still seen
+        conn.dispatch.before_cursor_execute(conn, cursor, sql, binds, None, False)
+        try:
+            cursor.execute(sql, binds)
+        except Exception as exc:
+            dbapi = conn.dialect.loaded_dbapi
+            if not isinstance(exc, dbapi.Error):
+                raise
+            gone = bool(conn.dialect.is_disconnect(exc, fairy.dbapi_connection, cursor))
+            if gone:
+                conn.invalidate(exc)
+            raise sa.exc.DBAPIError.instance(sql, binds, exc, dbapi.Error,
+                                              connection_invalidated=gone,
+                                              dialect=conn.dialect) from exc
+        return cursor
 
     def begin_write(self, conn: sa.Connection, tag: SessionTag, timeout_s: float,
                     lock_timeout_s: float | None,

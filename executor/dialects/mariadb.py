@@ -36,6 +36,7 @@ _IDENTITY = sa.text(
 
 
 class MariadbDialect(Dialect):
+    driver_paramstyle: ClassVar[str] = "pyformat"
     name: ClassVar[str] = "mariadb"
     server_side_lease: ClassVar[bool] = True
 

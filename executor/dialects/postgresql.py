@@ -71,6 +71,7 @@ def _ms(seconds: float) -> str:
 
 
 class PostgresqlDialect(Dialect):
+    driver_paramstyle: ClassVar[str] = "pyformat"
     name: ClassVar[str] = "postgresql"
     transactional_ddl: ClassVar[bool] = True
     commit_outcome_probe: ClassVar[bool] = True

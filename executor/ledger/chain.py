@@ -28,10 +28,13 @@ import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from json.encoder import encode_basestring as _encode_string
 from typing import Any, Final
 
 from registry.canonical import canonical_bytes, canonical_hash
 from registry.errors import LedgerError
+
+_SAFE_INT = 2**53 - 1
 
 GENESIS_DIGEST: Final = "sha256:" + "0" * 64
 """The ``prev_digest`` of every case's first event (seq 0)."""
@@ -212,6 +215,93 @@ def head_mac(key: bytes, head_digest: str) -> str:
 def canonical_text(value: Any) -> str:
     """Canonical JSON as text: how payloads and snapshots are stored."""
     return canonical_bytes(value).decode("utf-8")
+
+
+def _object_text(parts: Mapping[str, str]) -> str:
+    """Canonical JSON of an object from its members' canonical texts.
+
+    RFC 8785 orders members by their names' UTF-16 code units; every name here
+    is ASCII, where that is plain string order.  Building the text from parts
+    lets a payload (or a snapshot's intents) be serialised once and reused for
+    the stored text, the event digest and the state digest.
+    """
+    return "{" + ",".join(f'"{k}":{parts[k]}' for k in sorted(parts)) + "}"
+
+
+def _scalar(value: str | int | None) -> str:
+    """Canonical JSON of a string, a safe integer or None (RFC 8785 agrees with the
+    standard library's string escaping; the final UTF-8 encoding refuses a lone
+    surrogate, which the caller sends the slow way)."""
+    if value is None:
+        return "null"
+    if type(value) is int and -_SAFE_INT <= value <= _SAFE_INT:
+        return str(value)
+    if type(value) is str:
+        return _encode_string(value)
+    return canonical_text(value)
+
+
+def event_digest_of_text(*, case_id: str, seq: int, kind: str, intent_id: str | None,
+                         payload_text: str, prev_digest: str, recorded_at: str,
+                         state_digest: str | None = None) -> str:
+    """:func:`event_digest`, with the payload already in canonical text (the same bytes)."""
+    parts = {"case_id": _scalar(case_id), "seq": _scalar(seq), "kind": _scalar(kind),
+             "intent_id": _scalar(intent_id), "payload": payload_text,
+             "prev_digest": _scalar(prev_digest), "recorded_at": _scalar(recorded_at)}
+    if state_digest is not None:
+        parts["state_digest"] = _scalar(state_digest)
+    try:
+        data = _object_text(parts).encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: let the reference implementation judge
+        return event_digest(case_id=case_id, seq=seq, kind=kind, intent_id=intent_id,
+                            payload=json.loads(payload_text), prev_digest=prev_digest,
+                            recorded_at=recorded_at, state_digest=state_digest)
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+_STATE_KEYS = frozenset({"case_id", "case", "intents", "last", "intent_count",
+                         "head_seq", "head_digest"})
+
+
+def state_parts(state: Mapping[str, Any]) -> tuple[dict[str, str] | None, str]:
+    """The state's members as canonical texts (None for a state of unknown shape), and
+    its :func:`state_digest` -- each part serialised once."""
+    if set(state) - _STATE_KEYS:
+        return None, state_digest(state)
+    parts = {"case_id": _scalar(state["case_id"]), "case": canonical_text(state["case"]),
+             "intents": canonical_text(state["intents"]),
+             "last": canonical_text(state.get("last")),
+             "intent_count": _scalar(state.get("intent_count"))}
+    try:
+        data = _object_text(parts).encode("utf-8")
+    except UnicodeEncodeError:
+        return None, state_digest(state)
+    return parts, "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def snapshot_text(state: Mapping[str, Any], parts: Mapping[str, str] | None) -> str:
+    """The snapshot's canonical text, reusing :func:`state_parts` (its head added)."""
+    if parts is None:
+        return canonical_text(state)
+    return _object_text(dict(parts, head_seq=_scalar(state["head_seq"]),
+                             head_digest=_scalar(state["head_digest"])))
+
+
+def normalise_payload_text(payload: Mapping[str, Any], *,
+                           intent_id: str | None) -> tuple[dict[str, Any], str]:
+    """:func:`normalise_payload`, and the payload's canonical text (serialised once)."""
+    if not isinstance(payload, Mapping):
+        raise LedgerError(f"an event payload must be a JSON object, not {type(payload).__name__}")
+    try:
+        text = canonical_text(dict(payload))
+        plain: dict[str, Any] = json.loads(text)
+    except Exception as exc:
+        raise LedgerError(
+            f"the event payload is not plain JSON data ({type(exc).__name__}: {exc}); "
+            "use dicts, lists, strings, booleans, None and numbers within +/-2**53"
+        ) from None
+    _check_shape(plain, intent_id)
+    return plain, text
 
 
 def normalise_payload(payload: Mapping[str, Any], *, intent_id: str | None) -> dict[str, Any]:

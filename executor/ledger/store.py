@@ -86,15 +86,18 @@ from executor.ledger.chain import (
     digest_of,
     empty_state,
     event_digest,
+    event_digest_of_text,
     fold,
     format_time,
     head_mac,
     head_matches,
     intent_states,
     is_open_status,
-    normalise_payload,
+    normalise_payload_text,
     parse_time,
+    snapshot_text,
     state_digest,
+    state_parts,
 )
 from executor.ledger.migrate import (
     MigrationReport,
@@ -175,6 +178,8 @@ _CHUNK = 500
 
 EventSpec = tuple[str, Mapping[str, Any], str | None]
 """``(kind, payload, intent_id)`` for :meth:`Ledger.append_many`."""
+_Spec = tuple[str, dict[str, Any], str | None, str]
+"""An EventSpec normalised: ``(kind, payload, intent_id, payload as canonical text)``."""
 Guard = Callable[[Mapping[str, Any] | None], None]
 """Sees the case state an append follows (None: a new case); refuses by raising."""
 
@@ -687,12 +692,13 @@ class Ledger:
         on a verified state; LedgerTampered when it does not hold.
         """
         _check_id("case_id", case_id)
-        specs: list[EventSpec] = []
+        specs: list[_Spec] = []
         for kind, payload, intent_id in items:
             _check_id("kind", kind)
             if intent_id is not None:
                 _check_id("intent_id", intent_id)
-            specs.append((kind, normalise_payload(payload, intent_id=intent_id), intent_id))
+            plain, text = normalise_payload_text(payload, intent_id=intent_id)
+            specs.append((kind, plain, intent_id, text))
         if not specs:
             return []
         tried: dict[str, list[Event]] = {}
@@ -724,7 +730,7 @@ class Ledger:
     def _append_once(
         self,
         case_id: str,
-        specs: list[EventSpec],
+        specs: list[_Spec],
         tried: dict[str, list[Event]],
         suspect: dict[str, list[Event]] | None,
         claim: KeyClaim | None,
@@ -770,7 +776,7 @@ class Ledger:
     def _append_tx(
         self,
         case_id: str,
-        specs: list[EventSpec],
+        specs: list[_Spec],
         tried: dict[str, list[Event]],
         suspect: dict[str, list[Event]] | None,
         claim: KeyClaim | None,
@@ -905,7 +911,7 @@ class Ledger:
         self,
         case_id: str,
         head: StoredHead | None,
-        specs: list[EventSpec],
+        specs: list[_Spec],
         fence: tuple[str, int] | None = None,
         closed: ClosedLookup | None = None,
         guard: Callable[[Mapping[str, Any] | None], None] | None = None,
@@ -929,7 +935,8 @@ class Ledger:
             _check_fence(case_id, state, *fence, closed=closed)
         written: list[Event] = []
         rows: list[dict[str, Any]] = []
-        for kind, payload, intent_id in specs:
+        parts: dict[str, str] | None = None
+        for kind, payload, intent_id, text in specs:
             draft = Event(case_id, seq, kind, intent_id, payload, prev, "", recorded_at)
             try:
                 state = apply_event(state, draft, closed)
@@ -939,13 +946,13 @@ class Ledger:
                     f"`capgate ledger verify --case {case_id}`",
                     case_id=case_id,
                 ) from None
-            after = state_digest(state)
-            digest = event_digest(
+            parts, after = state_parts(state)
+            digest = event_digest_of_text(
                 case_id=case_id,
                 seq=seq,
                 kind=kind,
                 intent_id=intent_id,
-                payload=payload,
+                payload_text=text,
                 prev_digest=prev,
                 recorded_at=recorded_at,
                 state_digest=after,
@@ -960,7 +967,7 @@ class Ledger:
                     "seq": seq,
                     "kind": kind,
                     "intent_id": intent_id,
-                    "payload": canonical_text(payload),
+                    "payload": text,
                     "prev_digest": prev,
                     "digest": digest,
                     "recorded_at": recorded_at,
@@ -969,12 +976,13 @@ class Ledger:
             )
             seq, prev = seq + 1, digest
         last = written[-1]
+        assert state is not None
         new = NewHead(
             case_id=case_id,
             seq=last.seq,
             digest=last.digest,
             mac=head_mac(self._key, last.digest) if self._key is not None else None,
-            snapshot=canonical_text(state),
+            snapshot=snapshot_text(state, parts),
             updated_at=recorded_at,
         )
         return new, written, rows
