@@ -550,3 +550,39 @@ def test_a_required_oracle_that_is_missing_fails_loudly(tmp_path: Path) -> None:
     assert "required database unavailable: oracle: no CAPGATE_TEST_ORACLE_DSN and no Docker " \
            "daemon" in said, said
     assert "DeprecationWarning" not in said and "Traceback" not in said
+
+
+# --- the CI job that proves it where Docker runs ----------------------------------------------
+
+
+def test_the_oracle_ci_job_runs_every_oracle_suite_and_requires_oracle() -> None:
+    import yaml
+
+    workflow = yaml.safe_load((ROOT / "docs" / "ci" / "oracle.yml").read_text("utf-8"))
+    job = workflow["jobs"]["oracle"]
+    assert job["services"]["oracle"]["image"].startswith("gvenzl/oracle-free")
+    assert job["env"]["CAPGATE_REQUIRE_DBS"] == "oracle"
+    dsn = make_url(job["env"]["CAPGATE_TEST_ORACLE_DSN"])
+    assert dsn.get_backend_name() == "oracle" and dsn.port == 1521
+    assert dsn.password == job["services"]["oracle"]["env"]["ORACLE_PASSWORD"]
+    command = " ".join(step.get("run", "") for step in job["steps"])
+    suites = re.findall(r"tests/\S+\.py", command)
+    on_disk = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "tests").glob("test_*.py")
+                     if "oracle" in p.name)
+    assert sorted(suites) == on_disk  # every Oracle suite, and only existing files
+
+
+def test_the_readme_oracle_connector_reads_cleanly(tmp_path: Path) -> None:
+    """The README's Oracle example (a TNS alias, a wallet, current_schema) is valid."""
+    from capgate.config import read_settings
+
+    text = (ROOT / "README.md").read_text("utf-8")
+    (block,) = [b for b in re.findall(r"```toml\n(.*?)```", text, re.S)
+                if "[connectors.insis]" in b]
+    (tmp_path / "capgate.toml").write_text(block, "utf-8")
+    settings, problems = read_settings(tmp_path / "capgate.toml", {})
+    assert problems == []
+    config = settings.connectors["insis"]
+    assert config.current_schema == "INSIS"
+    assert config.connect_args["wallet_password"] == {"env": "INSIS_WALLET_PW"}
+    assert make_url(config.url).host == "insis_high" and make_url(config.url).port is None
