@@ -303,6 +303,8 @@ class DdlService:
         try:
             budgets = budgets_of(self.executor)
         except LookupError:  # an executor without budgets
+            budgets = None
+        if budgets is None or cfg.name not in self.executor.connectors.names():
             yield
             return
         connector = self.executor.connectors.get(cfg.name)

@@ -229,6 +229,21 @@ def test_liveness_asks_gv_session_by_serial_in_thin_and_by_audsid_in_thick() -> 
     assert seen[0][1] == {"inst": 2, "sid": 271, "serial": 4711}
     assert seen[1][1] == {"inst": 2, "sid": 271, "audsid": 998877}
     assert thin.may_commit is True and thick.serial == 4711
+    # not found by serial (Thin): gone; not found by AUDSID (Thick): IS_SESSION_ALIVE decides
+    asked: list[str] = []
+
+    class Missing:
+        def execute(self, statement: Any, binds: dict[str, Any] | None = None) -> Any:
+            asked.append(str(statement))
+            return types.SimpleNamespace(first=lambda: None, out_parameters={"alive": 1})
+
+    gone = dialect.session_facts(Missing(), ora.OracleDialect.identity_of(  # type: ignore[arg-type]
+        _Thin(), OUT, tag))
+    assert gone.alive is False and asked == [ora.SESSION_BY_SERIAL]
+    unsure = dialect.session_facts(Missing(), ora.OracleDialect.identity_of(  # type: ignore[arg-type]
+        _Thick(), OUT, tag))
+    assert unsure.alive is True and unsure.ours is None and unsure.source == "dbms_session"
+    assert asked[1:] == [ora.SESSION_BY_AUDSID, ora.ALIVE_BLOCK]
     assert ora.SessionFacts(True, ours=False, in_transaction=True).may_commit is False
     assert ora.SessionFacts(True, ours=True, in_transaction=False).may_commit is False
     assert ora.SessionFacts(False).may_commit is False

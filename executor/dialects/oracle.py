@@ -511,7 +511,10 @@ class OracleDialect(Dialect):
         looked up in ``GV$SESSION`` (by ``AUDSID``) when resume needs it.
         """
         thin = bool(raw.thin)
-        ltxid = bytes(raw.ltxid or b"").hex() or None
+        try:
+            ltxid = bytes(raw.ltxid or b"").hex() or None
+        except Exception:  # a Thick client before 12.1 has none: never fail the opening
+            ltxid = None
         why = None if ltxid else (
             "unavailable: the service has no COMMIT_OUTCOME (Transaction Guard off)"
             if no_ltxid or thin else "unavailable: no LTXID from the Oracle Client")
@@ -591,9 +594,12 @@ class OracleDialect(Dialect):
     def session_facts(self, conn: sa.Connection, identity: Mapping[str, Any]) -> SessionFacts:
         """The recorded session as the server sees it, RAC-aware (``GV$SESSION.INST_ID``).
 
-        ``GV$SESSION`` when readable (alive, still ours by ``CLIENT_INFO``, in a
-        transaction); otherwise ``DBMS_SESSION.IS_SESSION_ALIVE`` (privilege-free:
-        alive or not, nothing more).
+        ``GV$SESSION`` when readable: whether the session is still ours (``CLIENT_INFO``)
+        and in a transaction (``TADDR``).  Found by ``(INST_ID, SID, SERIAL#)`` (Thin
+        records the serial number), its absence proves the session gone.  Found by
+        ``AUDSID`` (Thick), its absence proves nothing, so ``DBMS_SESSION.
+        IS_SESSION_ALIVE`` (privilege-free) decides alive or gone -- as it does
+        whenever ``GV$SESSION`` is not readable.
         """
         sid, inst = _int(identity.get("sid")), _int(identity.get("instance"))
         serial, audsid = _int(identity.get("serial")), _int(identity.get("audsid"))
@@ -606,21 +612,26 @@ class OracleDialect(Dialect):
                 if not any(code in _message(exc) for code in _NO_VIEW):
                     raise
             else:
-                if found is None:
+                if found is not None:
+                    return SessionFacts(True, ours=found[1] == identity.get("client_info"),
+                                        in_transaction=bool(found[2]), serial=_int(found[0]),
+                                        source="gv$session")
+                if serial is not None:
                     return SessionFacts(False, source="gv$session")
-                return SessionFacts(True, ours=found[1] == identity.get("client_info"),
-                                    in_transaction=bool(found[2]), serial=_int(found[0]),
-                                    source="gv$session")
-        usid = identity.get("usid")
-        if usid:
-            try:
-                result = conn.execute(_ALIVE, {"usid": str(usid)})
-            except sa.exc.DBAPIError:
-                return SessionFacts(None, source="none")
-            out: dict[str, Any] = getattr(result, "out_parameters", None) or {}
-            if out.get("alive") is not None:
-                return SessionFacts(bool(int(out["alive"])), source="dbms_session")
-        return SessionFacts(None, source="none")
+        alive = self._is_session_alive(conn, identity.get("usid"))
+        return SessionFacts(alive, source="dbms_session" if alive is not None else "none")
+
+    @staticmethod
+    def _is_session_alive(conn: sa.Connection, usid: Any) -> bool | None:
+        """``DBMS_SESSION.IS_SESSION_ALIVE`` on the recorded unique session id (PUBLIC)."""
+        if not usid:
+            return None
+        try:
+            result = conn.execute(_ALIVE, {"usid": str(usid)})
+        except sa.exc.DBAPIError:
+            return None
+        out: dict[str, Any] = getattr(result, "out_parameters", None) or {}
+        return None if out.get("alive") is None else bool(int(out["alive"]))
 
     def session_alive(self, conn: sa.Connection, identity: dict[str, Any]) -> bool | None:
         """Whether the recorded session may still commit our transaction; None: unknowable."""
