@@ -332,9 +332,10 @@ class OracleDialect(Dialect):
         self._label = safe_url(engine.url)
 
         def reset(dbapi_connection: Any, connection_record: Any, reset_state: Any) -> None:
-            self._reset_raw(dbapi_connection)
             for key in (_TXID_KEY, _DATES_KEY):
                 connection_record.info.pop(key, None)
+            with contextlib.suppress(Exception):  # a connection already closed: nothing to undo
+                self._reset_raw(dbapi_connection)
 
         def bind_dates(conn: sa.Connection, cursor: Any, statement: str, parameters: Any,
                        context: Any, executemany: bool) -> tuple[str, Any]:
@@ -557,9 +558,12 @@ class OracleDialect(Dialect):
         raw.client_identifier = ""
 
     def reset_session(self, conn: sa.Connection) -> None:
-        self._reset_raw(_driver(conn))
         conn.info.pop(_TXID_KEY, None)
         conn.info.pop(_DATES_KEY, None)
+        # client-side attributes only; on a session that is gone the driver raises its own
+        # error (not a DBAPIError the caller expects) -- the pool's reset covers it anyway
+        with contextlib.suppress(Exception):
+            self._reset_raw(_driver(conn))
 
     def end_read(self, conn: sa.Connection) -> None:
         self.reset_session(conn)
