@@ -480,8 +480,11 @@ def test_ddl_inside_a_call_never_reports_applied(ora: Executor, oracle_url: URL)
         (parked,) = resume(ora, "C-ddl").intents
         assert parked.action == "awaiting_person"
         return
+    # the session refused the DDL's commit (ORA-00034 as documented, or another ORA-): rolled
+    # back, and the procedure's insert before it did not land
     assert out.status == "rolled_back", out
-    assert "ORA-00034" in str((out.reason or {}).get("message")), out.reason
+    assert "ORA-" in str((out.reason or {}).get("message")), out.reason
+    assert _scalar(oracle_url, "SELECT count(*) FROM policy_note WHERE author = 'proc'") == 0
 
 
 def test_a_split_transaction_is_seen_before_commit(oracle_url: URL,
@@ -590,13 +593,14 @@ def test_the_database_session_limit_is_the_budget_error(oracle_url: URL,
         with admin.connect() as conn:
             enforced = conn.execute(sa.text(
                 "SELECT value FROM v$parameter WHERE name = 'resource_limit'")).scalar()
+            if str(enforced).upper() != "TRUE":
+                admin.dispose()
+                pytest.skip("RESOURCE_LIMIT is FALSE: SESSIONS_PER_USER is not enforced here")
             conn.exec_driver_sql(f"CREATE PROFILE {profile} LIMIT SESSIONS_PER_USER 2")
             conn.exec_driver_sql(f"ALTER USER {oracle_url.username} PROFILE {profile}")
     except sa.exc.DBAPIError as exc:
         admin.dispose()
         pytest.skip(f"the admin URL may not create a profile: {exc.orig}")
-    if str(enforced).upper() != "TRUE":
-        pytest.skip("RESOURCE_LIMIT is FALSE: SESSIONS_PER_USER is not enforced here")
     holders = [sa.create_engine(oracle_url, poolclass=sa.pool.NullPool) for _ in range(2)]
     held = []
     try:
@@ -734,7 +738,8 @@ def test_every_example_rehearses_on_oracle(oracle_url: URL,
 
     ex = gate(oracle_url)
     report = rehearse(ex, who="agent", connectors=["insurance"])
-    refused = [r for r in report.results if r.operation_id == "policy.cancel"]
+    refused = [r for r in report.results if r.operation_id == "policy.cancel"
+               and r.result != "skipped"]  # the retired version is skipped as everywhere
     assert refused and all("CG326" in " ".join(r.problems) for r in refused), refused
     failed = [r for r in report.results if r.result not in ("passed", "skipped")
               and r.operation_id != "policy.cancel"]
