@@ -601,3 +601,30 @@ def test_the_readme_oracle_connector_reads_cleanly(tmp_path: Path) -> None:
     assert config.current_schema == "INSIS"
     assert config.connect_args["wallet_password"] == {"env": "INSIS_WALLET_PW"}
     assert make_url(config.url).host == "insis_high" and make_url(config.url).port is None
+
+
+def test_a_split_seen_before_commit_escalates_and_resume_parks_it(
+        sqlite_url: Any, gate: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The executor's side of the split detector, on SQLite with the dialect's last look
+    made to fail: never applied, never rolled back -- escalated for a person."""
+    from executor.recovery.resume import resume
+
+    ex = gate(sqlite_url)
+    dialect = ex.connectors.get("insurance").dialect
+
+    def split(conn: Any) -> None:
+        raise TransactionSplit("the transaction opened as 1 is now 2", opened="1", now="2")
+
+    monkeypatch.setattr(dialect, "before_commit", split)
+    with pytest.raises(TransactionSplit) as info:
+        ex.call("policy.add_note", {"policy_id": 1, "author": "jdoe", "body": "split"},
+                case="C-split", who="agent")
+    assert info.value.exit_code == 3
+    (state,) = (ex.ledger.snapshot("C-split") or {})["intents"].values()
+    assert state["status"] == "escalated"
+    assert state["escalation"]["kind"] == "transaction_split"
+    assert state["escalation"]["classification"] == "partly_applied"
+    assert state["escalation"]["transaction"] == {"opened": "1", "now": "2"}
+    (parked,) = resume(ex, "C-split").intents
+    assert (parked.classification, parked.action) == ("partly_applied", "awaiting_person")
+    assert ex.ledger.verify().ok
