@@ -15,11 +15,12 @@ import sqlalchemy as sa
 
 from capgate.cli import emit
 from capgate.config import load_settings
-from executor.connectors import safe_url
+from executor.connectors import ConnectorConfig, connector_engine, safe_url
 from executor.dialects import dialect_for, normalise_url
-from executor.target import first_line, install_at, install_script, table_states
+from executor.target import first_line, install, install_script, table_states
 from registry.errors import (
     EXIT_REFUSED,
+    CapgateError,
     ConnectorUnavailable,
     TargetPrivilegeMissing,
     UnknownConnector,
@@ -47,7 +48,7 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p.set_defaults(handler=cmd_target_check)
 
 
-def _connector_url(args: argparse.Namespace) -> str:
+def _connector(args: argparse.Namespace) -> ConnectorConfig:
     settings = load_settings(args.config)
     config = settings.connectors.get(args.connector)
     if config is None:
@@ -55,11 +56,20 @@ def _connector_url(args: argparse.Namespace) -> str:
             f"connector {args.connector!r} is not configured in {settings.source} "
             f"(configured: {', '.join(sorted(settings.connectors)) or 'none'})",
             connector=args.connector)
-    return config.url
+    return config
 
 
 def cmd_target_install(args: argparse.Namespace) -> int:
-    url = normalise_url(args.admin_url or _connector_url(args))
+    if args.admin_url:  # the connector's driver settings when it is configured, else none
+        try:
+            config = _connector(args)
+        except CapgateError:
+            config = ConnectorConfig(name=args.connector, url=args.admin_url,
+                                     environment="dev")
+        url = normalise_url(args.admin_url)
+    else:
+        config = _connector(args)
+        url = normalise_url(config.url)
     dialect = dialect_for(url.get_backend_name())
     if args.sql:
         script = install_script(dialect, grant_to=args.grant_to)
@@ -67,7 +77,13 @@ def cmd_target_install(args: argparse.Namespace) -> int:
              script.rstrip())
         return 0
     try:
-        created = install_at(url, grant_to=args.grant_to)
+        # the connector's driver settings (connect_args, Oracle Thick mode); with
+        # --admin-url its credentials are left out
+        engine = connector_engine(config, url=args.admin_url, poolclass=sa.pool.NullPool)
+        try:
+            created = install(engine, dialect, grant_to=args.grant_to)
+        finally:
+            engine.dispose()
     except sa.exc.OperationalError as exc:
         raise ConnectorUnavailable(f"connector {args.connector!r} ({safe_url(url)}) is "
                                    f"unreachable: {first_line(exc)}",
@@ -85,10 +101,10 @@ def cmd_target_install(args: argparse.Namespace) -> int:
 
 
 def cmd_target_check(args: argparse.Namespace) -> int:
-    url = normalise_url(_connector_url(args))
+    config = _connector(args)
+    url = normalise_url(config.url)
     dialect = dialect_for(url.get_backend_name())
-    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
-    dialect.prepare_engine(engine)
+    engine = connector_engine(config, dialect, poolclass=sa.pool.NullPool)
     try:
         with engine.connect() as conn:
             states = table_states(conn, dialect)

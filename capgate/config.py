@@ -61,7 +61,11 @@ CONNECTOR_KEYS: dict[str, str] = {
     "budget_wait_seconds": "a number of seconds >= 0",
     "statement_timeout": "a number of seconds > 0",
     "simulation_approver_roles": "a list of role names",
+    "connect_args": "a table of driver connect() arguments; a secret as { env = \"VAR\" }",
+    "thick_mode": "true, or a table (lib_dir, config_dir, driver_name): python-oracledb Thick",
+    "current_schema": "Oracle: the schema unqualified names resolve in",
 }
+THICK_KEYS = ("lib_dir", "config_dir", "driver_name")
 SECTIONS = ("capgate", "connectors")
 #: Environment variables that configure capgate without a file.
 CONFIG_ENV = ("CAPGATE_CONFIG", "CAPGATE_LEDGER_URL", "CAPGATE_CAPABILITIES", "CAPGATE_GRANTS")
@@ -279,9 +283,12 @@ def read_settings(path: str | Path | None = None, env: Mapping[str, str] | None 
         for key in ("url", "environment", "session_budget"):
             if env.get(prefix + key.upper()):
                 spec[key] = env[prefix + key.upper()]
-        connector = _connector(name, spec, base, lambda k, msg, s=section: problem(s, k, msg))
+        connector = _connector(name, spec, base,
+                               lambda k, msg, code=ConfigError.code, s=section:
+                               problem(s, k, msg, code))
         if connector is not None:
             connectors[name] = connector
+    _driver_modes(connectors, problem)
     configured = file is not None or configured_by_env(env)
     settings = Settings(capabilities=tuple(caps), grants=grants, ledger_url=ledger, agent=agent,
                         connectors=connectors, max_request_bytes=max_bytes,
@@ -337,8 +344,12 @@ def _connector(name: str, spec: Mapping[str, Any], base: Path,
     db_user_budget = number("db_user_budget", None, int, 1)
     wait = number("budget_wait_seconds", 0.0, float, 0)
     timeout = number("statement_timeout", 30.0, float, 0, strict=True)
+    driver = _driver_settings(spec, url if isinstance(url, str) else None, problem)
+    if driver is None:
+        ok = False
     if not ok:
         return None
+    assert driver is not None
     try:
         resolved = _resolve_sqlite(str(url), base)
     except Exception:
@@ -348,10 +359,105 @@ def _connector(name: str, spec: Mapping[str, Any], base: Path,
         return ConnectorConfig(name=name, url=resolved, environment=str(environment),
                                session_budget=session_budget, db_user_budget=db_user_budget,
                                budget_wait_seconds=wait, statement_timeout=timeout,
-                               simulation_approver_roles=tuple(roles))
+                               simulation_approver_roles=tuple(roles), **driver)
     except ConfigError as exc:
         problem(None, exc.message)
         return None
+
+
+def _driver_settings(spec: Mapping[str, Any], url: str | None,
+                     problem: Any) -> dict[str, Any] | None:
+    """``connect_args``, ``thick_mode`` and ``current_schema``, checked; None after a problem.
+
+    No secret in a URL (it is printed and named in plans) nor written in the file:
+    a secret ``connect_args`` value is ``{ env = "VARIABLE" }``, read when the
+    connector opens.  ``thick_mode`` and ``current_schema`` are Oracle's.
+    """
+    from sqlalchemy.engine import make_url
+
+    from executor.connectors import secret_query_keys
+    from executor.dialects import SECRET_KEY
+    from registry.errors import SecretInUrl
+
+    ok = True
+    backend = None
+    if url:
+        try:
+            backend = make_url(url).get_backend_name()
+            secrets = secret_query_keys(url)
+        except Exception:
+            secrets = []
+        if secrets:
+            problem("url", f"carries the secret {', '.join(secrets)} in its query string "
+                           "(a URL is printed and named in plans): move it to connect_args as "
+                           f'{secrets[0]} = {{ env = "VARIABLE" }}', SecretInUrl.code)
+            ok = False
+    raw_args = spec.get("connect_args", {})
+    args: dict[str, Any] = {}
+    if not isinstance(raw_args, dict):
+        problem("connect_args", f"must be a table, got {raw_args!r}")
+        ok = False
+        raw_args = {}
+    for key, value in raw_args.items():
+        if isinstance(value, dict):
+            if set(value) != {"env"} or not isinstance(value["env"], str) or not value["env"]:
+                problem("connect_args", f"{key}: a table value must be {{ env = \"VARIABLE\" }}, "
+                                        f"got {value!r}")
+                ok = False
+                continue
+            args[key] = {"env": value["env"]}
+        elif isinstance(value, str | int | float | bool):
+            if SECRET_KEY.search(key):
+                problem("connect_args", f"{key} is a secret written in the file: name the "
+                                        f'environment variable that holds it, {key} = '
+                                        '{ env = "VARIABLE" }', SecretInUrl.code)
+                ok = False
+                continue
+            args[key] = value
+        else:
+            problem("connect_args", f"{key}: must be a string, number, boolean or "
+                                    f'{{ env = "VARIABLE" }}, got {value!r}')
+            ok = False
+    thick = spec.get("thick_mode", False)
+    if isinstance(thick, dict):
+        unknown = sorted(set(thick) - set(THICK_KEYS))
+        if unknown or not all(isinstance(v, str) for v in thick.values()):
+            problem("thick_mode", f"a table takes {', '.join(THICK_KEYS)} (strings), "
+                                  f"got {thick!r}")
+            ok = False
+    elif not isinstance(thick, bool):
+        problem("thick_mode", f"must be true, false or a table, got {thick!r}")
+        ok = False
+    schema = spec.get("current_schema")
+    if schema is not None and (not isinstance(schema, str) or not schema):
+        problem("current_schema", f"must be a schema name, got {schema!r}")
+        ok = False
+    for key, given in (("thick_mode", bool(thick)), ("current_schema", schema is not None)):
+        if given and backend is not None and backend != "oracle":
+            problem(key, f"is an Oracle setting; this connector's URL is {backend}")
+            ok = False
+    if not ok:
+        return None
+    return {"connect_args": args, "thick_mode": dict(thick) if isinstance(thick, dict)
+            else bool(thick), "current_schema": schema}
+
+
+def _driver_modes(connectors: Mapping[str, ConnectorConfig], problem: Any) -> None:
+    """Every Oracle connector of one configuration asks for the same python-oracledb mode."""
+    from registry.errors import DriverModeConflict
+
+    modes = {name: c.thick_mode for name, c in connectors.items()
+             if c.url.startswith("oracle")}
+    kinds = {repr(bool(m)) + repr(sorted(m.items()) if isinstance(m, Mapping) else "")
+             for m in modes.values()}
+    if len(kinds) > 1:
+        thick = sorted(n for n, m in modes.items() if m)
+        thin = sorted(n for n, m in modes.items() if not m)
+        problem(("connectors", (thick or thin)[0]), "thick_mode",
+                f"python-oracledb runs Thin or Thick for the whole process: Thick for "
+                f"{', '.join(thick) or 'none'}, Thin for {', '.join(thin) or 'none'} "
+                "(or different Oracle Client settings); give every Oracle connector the "
+                "same thick_mode", DriverModeConflict.code)
 
 
 def load_settings(path: str | Path | None = None, env: Mapping[str, str] | None = None, *,

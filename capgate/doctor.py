@@ -21,9 +21,12 @@ the ``CapgateError`` code of the refusal the problem would cause, which
 ``capgate explain`` describes, or ``OK``.  Exit 1 when there is an error.
 
 The live probes are read-only catalog queries, one set per dialect
-(:data:`_PROBES`).  The Oracle probes are written against Oracle's documented
-views (``ALL_SERVICES.COMMIT_OUTCOME``, ``USER_RESOURCE_LIMITS``,
-``SESSION_PRIVS``, ``ALL_TAB_PRIVS``) and have not run here.
+(:data:`_PROBES`).  The Oracle probes follow Oracle's documented views
+(``ALL_SERVICES.COMMIT_OUTCOME``, ``USER_RESOURCE_LIMITS``, ``SESSION_PRIVS``,
+``ALL_TAB_PRIVS``, ``GV$SESSION``, ``DBA_2PC_PENDING``) and report the driver's
+version and mode and whether the session has an LTXID; they run only where an
+Oracle answers (``tests/test_oracle_executor.py``), and every query parses with
+sqlglot's Oracle dialect (``tests/test_oracle_offline.py``).
 """
 
 from __future__ import annotations
@@ -95,6 +98,7 @@ class Needs:
     privileges: dict[tuple[str, str], set[str]] = field(default_factory=dict)
     """(table, SELECT|INSERT|UPDATE|DELETE) -> the rows that need it."""
     ddl_rows: list[str] = field(default_factory=list)
+    leased_rows: list[str] = field(default_factory=list)
     writes: bool = False
 
     def need(self, table: str, privilege: str, ref: str) -> None:
@@ -137,6 +141,8 @@ def needs_of(rows: Iterable[Any]) -> dict[str, Needs]:
         if str(row.effect_class) == "ddl":
             needs.ddl_rows.append(row.ref)
             continue
+        if str(row.shape) == "leased":
+            needs.leased_rows.append(row.ref)
         writing = [s.sql for s in row.statements] if row.is_write else []
         writing += [s.sql for s in row.compensation]
         writing += [s.sql for s in row.steps if s.sql]
@@ -328,8 +334,14 @@ def _check_connector(report: Report, config: Any, needs: Needs) -> None:
         report.add(ERROR, ConnectorUnavailable.code, subject,
                    f"the SQLite file {url.database} does not exist")
         return
-    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
-    dialect.prepare_engine(engine)
+    from executor.connectors import connector_engine
+    from registry.errors import CapgateError
+
+    try:
+        engine = connector_engine(config, dialect, poolclass=sa.pool.NullPool)
+    except CapgateError as exc:  # a driver too old, a secret's variable unset, a mode clash
+        report.add(ERROR, exc.code, subject, exc.message)
+        return
     try:
         with engine.connect() as conn:
             probes = _PROBES.get(backend)
@@ -402,18 +414,22 @@ def _privilege_findings(report: Report, subject: str, needs: Needs,
 
 
 def _budget_finding(report: Report, subject: str, config: Any, limit: int | None,
-                    what: str) -> None:
+                    what: str, reserve: int = 0) -> None:
+    """``reserve``: sessions beyond the budget the database must still allow (resume's
+    evidence sessions, which no budget refuses: recovery is never blocked by it)."""
     from registry.errors import SessionLimitTooLow
 
     if limit is None or limit < 0:
         return
     budget = config.db_user_budget or config.session_budget
-    if budget > limit:
+    if budget + reserve > limit:
         report.add(ERROR, SessionLimitTooLow.code, subject,
                    f"{what} allows {limit} session(s) but session_budget is "
                    f"{config.session_budget}" + (f" (db_user_budget {config.db_user_budget})"
                                                  if config.db_user_budget else "")
-                   + f"; lower it to {max(limit - 1, 1)} or raise the limit", limit=limit)
+                   + (f" and resume needs {reserve} more" if reserve else "")
+                   + f"; lower it to {max(limit - 1 - reserve, 1)} or raise the limit",
+                   limit=limit)
     else:
         report.add(OK, "OK", subject, f"{what} allows {limit} session(s); session_budget "
                    f"{config.session_budget} fits")
@@ -566,59 +582,127 @@ def _lite_check(report: Report, subject: str, conn: Any, config: Any, needs: Nee
                    f"the folder of {database} is not writable: SQLite cannot keep its journal")
 
 
-# Oracle (written against Oracle's documentation; not run here)
+# Oracle (written against Oracle's documentation; run wherever an Oracle answers)
+
+ORA_IDENTITY = ("SELECT SYS_CONTEXT('USERENV', 'DB_UNIQUE_NAME'), SYS_CONTEXT('USERENV', "
+                "'SERVICE_NAME'), SYS_CONTEXT('USERENV', 'INSTANCE_NAME'), USER FROM dual")
+ORA_PRIVS = "SELECT privilege FROM session_privs"
+ORA_OWNER = ("SELECT owner FROM all_objects WHERE object_name = UPPER(:t) "
+             "AND object_type IN ('TABLE', 'VIEW', 'SYNONYM') AND ROWNUM = 1")
+ORA_TAB_PRIV = "SELECT count(*) FROM all_tab_privs WHERE table_name = UPPER(:t) AND privilege = :p"
+ORA_SESSIONS_PER_USER = ('SELECT "LIMIT" FROM user_resource_limits '
+                         "WHERE resource_name = 'SESSIONS_PER_USER'")
+ORA_COMMIT_OUTCOME = ("SELECT commit_outcome FROM all_services "
+                      "WHERE name = SYS_CONTEXT('USERENV', 'SERVICE_NAME')")
+ORA_APP_CONT = ("SELECT count(*) FROM all_objects WHERE owner = 'SYS' "
+                "AND object_name = 'DBMS_APP_CONT' AND object_type = 'PACKAGE'")
+ORA_GV_SESSION = "SELECT count(*) FROM gv$session WHERE ROWNUM = 1"
+ORA_2PC_PENDING = "SELECT count(*) FROM dba_2pc_pending WHERE ROWNUM = 1"
+ORA_QUERIES = {"identity": ORA_IDENTITY, "privs": ORA_PRIVS, "owner": ORA_OWNER,
+               "tab_priv": ORA_TAB_PRIV, "sessions_per_user": ORA_SESSIONS_PER_USER,
+               "commit_outcome": ORA_COMMIT_OUTCOME, "app_cont": ORA_APP_CONT,
+               "gv_session": ORA_GV_SESSION, "2pc_pending": ORA_2PC_PENDING}
+"""Every query the Oracle checks send (the offline tests parse each with sqlglot)."""
 
 
 def _ora_identity(conn: Any) -> str:
-    banner = _scalar(conn, "SELECT banner FROM v$version WHERE ROWNUM = 1")
-    service = _scalar(conn, "SELECT SYS_CONTEXT('USERENV', 'SERVICE_NAME') FROM dual")
-    return f"{banner}, service {service}, user {_scalar(conn, 'SELECT USER FROM dual')}"
+    db, service, instance, user = conn.execute(_text(ORA_IDENTITY)).one()
+    raw = conn.connection.driver_connection
+    return f"Oracle {raw.version}, database {db}, service {service}, instance {instance}, " \
+           f"user {user}"
+
+
+def _ora_readable(conn: Any, sql: str) -> bool:
+    """Whether the account may read a view (ORA-00942 / ORA-01031 when not)."""
+    import sqlalchemy as sa
+
+    try:
+        conn.execute(_text(sql)).scalar()
+        return True
+    except sa.exc.DatabaseError:
+        conn.rollback()
+        return False
 
 
 def _ora_check(report: Report, subject: str, conn: Any, config: Any, needs: Needs) -> None:
-    from registry.errors import CommitOutcomeUnavailable, PrivilegeMissing
+    from executor.dialects.oracle import driver
+    from registry.errors import (
+        CommitOutcomeUnavailable,
+        LeaseNotEnforceable,
+        PrivilegeMissing,
+    )
 
-    privs = {r[0] for r in conn.execute(_text(
-        "SELECT privilege FROM session_privs"))}
+    raw = conn.connection.driver_connection
+    mode = "Thin" if raw.thin else "Thick"
+    report.add(OK, "OK", subject, f"python-oracledb {driver().__version__}, {mode} mode",
+               driver=driver().__version__, mode=mode.lower())
+    privs = {r[0] for r in conn.execute(_text(ORA_PRIVS))}
+    user = conn.execute(_text("SELECT USER FROM dual")).scalar()
 
     def has(table: str, privilege: str) -> bool | None:
-        owner = _scalar(conn, "SELECT owner FROM all_objects WHERE object_name = UPPER(:t) "
-                              "AND object_type IN ('TABLE', 'VIEW') AND ROWNUM = 1", t=table)
+        owner = _scalar(conn, ORA_OWNER, t=table)
         if owner is None:
             return None
-        if owner == _scalar(conn, "SELECT USER FROM dual") or f"{privilege} ANY TABLE" in privs:
+        if owner == user or f"{privilege} ANY TABLE" in privs:
             return True
-        return bool(_scalar(conn, "SELECT count(*) FROM all_tab_privs WHERE table_name = "
-                                  "UPPER(:t) AND privilege = :p", t=table, p=privilege))
+        return bool(_scalar(conn, ORA_TAB_PRIV, t=table, p=privilege))
 
     _privilege_findings(report, subject, needs, has)
+    if needs.leased_rows:
+        report.add(WARNING, LeaseNotEnforceable.code, subject,
+                   f"leased rows are refused on Oracle (nothing ends a hung executor's "
+                   f"transaction at its deadline): {', '.join(sorted(needs.leased_rows))}",
+                   rows=sorted(needs.leased_rows))
+    # liveness: GV$SESSION (every RAC instance) sees whether the recorded session is
+    # still ours and in a transaction; without it resume proves it privilege-free
     if needs.writes:
+        if _ora_readable(conn, ORA_GV_SESSION):
+            report.add(OK, "OK", subject, "GV$SESSION is readable: resume sees the recorded "
+                       "session on its instance, its CLIENT_INFO tag and its transaction")
+        else:
+            report.add(WARNING, PrivilegeMissing.code, subject,
+                       "GV$SESSION is not readable (GRANT SELECT ON SYS.GV_$SESSION): resume "
+                       "falls back on DBMS_SESSION.IS_SESSION_ALIVE and a rolled-back insert "
+                       "of the marker's key, and cannot end a session that may still commit")
         if "ALTER SYSTEM" in privs:
             report.add(OK, "OK", subject, "resume may end a recorded session "
-                       "(ALTER SYSTEM KILL SESSION)")
+                       "(ALTER SYSTEM KILL SESSION, on its own instance)")
         else:
             report.add(WARNING, PrivilegeMissing.code, subject,
                        "without ALTER SYSTEM, resume cannot end a recorded session that may "
-                       "still commit; it waits for the lease instead")
-    limit = _scalar(conn, "SELECT limit FROM user_resource_limits WHERE resource_name = "
-                          "'SESSIONS_PER_USER'")
+                       "still commit; it waits, and answers unknown while the session lives")
+        if not _ora_readable(conn, ORA_2PC_PENDING):
+            report.add(WARNING, PrivilegeMissing.code, subject,
+                       "DBA_2PC_PENDING is not readable: an in-doubt distributed commit "
+                       "(ORA-02050/ORA-02054) stays unknown until a person resolves it")
+    limit = _scalar(conn, ORA_SESSIONS_PER_USER)
     if limit is not None and str(limit).isdigit():
-        _budget_finding(report, subject, config, int(limit), "the profile's SESSIONS_PER_USER")
-    outcome = _scalar(conn, "SELECT commit_outcome FROM all_services WHERE name = "
-                            "SYS_CONTEXT('USERENV', 'SERVICE_NAME')")
-    executes = _scalar(conn, "SELECT count(*) FROM all_tab_privs WHERE table_name = "
-                             "'DBMS_APP_CONT' AND privilege = 'EXECUTE'")
-    if str(outcome).upper() != "YES":
+        # ORA-02391 counts every session of the user in the database: resume's two
+        # evidence sessions (never refused by a budget) must fit beside the budget
+        _budget_finding(report, subject, config, int(limit), "the profile's SESSIONS_PER_USER",
+                        reserve=2)
+    else:
+        report.add(OK, "OK", subject, f"the profile's SESSIONS_PER_USER is {limit or 'unknown'}")
+    ltxid = bytes(raw.ltxid or b"")
+    try:
+        outcome = _scalar(conn, ORA_COMMIT_OUTCOME)
+    except Exception:  # ALL_SERVICES not readable: the driver's LTXID still tells
+        conn.rollback()
+        outcome = None
+    executes = _scalar(conn, ORA_APP_CONT)
+    if not ltxid:
         report.add(WARNING, CommitOutcomeUnavailable.code, subject,
-                   "the service does not record commit outcomes (COMMIT_OUTCOME is "
-                   f"{outcome or 'unknown'}): set it with DBMS_SERVICE.MODIFY_SERVICE(... "
-                   "commit_outcome => TRUE)")
+                   "the service does not record commit outcomes: no LTXID on this session "
+                   f"(COMMIT_OUTCOME is {outcome or 'not readable'}); enable it with "
+                   "DBMS_SERVICE.MODIFY_SERVICE(..., commit_outcome => TRUE) or connect to a "
+                   "service that has it", commit_outcome=outcome)
     elif not executes:
         report.add(WARNING, CommitOutcomeUnavailable.code, subject,
                    "the service records commit outcomes but the account may not read them: "
                    "GRANT EXECUTE ON DBMS_APP_CONT")
     else:
-        report.add(OK, "OK", subject, "Transaction Guard records commit outcomes")
+        report.add(OK, "OK", subject, "Transaction Guard records commit outcomes (LTXID on "
+                   "the session, EXECUTE on DBMS_APP_CONT)")
     if needs.ddl_rows:
         if not ({"CREATE PROCEDURE", "CREATE ANY PROCEDURE"} & privs):
             report.add(ERROR, PrivilegeMissing.code, subject,

@@ -307,8 +307,11 @@ class CatalogAdapter(Protocol):
     """True where DDL is transactional (PostgreSQL, SQLite): apply and verify share one txn."""
     kinds: ClassVar[frozenset[str]]
 
-    def engine(self, url: str | URL) -> Engine:
-        """An engine for ``url`` set up the way this adapter's steps expect."""
+    def engine(self, url: str | URL, **options: Any) -> Engine:
+        """An engine for ``url`` set up the way this adapter's steps expect.
+
+        ``options`` go to ``create_engine`` (a connector's ``connect_args``: a TNS
+        alias's ``config_dir``, a wallet -- secrets never in the URL)."""
         ...
 
     def begin(self, conn: Connection) -> None:
@@ -419,8 +422,8 @@ class BaseAdapter:
         """Schemas searched for callers and dependents; None means the object's own schema."""
 
     # -- engines and transactions
-    def engine(self, url: str | URL) -> Engine:
-        return sa.create_engine(url, poolclass=sa.pool.NullPool)
+    def engine(self, url: str | URL, **options: Any) -> Engine:
+        return sa.create_engine(url, poolclass=sa.pool.NullPool, **options)
 
     def begin(self, conn: Connection) -> None:
         return None

@@ -44,6 +44,7 @@ import re
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, suppress
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy import bindparam, text
@@ -208,8 +209,9 @@ class MariadbAdapter(BaseAdapter):
         return re.sub(r"^(\s*CREATE)\s+(?!OR\s+REPLACE\b)", r"\1 OR REPLACE ", normalised,
                       count=1, flags=re.IGNORECASE)
 
-    def engine(self, url: str | URL) -> Engine:
-        return sa.create_engine(url, poolclass=sa.pool.NullPool, isolation_level="AUTOCOMMIT")
+    def engine(self, url: str | URL, **options: Any) -> Engine:
+        return sa.create_engine(url, poolclass=sa.pool.NullPool, isolation_level="AUTOCOMMIT",
+                                **options)
 
     # -- identity ------------------------------------------------------------------------------
     def default_schema(self, conn: Connection) -> str | None:

@@ -53,8 +53,8 @@ class SqliteAdapter(BaseAdapter):
     transactional_ddl = True
     kinds = frozenset({"view", "trigger"})
 
-    def engine(self, url: str | URL) -> Engine:
-        eng = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    def engine(self, url: str | URL, **options: Any) -> Engine:
+        eng = sa.create_engine(url, poolclass=sa.pool.NullPool, **options)
 
         @event.listens_for(eng, "connect")
         def _autocommit_driver(dbapi_conn: Any, record: Any) -> None:

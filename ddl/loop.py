@@ -178,7 +178,10 @@ def _unified(base: str, new: str, key: str) -> list[str]:
 
 
 def _redacted(url: URL) -> str:
-    return url.render_as_string(hide_password=True)
+    """The target as plans and events name it: no password, no secret query value."""
+    from executor.dialects.base import safe_url
+
+    return safe_url(url)
 
 
 class DdlLoop:
@@ -196,6 +199,7 @@ class DdlLoop:
         lock_timeout: float = 10.0,
         progress: Progress | None = None,
         far_side: Mapping[str, str | URL] | None = None,
+        engine_options: Mapping[str, Any] | None = None,
     ) -> None:
         """
         :param target: SQLAlchemy URL of the target database.
@@ -209,6 +213,8 @@ class DdlLoop:
         :param progress: ``progress(done, total, label)`` during dependent sweeps.
         :param far_side: database link name -> URL of the far database, for remote
             dependents and far-side steps.
+        :param engine_options: for the target's engine: the connector's driver settings
+            (``connect_args`` -- a TNS alias's ``config_dir``, a wallet --, never in the URL).
         """
         self.url = make_url(target)
         self.adapter = adapter or adapter_for(self.url, scope=scope)
@@ -218,7 +224,7 @@ class DdlLoop:
         self.lock_timeout = lock_timeout
         self.progress = progress
         self.far_side = {k: make_url(v) for k, v in (far_side or {}).items()}
-        self.engine: Engine = self.adapter.engine(self.url)
+        self.engine: Engine = self.adapter.engine(self.url, **dict(engine_options or {}))
 
     # -- plumbing ----------------------------------------------------------------------------
     def close(self) -> None:

@@ -86,7 +86,7 @@ from ddl.results import (
 )
 from ddl.snapshots import ExportResult, Snapshot, SqlSnapshotStore
 from executor.call import TERMINAL, Executor, crash_point, validate_input
-from executor.connectors import ConnectorConfig, normalise_url
+from executor.connectors import ConnectorConfig, driver_options, normalise_url
 from executor.outcome import Outcome
 from executor.plan import fingerprint
 from registry.errors import (
@@ -288,8 +288,32 @@ class DdlService:
         lock = row.timeout.lock_seconds if row is not None else None
         with DdlLoop(normalise_url(cfg.url), self.store, sink=sink, progress=self.progress,
                      lock_timeout=float(lock or DEFAULT_LOCK_TIMEOUT),
-                     far_side=dict(far_side or {})) as lp:
+                     far_side=dict(far_side or {}),
+                     engine_options=driver_options(cfg)) as lp, \
+                self._counted(cfg):
             yield lp
+
+    @contextlib.contextmanager
+    def _counted(self, cfg: ConnectorConfig) -> Iterator[None]:
+        """The DDL loop's sessions count against the connector's session budget (issue 18:
+        the database's per-user limit, e.g. ORA-02391, counts them too): two slots, the
+        lock session and the working one, held while the loop runs."""
+        from executor.budget import budgets_of
+
+        try:
+            budgets = budgets_of(self.executor)
+        except LookupError:  # an executor without budgets
+            budgets = None
+        if budgets is None or cfg.name not in self.executor.connectors.names():
+            yield
+            return
+        connector = self.executor.connectors.get(cfg.name)
+        tickets = [budgets.acquire(connector) for _ in range(min(2, cfg.session_budget))]
+        try:
+            yield
+        finally:
+            for ticket in tickets:
+                ticket.release()
 
     # -- the far side of database links, as the row declares it ---------------------------------
     def _far_side(self, row: Row) -> dict[str, str | URL]:

@@ -93,10 +93,13 @@ def scopes_for(connector: Connector) -> list[Scope]:
     out = [Scope(f"connector:{config.name}", config.session_budget, "connector",
                  f"connector {config.name!r}")]
     url = connector.engine.url
-    if config.db_user_budget is not None and url.username:
-        where = f"{url.username}@{url.host or 'localhost'}:{url.port or ''}"
+    # issue 18: where the database counts a user's sessions is the dialect's to say
+    # (Oracle ORA-02391: per user per database/service, whatever host or RAC node)
+    where = connector.dialect.budget_user_scope(url, config.connect_args)
+    if config.db_user_budget is not None and where is not None:
         out.append(Scope(f"db_user:{where}", config.db_user_budget, "db_user",
-                         f"database user {url.username!r} on {url.host or 'localhost'}"))
+                         f"database user {where.partition('@')[0]!r} on "
+                         f"{where.partition('@')[2] or 'localhost'}"))
     return out
 
 

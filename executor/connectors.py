@@ -8,23 +8,55 @@ Passwords never leave this module: everything printable uses ``safe_url``.
 
 from __future__ import annotations
 
+import os
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, make_url
 
-from executor.dialects import Dialect, dialect_for
+from executor.dialects import SECRET_KEY, Dialect, dialect_for
 from executor.dialects import normalise_url as normalise_url  # the one URL normaliser
+from executor.dialects import safe_url as safe_url  # the one redaction of a URL
 from executor.dialects.base import rearm_before_statement
-from registry.errors import ConfigError, ConnectorUnavailable, UnknownConnector
+from registry.errors import (
+    ConfigError,
+    ConnectorUnavailable,
+    DatabaseSessionLimit,
+    DriverModeConflict,
+    UnknownConnector,
+)
 
 ENVIRONMENTS = ("dev", "qa", "staging", "prod")
 GATED_SIMULATION_ENVIRONMENTS = frozenset({"staging", "prod"})
 """Where a write-and-rollback rehearsal is itself a gated simulation (customer-facing data)."""
-def safe_url(url: str | URL) -> str:
-    return make_url(url).render_as_string(hide_password=True)
+def secret_query_keys(url: str | URL) -> list[str]:
+    """The URL's query keys that carry a secret (they belong in ``connect_args``)."""
+    return sorted(k for k in make_url(url).query if SECRET_KEY.search(k))
+
+
+def resolve_connect_args(name: str, connect_args: Mapping[str, Any],
+                         env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """``connect_args`` with each ``{env = "VAR"}`` read from the environment now.
+
+    A secret is never written into the configuration or a URL: it is named by
+    the variable that holds it, and read only when the connector opens.
+    """
+    env = os.environ if env is None else env
+    out: dict[str, Any] = {}
+    for key, value in connect_args.items():
+        if isinstance(value, Mapping):
+            var = str(value.get("env", ""))
+            if var not in env:
+                raise ConfigError(
+                    f"connector {name!r}: connect_args.{key} is read from the environment "
+                    f"variable {var}, which is not set", connector=name, key=key, variable=var)
+            out[key] = env[var]
+        else:
+            out[key] = value
+    return out
 
 
 @dataclass(frozen=True)
@@ -46,6 +78,17 @@ class ConnectorConfig:
     """Roles that may approve a simulation here (a rehearsal on staging or prod is one).
 
     Empty means no one can: a gated simulation on this connector is refused."""
+    connect_args: Mapping[str, Any] = field(default_factory=dict)
+    """Extra arguments for the driver's ``connect()`` (python-oracledb: ``config_dir`` for
+    ``tnsnames.ora``, ``wallet_location``, ``wallet_password``...).  A value may be
+    ``{"env": "VAR"}``: read from the environment when the connector opens, so a
+    secret never sits in a URL (they are printed) or in the file."""
+    thick_mode: bool | Mapping[str, Any] = False
+    """Oracle: run python-oracledb in Thick mode (``True`` or ``{lib_dir, config_dir}``
+    for ``oracledb.init_oracle_client``), e.g. for native network encryption."""
+    current_schema: str | None = None
+    """Oracle: the schema unqualified names resolve in (a least-privilege account using
+    the application owner's tables, capgate's included)."""
 
     def __post_init__(self) -> None:
         if self.environment not in ENVIRONMENTS:
@@ -90,8 +133,7 @@ class Connector:
         elif url.get_backend_name() != "sqlite":
             options.setdefault("pool_size", config.session_budget)
             options.setdefault("max_overflow", 0)
-        engine = sa.create_engine(url, **options)
-        dialect.prepare_engine(engine)
+        engine = connector_engine(config, dialect, **options)
         sa.event.listen(engine, "before_cursor_execute", rearm_before_statement)
         return cls(config=config, engine=engine, dialect=dialect)
 
@@ -113,7 +155,8 @@ class Connector:
                 with self.engine.connect() as conn:
                     problems = missing_tables(conn, self.dialect)
             except sa.exc.DBAPIError as exc:
-                if isinstance(exc, sa.exc.OperationalError) or exc.connection_invalidated:
+                if isinstance(exc, sa.exc.OperationalError) or exc.connection_invalidated \
+                        or self.dialect.is_session_limit(exc):
                     raise self.unavailable(exc) from None
                 raise
             refuse_missing(self.name, problems)
@@ -129,15 +172,70 @@ class Connector:
         self._target_ready = False
 
     def unavailable(self, exc: BaseException) -> ConnectorUnavailable:
-        """The coded error for a database that could not be reached."""
+        """The coded error for a database that could not be reached.
+
+        A database that refused the session because its per-user limit is reached
+        (ORA-02391) is a budget error (``DatabaseSessionLimit``, CG321) that is also
+        "unreachable": nothing was sent, so every caller treats it as such.
+        """
         orig = getattr(exc, "orig", None) or exc
         lines = str(orig).strip().splitlines()
+        if self.dialect.is_session_limit(exc):
+            return DatabaseSessionLimit(
+                f"connector {self.name!r} ({self.config.safe_url}): the database refused a "
+                f"new session, its per-user limit is reached ({lines[0] if lines else ''}); "
+                "keep session_budget and db_user_budget below it (`capgate doctor`)",
+                connector=self.name, scope="database", budget=self.config.session_budget)
         return ConnectorUnavailable(
             f"connector {self.name!r} ({self.config.safe_url}) is unreachable: "
             f"{lines[0] if lines else type(orig).__name__}", connector=self.name)
 
     def dispose(self) -> None:
         self.engine.dispose()
+
+
+def driver_options(config: ConnectorConfig, *, credentials: bool = True) -> dict[str, Any]:
+    """``create_engine`` options for the connector's driver settings (its ``connect_args``,
+    secrets read from the environment now), after switching python-oracledb to Thick mode
+    when the connector asks for it (once per process, before any connection)."""
+    args = resolve_connect_args(config.name, config.connect_args)
+    if not credentials:
+        args = {k: v for k, v in args.items() if k not in ("user", "password")}
+    if config.thick_mode and config.url.startswith("oracle"):
+        from executor.dialects.oracle import check_driver, enable_thick
+
+        # the mode is the whole process's: a Thin connector in a process another
+        # connector made Thick runs Thick (the dialect reads the mode from each connection)
+        if check_driver() == "thin":
+            try:
+                enable_thick(config.thick_mode)
+            except Exception as exc:  # the driver refuses once a Thin connection exists
+                raise DriverModeConflict(
+                    f"connector {config.name!r} asks for python-oracledb Thick mode, but the "
+                    f"process could not switch: {str(exc).splitlines()[0]}",
+                    connector=config.name) from None
+    return {"connect_args": args} if args else {}
+
+
+def connector_engine(config: ConnectorConfig, dialect: Dialect | None = None, *,
+                     url: str | URL | None = None, **options: Any) -> sa.Engine:
+    """An engine for the connector's database, set up as capgate's sessions expect.
+
+    The one place an engine is made from a connector's settings (calls, ``doctor``,
+    ``target install|check``, the DDL loop): its ``connect_args`` (secrets read from
+    the environment now), Oracle's Thick mode and ``current_schema``, and the
+    dialect's session set-up.  ``url`` replaces the connector's (``--admin-url``: then
+    the credentials in ``connect_args`` are left out).
+    """
+    target = normalise_url(url if url is not None else config.url)
+    dialect = dialect or dialect_for(target.get_backend_name())
+    dialect.configure({"current_schema": config.current_schema})
+    extra = driver_options(config, credentials=url is None)
+    if "connect_args" in extra:
+        options["connect_args"] = {**options.get("connect_args", {}), **extra["connect_args"]}
+    engine = sa.create_engine(target, **options)
+    dialect.prepare_engine(engine)
+    return engine
 
 
 class Connectors:

@@ -195,7 +195,10 @@ class CallContext:
 
     @property
     def tag(self) -> SessionTag:
-        return SessionTag(self.case_id, self.row.operation_id, self.intent_id)
+        # issue 18: the row's date inputs travel with the tag, so a dialect that must
+        # bind dates as dates (Oracle: no NLS_DATE_FORMAT dependence) can
+        return SessionTag(self.case_id, self.row.operation_id, self.intent_id,
+                          self.row.date_inputs)
 
     def outcome(self, status: str, evidence: Mapping[str, Any],
                 reason: Mapping[str, Any] | None = None) -> Outcome:

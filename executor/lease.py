@@ -336,6 +336,7 @@ def check_steps(ctx: CallContext) -> None:
 def run_leased(rt: Runtime, ctx: CallContext) -> Outcome:
     """Shape B: the row's declared steps in one transaction under its deadline."""
     row = ctx.row
+    ctx.connector.dialect.check_lease()  # issue 18: Oracle refuses (LeaseNotEnforceable)
     rt.check_target(ctx.connector, ctx)
     check_steps(ctx)
     leases: list[Lease] = []

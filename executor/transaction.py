@@ -33,7 +33,12 @@ from executor.ledger import KeyAlreadyClaimed
 from executor.outcome import Outcome, jsonable
 from executor.plan import binds_for
 from executor.runtime import Runtime
-from registry.errors import AttemptSuperseded, ConnectorUnavailable, OutcomeUnknown
+from registry.errors import (
+    AttemptSuperseded,
+    ConnectorUnavailable,
+    OutcomeUnknown,
+    TransactionSplit,
+)
 from registry.excerpt import cut
 from registry.model import Check, ExpectRows, Statement
 
@@ -205,6 +210,7 @@ def run_transaction(rt: Runtime, ctx: CallContext, body: Body, *,
             body(conn, evidence)
             if not ctx.rehearse:
                 rt.hooks.before_commit(ctx, conn)  # the impact-claim fence
+            dialect.before_commit(conn)  # issue 18: still the transaction opened (Oracle)
         except Rollback as rb:
             _rollback(ctx, conn)
             return ctx.outcome(oc.ROLLED_BACK, evidence, rb.reason)
@@ -212,6 +218,9 @@ def run_transaction(rt: Runtime, ctx: CallContext, body: Body, *,
             reason = db_error_reason(ctx, exc, "statement")
             _rollback(ctx, conn)
             return ctx.outcome(oc.ROLLED_BACK, evidence, reason)
+        except TransactionSplit as split:  # issue 18: part of the call committed early
+            _rollback(ctx, conn)
+            _transaction_split(rt, ctx, split, evidence)
         if ctx.rehearse:
             conn.rollback()
             dialect.reset_session(conn)
@@ -252,6 +261,27 @@ def _commit_uncertain(rt: Runtime, ctx: CallContext, exc: sa.exc.DBAPIError) -> 
         f"the connection was lost around COMMIT of intent {ctx.intent_id}; "
         f"run `capgate resume {ctx.case_id}` to establish what landed",
         case=ctx.case_id, intent_id=ctx.intent_id) from None
+
+
+def _transaction_split(rt: Runtime, ctx: CallContext, split: TransactionSplit,
+                       evidence: dict[str, Any]) -> NoReturn:
+    """Issue 18: something committed inside the call (the dialect's ``before_commit`` saw
+    another transaction).  What ran before it -- the landing marker included -- is
+    committed, the rest was rolled back: neither ``applied`` nor ``rolled_back`` is true,
+    and the marker would tell resume ``applied``.  The intent escalates for a person
+    (resume parks executor escalations), then the caller gets the coded error."""
+    if not ctx.rehearse:
+        try:
+            rt.ledger.append(ctx.case_id, "escalated", {"state": {"escalation": {
+                "kind": "transaction_split", "by": "executor",
+                "classification": "partly_applied",
+                "rule": "the transaction was split before COMMIT: part of the call committed",
+                "transaction": dict(split.details), "counts": evidence.get("counts")}}},
+                intent_id=ctx.intent_id, attempt=ctx.attempt)
+        except AttemptSuperseded as late:
+            boundaries.record_stale(rt, ctx, "transaction_split", late)
+        rt.hooks.after_observed(ctx)
+    raise split
 
 
 def _landed_before(rt: Runtime, ctx: CallContext, evidence: dict[str, Any]) -> Outcome:

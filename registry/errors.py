@@ -222,6 +222,37 @@ class CommitOutcomeUnavailable(ConfigError, code="CG916"):
     """
 
 
+class DriverUnsupported(ConfigError, code="CG917"):
+    """The installed database driver is too old for what capgate relies on.
+
+    On Oracle capgate needs python-oracledb 3.0 or later: 2.5 added the Thin
+    mode's ``session_id`` and ``serial_num`` and 3.0 its logical transaction id
+    (``ltxid``, Transaction Guard); an older Thin driver reports an empty LTXID,
+    so a commit outcome would silently never be asked for.  Upgrade the driver
+    (``pip install -U oracledb``).
+    """
+
+
+class SecretInUrl(ConfigError, code="CG918"):
+    """A connector's URL carries a secret in its query string (e.g. ``wallet_password``).
+
+    A URL is printed, recorded in plans and named in DDL plan targets; only its
+    password part is ever hidden.  Put the secret in the connector's
+    ``connect_args`` with ``{ env = "VARIABLE" }`` so that it is read from the
+    environment when the connector opens and never written anywhere.
+    """
+
+
+class DriverModeConflict(ConfigError, code="CG919"):
+    """Oracle connectors of one configuration ask for different python-oracledb modes.
+
+    python-oracledb runs in Thin or Thick mode for the whole process, decided
+    before the first connection (``oracledb.init_oracle_client()``).  Give every
+    Oracle connector the same ``thick_mode`` setting (and the same Oracle
+    Client library directory), or run them in separate processes.
+    """
+
+
 # --- registry (CG1xx) --------------------------------------------------------
 
 
@@ -503,6 +534,51 @@ class UnboundedInput(RegistryError, code="CG160"):
     """
 
 
+class DialectSqlInvalid(RegistryError, code="CG170"):
+    """A row's SQL does not fit a dialect its connector declares (``connectors.NAME.dialects``).
+
+    Each SQL text of the row is parsed with sqlglot's parser for every declared
+    dialect (``postgresql`` -> postgres, ``mariadb`` -> mysql, ``oracle``,
+    ``sqlite``), and dialect rules are checked: on Oracle a query needs a FROM
+    clause before 23ai (``SELECT ... FROM dual``, or better a derived table
+    that every declared dialect accepts).  The finding names the file, row
+    and statement.  Rewrite the SQL, or stop declaring the dialect.
+    """
+
+
+class TransactionControlInWrite(RegistryError, code="CG171"):
+    """A write statement commits, rolls back or runs DDL (or dynamic SQL that could).
+
+    A write's statements run inside the one transaction capgate opens, labels,
+    marks and commits.  ``COMMIT``, ``ROLLBACK``, ``SAVEPOINT``, DDL (which
+    commits implicitly on Oracle and MariaDB), session control (``ALTER
+    SESSION``) and ``EXECUTE IMMEDIATE`` would end or split that transaction
+    and make the landing marker and the commit-outcome evidence lie.  Remove
+    it; DDL belongs in a ``ddl`` row.
+    """
+
+
+class DateBoundAsText(RegistryError, code="CG172"):
+    """A warning: a date input is bound as text where the connector declares Oracle.
+
+    The input's pattern admits ISO dates (``2024-08-15``) but it declares no
+    ``format: date``: capgate binds it as a string, and Oracle converts a
+    string compared with or stored into a DATE column with the session's
+    ``NLS_DATE_FORMAT`` (``DD-MON-RR`` by default: ORA-01861).  Declare
+    ``format: date`` (or ``date-time``) on the input: capgate then binds a
+    DATE, whatever the session's settings.
+    """
+
+
+class LeasedOnOracle(RegistryError, code="CG173"):
+    """A warning: a leased row on a connector that declares Oracle.
+
+    Oracle cannot end a leased transaction at its deadline on its own, so the
+    executor refuses leased rows there (``CG326``).  The row still runs on the
+    connector's other dialects.
+    """
+
+
 class CapabilityPathError(RegistryError, code="CG150"):
     """A capability path does not exist or holds no capability files."""
 
@@ -687,6 +763,17 @@ class BudgetExhausted(CapgateError, code="CG321", retryable=True):
     """
 
 
+class DatabaseSessionLimit(BudgetExhausted, ConnectorUnavailable):
+    """The database itself refused a new session: its per-user limit is reached.
+
+    Oracle ORA-02391 (the profile's ``SESSIONS_PER_USER``, counted per user per
+    database): a budget error (``CG321``, retryable) and, like an unreachable
+    database, refused before any statement was sent, so nothing of the call can
+    have landed.  capgate's budgets should refuse first: keep ``session_budget``
+    and ``db_user_budget`` below the limit (``capgate doctor`` compares them).
+    """
+
+
 class LeaseExpired(CapgateError, code="CG322"):
     """The lease's deadline passed; its transaction was rolled back."""
 
@@ -707,6 +794,35 @@ class StaleFence(CapgateError, code="CG324"):
 
 class ReadOnlyViolation(CapgateError, code="CG325"):
     """A read row attempted to write; the read-only transaction refused it."""
+
+
+class LeaseNotEnforceable(CapgateError, code="CG326"):
+    """The connector's database cannot end a leased transaction at its deadline on its own.
+
+    A lease promises that a hung executor (stopped, partitioned) cannot hold
+    its locks past the deadline: the server must end the transaction by
+    itself.  Oracle offers no per-transaction idle timeout a session can set
+    (profiles' ``IDLE_TIME`` counts whole minutes, Resource Manager's
+    ``MAX_IDLE_BLOCKER_TIME`` and 23ai's transaction priorities are DBA
+    configuration capgate cannot check per call), so leased rows are refused
+    on Oracle before anything is recorded.  Use a collapsed row there, or run
+    the leased row on PostgreSQL or MariaDB.
+    """
+
+
+class TransactionSplit(CapgateError, code="CG327", exit_code=EXIT_UNKNOWN):
+    """Something committed in the middle of a write, so its transaction was split in two.
+
+    Before COMMIT capgate checks that the transaction is still the one it
+    opened (Oracle: ``DBMS_TRANSACTION.LOCAL_TRANSACTION_ID``).  A procedure
+    that commits, or DDL run inside a statement, commits the work so far --
+    landing marker included -- and starts a new transaction: the marker and
+    the logical transaction id would then vouch for a part of the call only.
+    The rest is rolled back and the intent is escalated as ``partly_applied``
+    for a person to decide (``capgate resume CASE --resolve``).  Fix the row:
+    its statements must not commit (capgate already runs Oracle sessions with
+    ``ALTER SESSION DISABLE COMMIT IN PROCEDURE``).
+    """
 
 
 # --- reconciliation and ledger (CG4xx) ----------------------------------------

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from registry.checks import RowContext, check_row
+from registry.dialect_checks import dialect_warnings, sql_fit_problems
 from registry.errors import Problem
 from registry.lock import row_hash
 from registry.schema import schema_problems
@@ -29,6 +30,8 @@ class CheckedFile:
 
     problems: list[Problem]
     rows: list[CheckedRow] = field(default_factory=list)
+    warnings: list[Problem] = field(default_factory=list)
+    """Findings that do not stop a row from loading (CG172, CG173: ``registry.dialect_checks``)."""
 
 
 def check_file(source: str, text: str) -> CheckedFile:
@@ -61,6 +64,9 @@ def _check_file(source: str, text: str, positions: str) -> CheckedFile:
     raw_rows = doc.get("rows")
     connectors = doc.get("connectors")
     declared = set(connectors) if isinstance(connectors, dict) else set()
+    dialects = {name: [str(d) for d in spec.get("dialects") or ()]
+                for name, spec in (connectors if isinstance(connectors, dict) else {}).items()
+                if isinstance(spec, dict) and isinstance(spec.get("dialects") or [], list)}
     bad_rows = _row_indexes_with(file_problems, located)
     if not isinstance(raw_rows, list):
         return checked
@@ -75,7 +81,10 @@ def _check_file(source: str, text: str, positions: str) -> CheckedFile:
             problems.extend(_semantics_of_invalid(RowContext(raw, index, located, source),
                                                   declared, problems))
             continue
-        findings = check_row(RowContext(raw, index, located, source), declared)
+        ctx = RowContext(raw, index, located, source)
+        own = dialects.get(str(raw.get("connector")), [])
+        findings = check_row(ctx, declared) + sql_fit_problems(ctx, own)
+        checked.warnings.extend(dialect_warnings(ctx, own))
         problems.extend(findings)
         key = (raw["operation_id"], raw["version"])
         at = where(("rows", index))

@@ -162,7 +162,9 @@ def _validate_texts(items: list[tuple[str, str]], workers: int | None) -> Valida
                 result.rows.append(row)
                 result.row_index[key] = index
     result.problems.sort(key=lambda p: (p.path, p.line, p.col, p.code))
-    result.warnings = [w for row in result.rows for w in unbounded_inputs(row)]
+    result.warnings = sorted([w for file in checked if file is not None for w in file.warnings]
+                             + [w for row in result.rows for w in unbounded_inputs(row)],
+                             key=lambda p: (p.path, p.line, p.col, p.code))
     return result
 
 

@@ -9,6 +9,7 @@ recorded with every call.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -378,6 +379,18 @@ class Row:
     @property
     def key(self) -> tuple[str, int]:
         return (self.operation_id, self.version)
+
+    @functools.cached_property
+    def date_inputs(self) -> frozenset[tuple[str, str]]:
+        """``(input, "date" | "date-time")`` for each top-level input declared with that
+        JSON Schema ``format``: the executor binds them as dates where a dialect needs it
+        (Oracle compares a string with a DATE through the session's ``NLS_DATE_FORMAT``)."""
+        props = self.input.get("properties")
+        if not isinstance(props, Mapping):
+            return frozenset()
+        return frozenset((str(name), str(spec["format"])) for name, spec in props.items()
+                         if isinstance(spec, Mapping)
+                         and spec.get("format") in ("date", "date-time"))
 
     @property
     def safe_to_repeat(self) -> bool:

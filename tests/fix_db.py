@@ -19,6 +19,15 @@ Fixtures: ``sqlite_url``, ``pg_url``, ``mariadb_url``, ``oracle_url`` (function
 scoped, a URL to an empty place of one's own), ``pg_admin_url`` and friends
 (session scoped, the server itself), and ``target_url`` parametrised over every
 available engine for suites that run the same tests on each.
+
+Oracle also gets a service with ``COMMIT_OUTCOME=TRUE`` (Transaction Guard), which
+no default service has (``FREEPDB1`` included): ``CAPGATE_TEST_ORACLE_TG_SERVICE``
+names one the DSN's database already has; otherwise the fixture creates and starts
+``capgate_tg`` through the admin URL (``DBMS_SERVICE``, granted to DBA -- the
+container's SYSTEM has it).  ``oracle_tg_url`` is a fresh user on that service.
+When ``oracle`` is in ``CAPGATE_REQUIRE_DBS`` a missing Transaction Guard service
+fails the run too; otherwise its tests skip and say why.  ``CAPGATE_TEST_ORACLE_IMAGE``
+picks the container image (default ``gvenzl/oracle-free:slim``).
 """
 
 from __future__ import annotations
@@ -26,7 +35,9 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import time
 import uuid
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,6 +101,10 @@ class Server:
     engine: str
     url: URL
     container: Any = None
+    tg_service: str | None = None
+    """Oracle: a service with COMMIT_OUTCOME=TRUE on the same database (or None)."""
+    tg_problem: str = ""
+    """Oracle: why there is no such service."""
 
 
 _SERVERS: dict[str, Server | None] = {}
@@ -108,10 +123,107 @@ def _start_container(engine: str) -> Server:
         myc = MySqlContainer("mariadb:10.11", username="root", password="capgate",
                              dbname="test").start()
         return Server(engine, normalise_url(engine, myc.get_connection_url()), myc)
-    from testcontainers.oracle import OracleDbContainer
-
-    orc = OracleDbContainer("gvenzl/oracle-free:slim").start()
+    image = os.environ.get("CAPGATE_TEST_ORACLE_IMAGE", "gvenzl/oracle-free:slim")
+    orc = oracle_container_class()(image).start()
     return Server(engine, normalise_url(engine, orc.get_connection_url()), orc)
+
+
+def oracle_container_class() -> Any:
+    """testcontainers' ``OracleDbContainer``, from where this version keeps it.
+
+    testcontainers 4.x moved it to ``testcontainers.community.oracle``; the old module
+    still works but raises a DeprecationWarning on import, which ``filterwarnings =
+    error`` turns into an exception (the Oracle suites then never got a container, and
+    ``CAPGATE_REQUIRE_DBS=oracle`` exited 3).  The old path is only a fallback, for a
+    testcontainers from before the move, with its warning silenced.
+    """
+    try:
+        from testcontainers.community.oracle import OracleDbContainer
+    except ImportError:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            from testcontainers.oracle import OracleDbContainer
+    return OracleDbContainer
+
+
+TG_SERVICE = "capgate_tg"
+TG_SETUP = f"""
+DECLARE
+  params DBMS_SERVICE.SVC_PARAMETER_ARRAY;
+BEGIN
+  params('commit_outcome') := 'true';
+  params('retention_timeout') := '86400';
+  BEGIN
+    DBMS_SERVICE.CREATE_SERVICE(service_name => '{TG_SERVICE}', network_name => '{TG_SERVICE}',
+                                parameter_array => params);
+  EXCEPTION WHEN OTHERS THEN
+    IF SQLCODE = -44303 THEN  -- the service exists: make sure it records outcomes
+      DBMS_SERVICE.MODIFY_SERVICE(service_name => '{TG_SERVICE}', parameter_array => params);
+    ELSE
+      RAISE;
+    END IF;
+  END;
+  BEGIN
+    DBMS_SERVICE.START_SERVICE('{TG_SERVICE}');
+  EXCEPTION WHEN OTHERS THEN
+    IF SQLCODE != -44305 THEN RAISE; END IF;  -- already running
+  END;
+END;"""
+"""A Transaction Guard service in the admin URL's database (DBMS_SERVICE needs DBA)."""
+
+
+def _ltxid_on(url: URL) -> bool:
+    """Whether a session on ``url`` gets a logical transaction id (Transaction Guard on)."""
+    eng = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    try:
+        with eng.connect() as conn:
+            raw: Any = conn.connection.driver_connection
+            return bool(raw.ltxid)
+    finally:
+        eng.dispose()
+
+
+def _with_service(url: URL, service: str) -> URL:
+    query = dict(url.query)
+    query["service_name"] = service
+    return url.set(query=query, database=None)
+
+
+def ensure_tg_service(server: Server) -> None:
+    """Find or create the Oracle service with COMMIT_OUTCOME; note why when there is none."""
+    named = os.environ.get("CAPGATE_TEST_ORACLE_TG_SERVICE")
+    service = named or TG_SERVICE
+    problem = ""
+    if not named:
+        admin = sa.create_engine(server.url, poolclass=sa.pool.NullPool)
+        try:
+            with admin.connect() as conn:
+                conn.exec_driver_sql(TG_SETUP)
+                with contextlib.suppress(sa.exc.DBAPIError):  # not allowed inside a PDB
+                    conn.exec_driver_sql("ALTER SYSTEM REGISTER")
+        except sa.exc.DBAPIError as exc:
+            problem = f"could not create {service} (DBMS_SERVICE): {str(exc.orig).splitlines()[0]}"
+        finally:
+            admin.dispose()
+    if not problem:
+        url = _with_service(server.url, service)
+        deadline = time.monotonic() + 90  # the listener learns of a new service shortly
+        while True:
+            try:
+                if _ltxid_on(url):
+                    server.tg_service = service
+                    return
+                problem = f"service {service} gives no LTXID (COMMIT_OUTCOME is off)"
+                break
+            except Exception as exc:  # not registered with the listener yet
+                problem = f"service {service} is unreachable: {str(exc).splitlines()[0]}"
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(3)
+    server.tg_problem = problem
+    if "oracle" in required_engines():
+        pytest.exit(f"required database unavailable: oracle has no Transaction Guard service "
+                    f"(CAPGATE_TEST_ORACLE_TG_SERVICE): {problem}", returncode=3)
 
 
 def _local_answers(engine: str) -> bool:
@@ -161,6 +273,8 @@ def server_for(engine: str) -> Server | None:
                 f"is unreachable: {type(exc).__name__}: {str(exc).splitlines()[0]}",
             )
             server = None
+    if server is not None and engine == "oracle":
+        ensure_tg_service(server)
     _SERVERS[engine] = server
     return server
 
@@ -315,6 +429,21 @@ def mariadb_url() -> Iterator[URL]:
 def oracle_url() -> Iterator[URL]:
     with fresh_oracle(require_server("oracle")) as url:
         yield url
+
+
+@pytest.fixture
+def oracle_admin_url() -> URL:
+    return require_server("oracle").url
+
+
+@pytest.fixture
+def oracle_tg_url() -> Iterator[URL]:
+    """A fresh user reached through the service with COMMIT_OUTCOME (Transaction Guard)."""
+    server = require_server("oracle")
+    if server.tg_service is None:
+        pytest.skip(f"oracle: no Transaction Guard service: {server.tg_problem}")
+    with fresh_oracle(server) as url:
+        yield _with_service(url, server.tg_service)
 
 
 TARGET_ENGINES = ["sqlite", "postgresql", "mariadb"]

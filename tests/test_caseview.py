@@ -44,7 +44,7 @@ def test_cases_show_state_and_last_outcome(sandbox: tuple[Path, dict[str, str]])
     folder, env = sandbox
     text = capgate(["cases"], folder, env).stdout
     line = next(x for x in text.splitlines() if x.startswith("TICKET-4711"))
-    assert "closed" in line and "policy.purge_orphan@1 applied_verified" in line
+    assert "closed" in line and "policy.purge_orphan@2 applied_verified" in line
     rows = json.loads(capgate(["cases", "--json"], folder, env).stdout)
     ticket = next(r for r in rows if r["case"] == "TICKET-4711")
     assert (ticket["state"], ticket["last_outcome"], ticket["intents"]) == (

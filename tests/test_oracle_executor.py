@@ -1,25 +1,23 @@
-"""The executor on Oracle (python-oracledb thin mode).
+"""The executor on Oracle (python-oracledb): runs wherever an Oracle answers (issue 18).
 
-Runs where an Oracle answers: ``CAPGATE_TEST_ORACLE_DSN`` (a SQLAlchemy or
-``oracle://user:pw@host:port/?service_name=...`` URL of a user that may create
-users), else a ``gvenzl/oracle-free`` container when a Docker daemon answers;
-otherwise every test skips (``CAPGATE_REQUIRE_DBS=oracle`` makes that a failure).
-Each test gets a fresh Oracle user with the example schema
-(``capabilities/schema/oracle.sql``) and a SQLite ledger.
+``CAPGATE_TEST_ORACLE_DSN`` (a SQLAlchemy or ``oracle://user:pw@host:port/?service_name=...``
+URL of a user that may create users), else a ``gvenzl/oracle-free`` container when a
+Docker daemon answers; otherwise every test skips (``CAPGATE_REQUIRE_DBS=oracle``
+makes that a failure).  Each test gets a fresh Oracle user with the example schema
+(``capabilities/schema/oracle.sql``) and a SQLite ledger.  ``oracle_tg_url`` is the
+same database through a service with ``COMMIT_OUTCOME=TRUE`` (Transaction Guard),
+which ``tests/fix_db.py`` finds or creates.
 
-What needs more than a plain user is granted best-effort through the server's
-own (admin) URL and the assertion adapts or skips when the grant is refused:
-``SELECT`` on ``V$SESSION`` (the session labels as a DBA sees them) and
-``EXECUTE`` on ``DBMS_APP_CONT`` (Transaction Guard's commit outcome).  An
-LTXID exists only on a service with ``COMMIT_OUTCOME=TRUE`` (not the default
-service of a PDB such as ``FREEPDB1``): without one the LTXID test skips,
-unless ``CAPGATE_TEST_ORACLE_TG=1`` says the DSN's service has it, in which
-case an empty LTXID fails.
+What needs more than a plain user is granted best-effort through the server's own
+(admin) URL and the assertion adapts or skips when the grant is refused: ``SELECT``
+on ``V$SESSION``/``GV$SESSION`` (the labels as a DBA sees them), ``EXECUTE`` on
+``DBMS_APP_CONT`` (Transaction Guard's commit outcome), a profile with
+``SESSIONS_PER_USER`` (ORA-02391).  Crashes and resume: ``tests/test_oracle_recovery.py``;
+what is proven without an Oracle: ``tests/test_oracle_offline.py``.
 """
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -135,6 +133,34 @@ rows:
       - {name: sleep, sql: "BEGIN DBMS_SESSION.SLEEP(:seconds); END;",
          expect_rows: {min: 0, max: 1}}
 
+  - operation_id: ora.call_proc
+    version: 1
+    connector: insurance
+    description: >
+      Call a test procedure of the target schema (one that commits inside, or runs
+      DDL): the session refuses the commit, or the executor sees the split (test-only).
+    input:
+      type: object
+      additionalProperties: false
+      required: [policy_id, proc]
+      properties:
+        policy_id: {type: integer}
+        proc: {type: string, enum: [commit_note, ddl_note]}
+    target: {system: insurance, object: policy, keys: [policy_id]}
+    effect_class: transactional
+    shape: collapsed
+    authorization: {kind: write_grant}
+    environments: [dev]
+    idempotency_key: "{case}:{operation_id}:{policy_id}:{proc}"
+    timeout: {seconds: 10, on_timeout: rolled_back}
+    recovery: retryable
+    statements:
+      - name: call
+        sql: >
+          BEGIN IF :proc = 'commit_note' THEN commit_note(:policy_id);
+          ELSE ddl_note(:policy_id); END IF; END;
+        expect_rows: {min: 0, max: 1}
+
   - operation_id: ora.touch
     version: 1
     connector: insurance
@@ -226,18 +252,39 @@ def ora(oracle_url: URL, gate: Callable[..., Executor]) -> Executor:
 # --- schema and reads -------------------------------------------------------------------
 
 
-def test_schema_seeds_and_iso_date_binds(ora: Executor, oracle_url: URL) -> None:
+def _nls_date_format(url: URL, engine: sa.Engine | None = None) -> Any:
+    sql = "SELECT value FROM nls_session_parameters WHERE parameter = 'NLS_DATE_FORMAT'"
+    own = engine is None
+    engine = engine or sa.create_engine(url, poolclass=sa.pool.NullPool)
+    try:
+        with engine.connect() as conn:
+            return conn.execute(sa.text(sql)).scalar()
+    finally:
+        if own:
+            engine.dispose()
+
+
+def test_schema_seeds_and_dates_bound_as_dates(ora: Executor, oracle_url: URL) -> None:
     assert _scalar(oracle_url, "SELECT count(*) FROM premium") == 12
     assert _scalar(oracle_url, "SELECT sum(amount) FROM cover WHERE policy_id = 1") == 250000
     # identity columns continue above the seed rows' explicit ids
     out = ora.call("policy.add_note", NOTE, case="C-ident", who="agent")
     assert out.status == "applied_verified", out.reason
     assert _scalar(oracle_url, "SELECT max(note_id) FROM policy_note") >= 1000
-    # dates bound as ISO strings compare against DATE columns (NLS_DATE_FORMAT)
+    # as_of is declared format: date: it reaches Oracle as a DATE, whatever the session's
+    # NLS_DATE_FORMAT -- which capgate leaves exactly as the database set it
     overdue = ora.call("premium.list_overdue", {"as_of": "2024-08-15"}, case="C-due",
                        who="agent")
     assert overdue.status == "ok", overdue.reason
+    assert overdue.version == 2
     assert [r[0] for r in overdue.evidence["rows"]] == [7, 9, 3]
+    plain = _nls_date_format(oracle_url)
+    assert _nls_date_format(oracle_url, ora.connectors.get("insurance").engine) == plain
+    moved = ora.call("premium.move_due_date", {"premium_id": 6, "due_date": "2024-04-01"},
+                     case="C-move", who="agent")
+    assert moved.status == "applied_verified", moved.reason
+    assert _scalar(oracle_url, "SELECT TO_CHAR(due_date, 'YYYY-MM-DD') FROM premium"
+                               " WHERE premium_id = 6") == "2024-04-01"
 
 
 def test_read_runs_in_a_read_only_transaction(ora: Executor) -> None:
@@ -321,46 +368,299 @@ def test_session_is_tagged_with_case_operation_and_intent(ora: Executor,
 # --- transaction identity and commit outcome ----------------------------------------------
 
 
-def test_ltxid_is_recorded_before_commit(ora: Executor, oracle_url: URL) -> None:
-    out = ora.call("policy.add_note", NOTE, case="C-ltxid", who="agent")
+def test_without_commit_outcome_no_ltxid_is_recorded_and_why(ora: Executor) -> None:
+    out = ora.call("policy.add_note", NOTE, case="C-noltxid", who="agent")
     assert out.status == "applied_verified", out.reason
-    tx = _tx(ora, "C-ltxid")
-    assert tx["dialect"] == "oracle"
-    assert int(tx["sid"]) > 0 and int(tx["serial"]) > 0
-    assert "ltxid" in tx
-    if not tx["ltxid"]:
-        if os.environ.get("CAPGATE_TEST_ORACLE_TG") == "1":
-            pytest.fail("CAPGATE_TEST_ORACLE_TG=1 but no LTXID was recorded")
-        if _service_has_ltxid(oracle_url):
-            pytest.fail("the driver reports an LTXID on this service, but none was recorded")
-        pytest.skip("the service has no COMMIT_OUTCOME (Transaction Guard): no LTXID")
+    tx = _tx(ora, "C-noltxid")
+    assert tx["dialect"] == "oracle" and tx["driver"] == "thin"
+    assert int(tx["sid"]) > 0 and int(tx["serial"]) > 0 and int(tx["instance"]) >= 1
+    assert tx["txid"] and tx["usid"] and tx["db"]
+    if tx["ltxid"]:
+        pytest.skip("this DSN's default service has COMMIT_OUTCOME (Transaction Guard on)")
+    assert "COMMIT_OUTCOME" in tx["commit_outcome"]
+
+
+def test_ltxid_is_recorded_before_commit(oracle_tg_url: URL,
+                                         gate: Callable[..., Executor]) -> None:
+    ex = gate(oracle_tg_url)
+    out = ex.call("policy.add_note", NOTE, case="C-ltxid", who="agent")
+    assert out.status == "applied_verified", out.reason
+    tx = _tx(ex, "C-ltxid")
+    assert tx["ltxid"] and tx["commit_outcome"] == "recorded"
     raw = bytes.fromhex(tx["ltxid"])
     assert raw and raw.hex() == tx["ltxid"]
 
 
-def test_commit_outcome_of_a_committed_intent(ora: Executor, oracle_url: URL) -> None:
-    out = ora.call("policy.add_note", NOTE, case="C-outcome", who="agent")
+def test_commit_outcome_of_a_committed_intent(oracle_tg_url: URL,
+                                              gate: Callable[..., Executor]) -> None:
+    ex = gate(oracle_tg_url)
+    out = ex.call("policy.add_note", NOTE, case="C-outcome", who="agent")
     assert out.status == "applied_verified", out.reason
-    tx = _tx(ora, "C-outcome")
+    tx = _tx(ex, "C-outcome")
     # Transaction Guard is asked about sessions that are gone: end the executor's
-    ora.connectors.get("insurance").engine.dispose()
-    _grant(oracle_url, "EXECUTE ON SYS.DBMS_APP_CONT")
-    executable = bool(_scalar(
-        oracle_url, "SELECT count(*) FROM all_objects WHERE owner = 'SYS'"
-                    " AND object_name = 'DBMS_APP_CONT' AND object_type = 'PACKAGE'"))
+    ex.connectors.get("insurance").engine.dispose()
+    if not _grant(oracle_tg_url, "EXECUTE ON SYS.DBMS_APP_CONT"):
+        pytest.skip("the admin URL may not grant EXECUTE ON DBMS_APP_CONT")
+    dialect = OracleDialect()
+    engine = sa.create_engine(oracle_tg_url, poolclass=sa.pool.NullPool)
+    dialect.prepare_engine(engine)
+    try:
+        with engine.connect() as conn:
+            assert dialect.commit_outcome(conn, tx) == "committed"
+            assert dialect.commit_outcome(conn, {"ltxid": None}) is None
+    finally:
+        engine.dispose()
+
+
+# --- the session: labels, pool resets, procedures that commit -------------------------------
+
+
+def test_labels_and_call_timeout_are_reset_on_return_to_the_pool(ora: Executor) -> None:
+    out = ora.call("ora.session_tags", {"policy_id": 1}, case="C-reset", who="agent")
+    assert out.status == "applied_verified", out.reason
+    engine = ora.connectors.get("insurance").engine
+    with engine.connect() as conn:  # the pooled session the call used
+        raw: Any = conn.connection.driver_connection
+        assert raw.call_timeout == 0
+        labels = conn.execute(sa.text(
+            "SELECT SYS_CONTEXT('USERENV', 'CLIENT_INFO'), SYS_CONTEXT('USERENV', 'ACTION'),"
+            " SYS_CONTEXT('USERENV', 'CLIENT_IDENTIFIER') FROM dual")).one()
+        assert tuple(labels) == (None, None, None), labels
+        conn.rollback()
+
+
+PROCEDURES = (
+    "CREATE OR REPLACE PROCEDURE commit_note(p NUMBER) AS BEGIN"
+    " INSERT INTO policy_note (policy_id, author, body) VALUES (p, 'proc', 'committed inside');"
+    " COMMIT; END;",
+    "CREATE OR REPLACE PROCEDURE ddl_note(p NUMBER) AS BEGIN"
+    " INSERT INTO policy_note (policy_id, author, body) VALUES (p, 'proc', 'before ddl');"
+    " EXECUTE IMMEDIATE 'CREATE TABLE split_probe (x NUMBER)'; END;",
+)
+
+
+def test_a_procedure_that_commits_is_refused(ora: Executor, oracle_url: URL) -> None:
+    engine = sa.create_engine(oracle_url, poolclass=sa.pool.NullPool)
+    try:
+        with engine.connect() as conn:
+            for ddl in PROCEDURES:
+                conn.exec_driver_sql(ddl)
+    finally:
+        engine.dispose()
+    out = ora.call("ora.call_proc", {"policy_id": 1, "proc": "commit_note"}, case="C-proc",
+                   who="agent")
+    assert out.status == "rolled_back", out
+    assert "ORA-00034" in str((out.reason or {}).get("message")), out.reason
+    assert _scalar(oracle_url, "SELECT count(*) FROM policy_note WHERE author = 'proc'") == 0
+    assert _markers(oracle_url, out.intent_id) == 0
+
+
+def test_ddl_inside_a_call_never_reports_applied(ora: Executor, oracle_url: URL) -> None:
+    """Refused by the session (ORA-00034), or seen before COMMIT (CG327, escalated):
+    never ``applied_verified`` for a call whose transaction was split."""
+    from executor.recovery.resume import resume
+    from registry.errors import TransactionSplit
+
+    engine = sa.create_engine(oracle_url, poolclass=sa.pool.NullPool)
+    try:
+        with engine.connect() as conn:
+            for ddl in PROCEDURES:
+                conn.exec_driver_sql(ddl)
+    finally:
+        engine.dispose()
+    try:
+        out = ora.call("ora.call_proc", {"policy_id": 1, "proc": "ddl_note"}, case="C-ddl",
+                       who="agent")
+    except TransactionSplit as split:
+        assert split.code == "CG327"
+        (state,) = (ora.ledger.snapshot("C-ddl") or {})["intents"].values()
+        assert state["status"] == "escalated"
+        assert state["escalation"]["kind"] == "transaction_split"
+        assert state["escalation"]["classification"] == "partly_applied"
+        (parked,) = resume(ora, "C-ddl").intents
+        assert parked.action == "awaiting_person"
+        return
+    # the session refused the DDL's commit (ORA-00034 as documented, or another ORA-): rolled
+    # back, and the procedure's insert before it did not land
+    assert out.status == "rolled_back", out
+    assert "ORA-" in str((out.reason or {}).get("message")), out.reason
+    assert _scalar(oracle_url, "SELECT count(*) FROM policy_note WHERE author = 'proc'") == 0
+
+
+def test_a_split_transaction_is_seen_before_commit(oracle_url: URL,
+                                                   gate: Callable[..., Executor]) -> None:
+    """The detector itself: a COMMIT sent inside an open write changes the local
+    transaction id, and ``before_commit`` refuses to vouch for it."""
+    from registry.errors import TransactionSplit
+
+    gate(oracle_url)  # the schema
     dialect = OracleDialect()
     engine = sa.create_engine(oracle_url, poolclass=sa.pool.NullPool)
     dialect.prepare_engine(engine)
     try:
         with engine.connect() as conn:
-            answer = dialect.commit_outcome(conn, tx)
-            assert dialect.commit_outcome(conn, {"ltxid": None}) is None
+            tag = SessionTag("C-split", "ora.split", "i-split")
+            identity = dialect.begin_write(conn, tag, 10, None)
+            assert identity.values["txid"]
+            dialect.before_commit(conn)  # nothing committed yet
+            conn.exec_driver_sql("COMMIT")  # what DDL or a procedure's COMMIT would do
+            conn.execute(sa.text("UPDATE policy SET holder = holder WHERE policy_id = 1"))
+            with pytest.raises(TransactionSplit):
+                dialect.before_commit(conn)
+            conn.rollback()
     finally:
         engine.dispose()
-    if tx.get("ltxid") and executable:
-        assert answer == "committed"
+
+
+# --- least privilege, leases, the database's session limit, doctor ----------------------------
+
+
+def _admin() -> sa.Engine:
+    return sa.create_engine(require_server("oracle").url, poolclass=sa.pool.NullPool,
+                            isolation_level="AUTOCOMMIT")
+
+
+def test_a_least_privilege_account_writes_after_install(oracle_url: URL,
+                                                        gate: Callable[..., Executor],
+                                                        tmp_path: Any) -> None:
+    """The owner installs capgate's tables once; the calling account has CREATE SESSION,
+    the rows' DML and the target's grants -- no CREATE TABLE -- and writes."""
+    import uuid
+
+    from executor.connectors import ConnectorConfig, Connectors
+    from executor.ledger import open_ledger
+    from tests.fix_capgate import GRANTS, registry
+
+    gate(oracle_url)  # schema and capgate's tables, installed as the owner
+    owner = str(oracle_url.username).upper()
+    app, password = f"CGA_{uuid.uuid4().hex[:10]}".upper(), uuid.uuid4().hex[:16]
+    admin = _admin()
+    try:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'CREATE USER {app} IDENTIFIED BY "{password}"')
+            conn.exec_driver_sql(f"GRANT CREATE SESSION TO {app}")
+        owner_engine = sa.create_engine(oracle_url, poolclass=sa.pool.NullPool)
+        try:
+            with owner_engine.begin() as conn:
+                for table in ("policy", "policy_note"):
+                    conn.exec_driver_sql(f"GRANT SELECT, INSERT, UPDATE ON {table} TO {app}")
+                for statement in OracleDialect().target_grants(app):
+                    conn.exec_driver_sql(statement)
+        finally:
+            owner_engine.dispose()
+        app_url = oracle_url.set(username=app, password=password)
+        connectors = Connectors({"insurance": ConnectorConfig(
+            "insurance", app_url.render_as_string(hide_password=False), "dev",
+            current_schema=owner)})
+        ex = Executor(registry(), connectors, open_ledger(f"sqlite:///{tmp_path}/l.db"), GRANTS)
+        try:
+            out = ex.call("policy.add_note", NOTE, case="C-least", who="agent")
+            assert out.status == "applied_verified", out.reason
+            with connectors.get("insurance").engine.connect() as conn:
+                privs = {r[0] for r in conn.execute(sa.text("SELECT privilege FROM session_privs"))}
+            assert "CREATE TABLE" not in privs and "CREATE ANY TABLE" not in privs
+        finally:
+            connectors.dispose()
+            ex.ledger.close()
+        assert _markers(oracle_url, out.intent_id) == 1
+    finally:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f"DROP USER {app} CASCADE")
+        admin.dispose()
+
+
+def test_leased_rows_are_refused_before_anything_is_recorded(ora: Executor) -> None:
+    from registry.errors import LeaseNotEnforceable
+
+    with pytest.raises(LeaseNotEnforceable) as info:
+        ora.call("policy.cancel", {"policy_id": 5, "cancel_date": "2024-06-01",
+                                   "author": "jdoe", "reason": "Car scrapped."},
+                 case="C-lease", who="agent")
+    assert info.value.code == "CG326"
+    assert list(ora.ledger.events("C-lease")) == []
+
+
+def test_the_database_session_limit_is_the_budget_error(oracle_url: URL,
+                                                        gate: Callable[..., Executor]) -> None:
+    import uuid
+
+    from registry.errors import BudgetExhausted
+
+    gate(oracle_url)
+    profile = f"CGP_{uuid.uuid4().hex[:8]}".upper()
+    admin = _admin()
+    try:
+        with admin.connect() as conn:
+            enforced = conn.execute(sa.text(
+                "SELECT value FROM v$parameter WHERE name = 'resource_limit'")).scalar()
+            if str(enforced).upper() != "TRUE":
+                admin.dispose()
+                pytest.skip("RESOURCE_LIMIT is FALSE: SESSIONS_PER_USER is not enforced here")
+            conn.exec_driver_sql(f"CREATE PROFILE {profile} LIMIT SESSIONS_PER_USER 2")
+            conn.exec_driver_sql(f"ALTER USER {oracle_url.username} PROFILE {profile}")
+    except sa.exc.DBAPIError as exc:
+        admin.dispose()
+        pytest.skip(f"the admin URL may not create a profile: {exc.orig}")
+    holders = [sa.create_engine(oracle_url, poolclass=sa.pool.NullPool) for _ in range(2)]
+    held = []
+    try:
+        for engine in holders:
+            conn = engine.connect()
+            conn.execute(sa.text("SELECT 1 FROM dual"))
+            held.append(conn)
+        ex = gate(oracle_url, schema=False)
+        with pytest.raises(BudgetExhausted) as info:
+            ex.call("policy.add_note", NOTE, case="C-limit", who="agent")
+        assert info.value.code == "CG321" and "ORA-02391" in info.value.message
+        assert list(ex.ledger.events("C-limit")) == []  # refused before anything was recorded
+    finally:
+        for conn in held:
+            conn.close()
+        for engine in holders:
+            engine.dispose()
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f"ALTER USER {oracle_url.username} PROFILE DEFAULT")
+            conn.exec_driver_sql(f"DROP PROFILE {profile}")
+        admin.dispose()
+
+
+@pytest.mark.parametrize("service", ["default", "transaction_guard"])
+def test_doctor_reports_what_oracle_needs(service: str, request: pytest.FixtureRequest,
+                                          gate: Callable[..., Executor],
+                                          tmp_path: Any) -> None:
+    from pathlib import Path
+
+    from capgate.doctor import run_doctor
+
+    url: URL = request.getfixturevalue("oracle_url" if service == "default"
+                                       else "oracle_tg_url")
+    gate(url)
+    if service == "transaction_guard":
+        _grant(url, "EXECUTE ON SYS.DBMS_APP_CONT")
+    root = Path(__file__).resolve().parent.parent
+    config = tmp_path / "capgate.toml"
+    config.write_text(f"""[capgate]
+capabilities = ["{root / 'capabilities'}"]
+ledger = "sqlite:///{tmp_path / 'ledger.db'}"
+
+[connectors.insurance]
+url = "{url.render_as_string(hide_password=False)}"
+environment = "dev"
+session_budget = 2
+""", "utf-8")
+    report = run_doctor(config, {})
+    mine = [f for f in report.findings if f.subject == "connector insurance"]
+    text = "\n".join(f.render() for f in mine)
+    assert any("python-oracledb" in f.message and "Thin mode" in f.message for f in mine), text
+    assert any("SESSIONS_PER_USER" in f.message for f in mine), text
+    assert any("GV$SESSION" in f.message for f in mine), text
+    assert any(f.code == "CG326" and "policy.cancel" in f.message for f in mine), text
+    outcome = [f for f in mine if f.code == "CG916" or "Transaction Guard" in f.message]
+    if service == "default":
+        assert any(f.code == "CG916" and "COMMIT_OUTCOME" in f.message for f in outcome), text
     else:
-        assert answer is None
+        assert any(f.severity == "ok" and "Transaction Guard" in f.message
+                   for f in outcome), text
 
 
 # --- timeouts -------------------------------------------------------------------------------
@@ -430,23 +730,19 @@ def test_target_tables_install_idempotently(oracle_url: URL,
 
 # --- every example of the capability files ---------------------------------------------------
 
-# Rows whose SQL needs Oracle 23ai (a SELECT without FROM in a verify check).
-NEEDS_23AI = {"policy.purge_orphan"}
-
-
 def test_every_example_rehearses_on_oracle(oracle_url: URL,
-                                           gate: Callable[..., Executor]) -> None:
-    from executor.rehearse import FAILED, rehearse
+                                          gate: Callable[..., Executor]) -> None:
+    """Every current example row runs on Oracle 19c+ (no 23ai-only SQL: CG170 sees to it);
+    the leased row is refused (CG326), as it must be there."""
+    from executor.rehearse import rehearse
 
     ex = gate(oracle_url)
-    engine = ex.connectors.get("insurance").engine
-    with engine.connect() as conn:
-        conn.execute(sa.text("SELECT 1 FROM dual"))
-    version = int((engine.dialect.server_version_info or (0,))[0])
     report = rehearse(ex, who="agent", connectors=["insurance"])
-    failed = [r for r in report.results if r.result not in ("passed", "skipped")]
-    if version < 23:
-        failed = [r for r in failed if not (r.operation_id in NEEDS_23AI and r.result == FAILED)]
+    refused = [r for r in report.results if r.operation_id == "policy.cancel"
+               and r.result != "skipped"]  # the retired version is skipped as everywhere
+    assert refused and all("CG326" in " ".join(r.problems) for r in refused), refused
+    failed = [r for r in report.results if r.result not in ("passed", "skipped")
+              and r.operation_id != "policy.cancel"]
     assert not failed, [(r.ref, r.name, r.result, r.message) for r in failed]
     assert any(r.result == "passed" for r in report.results)
     # nothing stayed behind

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from sqlalchemy.engine import URL, make_url
 
-from executor.dialects.base import Dialect, SessionTag, TxIdentity
+from executor.dialects.base import SECRET_KEY, Dialect, SessionTag, TxIdentity, safe_url
 
-__all__ = ["DRIVERS", "Dialect", "SessionTag", "TxIdentity", "dialect_for", "normalise_url"]
+__all__ = ["DRIVERS", "SECRET_KEY", "Dialect", "SessionTag", "TxIdentity", "dialect_for",
+           "normalise_url", "safe_url"]
 
 DRIVERS = {"postgresql": "postgresql+psycopg", "postgres": "postgresql+psycopg",
            "mysql": "mysql+pymysql", "mariadb": "mysql+pymysql", "oracle": "oracle+oracledb",

@@ -15,8 +15,23 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import sqlalchemy as sa
+from sqlalchemy.engine import URL, make_url
 
 from registry.errors import CapgateError
+
+SECRET_KEY = re.compile(r"pass(word|wd)?|secret|token|credential", re.IGNORECASE)
+"""Query or ``connect_args`` keys that carry a secret (``wallet_password``, ``access_token``)."""
+
+
+def safe_url(url: str | URL) -> str:
+    """The URL as it may be printed, logged or put in a plan: the password and every
+    secret query value hidden (a driver takes ``?wallet_password=`` in the query too)."""
+    parsed = make_url(url)
+    hidden = {k: "***" for k in parsed.query if SECRET_KEY.search(k)}
+    if hidden:
+        parsed = parsed.update_query_dict(hidden)
+    return parsed.render_as_string(hide_password=True)
+
 
 MARKER_TABLE = "capgate_landed"
 FENCE_TABLE = "capgate_fence"
@@ -107,6 +122,10 @@ class SessionTag:
     case_id: str
     operation_id: str
     intent_id: str
+    dates: frozenset[tuple[str, str]] = frozenset()
+    """``(input, "date" | "date-time")`` for each input the row declares with that
+    ``format``: a dialect that must bind them as dates (Oracle, where a string meets a
+    DATE through ``NLS_DATE_FORMAT``) can."""
 
     def text(self, limit: int = 63) -> str:
         raw = f"capgate {self.case_id} {self.operation_id} {self.intent_id}"
@@ -150,6 +169,21 @@ class Dialect:
             raise NotSupported(f"{self.name} cannot enforce a lease server-side",
                                dialect=self.name)
         return self.server_side_lease
+
+    def check_lease(self) -> None:
+        """Refuse a leased row (``LeaseNotEnforceable``) where nothing can end it on time.
+
+        Called before a leased call records anything.  The default accepts:
+        PostgreSQL and MariaDB arm server-side timeouts, and SQLite has no
+        server whose locks could outlive the executor's process.
+        """
+
+    def configure(self, options: Mapping[str, Any]) -> None:
+        """Connector settings the dialect applies to its sessions (Oracle ``current_schema``).
+
+        Called once by ``Connector.open`` before the engine exists; the default
+        takes none.
+        """
 
     # --- engines and sessions ------------------------------------------------
 
@@ -290,6 +324,11 @@ class Dialect:
     def reset_session(self, conn: sa.Connection) -> None:
         """Undo session-level settings after a write (before the pool reuses the connection)."""
 
+    def before_commit(self, conn: sa.Connection) -> None:
+        """The last look before COMMIT: raise ``TransactionSplit`` if the transaction is not
+        the one opened (something in the statements committed).  Default: nothing to check.
+        """
+
     # --- errors --------------------------------------------------------------
 
     def is_timeout(self, exc: BaseException) -> bool:
@@ -309,6 +348,21 @@ class Dialect:
     def is_insufficient_privilege(self, exc: BaseException) -> bool:
         """The account lacks a privilege the statement needs."""
         return False
+
+    def is_session_limit(self, exc: BaseException) -> bool:
+        """The database refused a new session because its per-user limit is reached."""
+        return False
+
+    def budget_user_scope(self, url: URL, connect_args: Mapping[str, Any]) -> str | None:
+        """Where the database counts a user's sessions: the ``db_user`` budget's key.
+
+        Default ``USER@HOST:PORT`` (a server's own per-user limit); None when the
+        URL names no user.
+        """
+        user = url.username or connect_args.get("user")
+        if not user:
+            return None
+        return f"{user}@{url.host or 'localhost'}:{url.port or ''}"
 
     # --- recovery evidence ---------------------------------------------------
 

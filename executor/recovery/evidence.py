@@ -225,7 +225,7 @@ def _gather_connector(connector: Connector, items: list[Pending], facts: dict[st
             elif dialect == "mariadb":
                 _mariadb(connector, open_items, facts, terminate, wait_seconds, probe_writes)
             elif dialect == "oracle":
-                _oracle(connector, open_items, facts, terminate, wait_seconds)
+                _oracle(connector, open_items, facts, terminate, wait_seconds, probe_writes)
             # Re-read: a transaction may have committed between the first look and
             # the moment its session was found finished.
             _set_markers(connector, open_items, facts)
@@ -513,37 +513,22 @@ def _held_marker_keys(connector: Connector, watched: Mapping[str, Pending],
 
 
 def _oracle(connector: Connector, items: list[Pending], facts: dict[str, Facts],
-            terminate: bool, wait_seconds: float) -> None:
-    """Transaction Guard: ``GET_LTXID_OUTCOME`` also blocks a late commit of that LTXID."""
-    dialect = connector.dialect
-    with _autocommit(connector) as conn:
-        for p in items:
-            f = facts[p.intent_id]
-            if not p.tx.get("ltxid"):
-                f.identity = "unrecorded"
-                continue
-            deadline = _deadline(wait_seconds)
-            terminated = False
-            while True:
-                try:
-                    f.outcome = dialect.commit_outcome(conn, p.tx)
-                except sa.exc.DBAPIError as exc:
-                    f.note("commit_outcome_error", _first_line(exc))
-                    f.outcome = None
-                if f.outcome is not None:
-                    break
-                alive = dialect.session_alive(conn, p.tx)
-                f.note("session_alive", alive)
-                if alive and terminate and not terminated:
-                    terminated = bool(dialect.terminate_session(conn, p.tx))
-                    f.note("terminated_session", terminated)
-                if not alive or time.monotonic() >= deadline:
-                    break
-                time.sleep(_POLL)
-            f.identity = "same" if f.outcome is not None else "unchecked"
-            f.note("commit_outcome", {"probe": "GET_LTXID_OUTCOME", "answer": f.outcome})
-            if f.outcome is not None:
-                f.finished = True
+            terminate: bool, wait_seconds: float, probe_writes: bool = True) -> None:
+    """Oracle: Transaction Guard first, then privilege-free proofs that the transaction
+    is over (issue 18; the rules live in ``executor/dialects/oracle.py``)."""
+    dialect: Any = connector.dialect
+    answers = dialect.attempt_evidence(connector.engine, [
+        {"intent_id": p.intent_id, "tx": p.tx, "idem_key": p.idem_key,
+         "error": p.state.get("error")} for p in items],
+        terminate=terminate, wait_seconds=wait_seconds, probe_writes=probe_writes)
+    for p in items:
+        f, answer = facts[p.intent_id], answers[p.intent_id]
+        f.outcome, f.finished, f.identity = (answer["outcome"], answer["finished"],
+                                             answer["identity"])
+        for key, value in answer["notes"].items():
+            f.note(key, value)
+        if f.finished is not True and (answer["notes"].get("session") or {}).get("alive"):
+            f.note("session_alive", True)
 
 
 def _sqlite(connector: Connector, items: list[Pending], facts: dict[str, Facts],
