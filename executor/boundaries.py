@@ -240,14 +240,18 @@ def _timeout_contract(rt: Runtime, ctx: CallContext, result: Outcome) -> str | N
                 "on_timeout": str(row.timeout.on_timeout), "recovery": str(row.recovery),
                 "safe_to_repeat": row.safe_to_repeat, "attempt": ctx.attempt,
                 "attempts": row.timeout.attempts, "reason": dict(reason)}
-    if action == "retry":
-        rt.ledger.append(ctx.case_id, "retrying", {"state": {
-            "retry_attempt": ctx.attempt + 1, "classification": "not_applied",
-            "rule": "timeout contract: rolled back, retryable, safe to repeat",
-            "contract": contract}}, intent_id=ctx.intent_id, attempt=ctx.attempt)
-    elif action == "reconcile":
-        rt.ledger.append(ctx.case_id, "reconciliation_task", {"state": {
-            "contract": contract}}, intent_id=ctx.intent_id, attempt=ctx.attempt)
+    try:
+        if action == "retry":
+            rt.ledger.append(ctx.case_id, "retrying", {"state": {
+                "retry_attempt": ctx.attempt + 1, "classification": "not_applied",
+                "rule": "timeout contract: rolled back, retryable, safe to repeat",
+                "contract": contract}}, intent_id=ctx.intent_id, attempt=ctx.attempt)
+        elif action == "reconcile":
+            rt.ledger.append(ctx.case_id, "reconciliation_task", {"state": {
+                "contract": contract}}, intent_id=ctx.intent_id, attempt=ctx.attempt)
+    except AttemptSuperseded as late:  # resume moved on while this attempt ran: evidence
+        record_stale(rt, ctx, result, late)
+    if action == "reconcile":
         raise ReconciliationRequired(
             f"{row.ref} timed out ({contract['cause']}); its contract (on_timeout: "
             f"unknown) makes the outcome a reconciliation task: run `capgate resume "

@@ -277,7 +277,8 @@ def _transaction_split(rt: Runtime, ctx: CallContext, split: TransactionSplit,
                 "classification": "partly_applied",
                 "rule": "the transaction was split before COMMIT: part of the call committed",
                 "transaction": dict(split.details), "counts": evidence.get("counts")}}},
-                intent_id=ctx.intent_id, attempt=ctx.attempt)
+                intent_id=ctx.intent_id, attempt=ctx.attempt,
+                within=lambda tx: rt.hooks.within_observed(ctx, tx))
         except AttemptSuperseded as late:
             boundaries.record_stale(rt, ctx, "transaction_split", late)
         rt.hooks.after_observed(ctx)

@@ -32,6 +32,7 @@ import select
 import signal
 import subprocess
 import sys
+import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -129,6 +130,7 @@ def serve() -> None:
                     code = run(request["spec"])
                 except BaseException as exc:  # report, then die with a distinct code
                     print(f"crash_child: {type(exc).__name__}: {exc}", file=sys.stderr)
+                    traceback.print_exc(file=sys.stderr)
                 finally:
                     os._exit(code)
         else:

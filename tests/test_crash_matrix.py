@@ -277,7 +277,8 @@ def test_live_session_is_never_not_applied(target_url: URL, point: str,
             state = ex.ledger.intent(case, only.intent_id)
             assert state["status"] == "observed" and state["attempt"] == 2
             assert state["outcome_record"]["status"] == "applied_verified"
-            assert any(e.kind == "stale_attempt" for e in ex.ledger.events(case))
+            kinds = [e.kind for e in ex.ledger.events(case)]
+            assert "stale_attempt" in kinds, (late, kinds)
         assert effect_count(ex, NOTE, inputs) == 1
         assert ex.ledger.verify().ok
         assert not ex.ledger.cases(open_only=True)

@@ -254,8 +254,10 @@ class Dialect:
         binds = dict(params)
         # SQLAlchemy's own statement event still fires (the engine's re-arming listener,
         # and whatever instrumentation a user attached): the statement is still seen
-        conn.dispatch.before_cursor_execute(conn, cursor, sql, binds, None, False)
         try:
+            # inside the try: re-arming the timeouts is a round trip of its own, and it
+            # meets a terminated session first (issue 11 item 14: a woken stale executor)
+            conn.dispatch.before_cursor_execute(conn, cursor, sql, binds, None, False)
             cursor.execute(sql, binds)
         except Exception as exc:
             dbapi = conn.dialect.loaded_dbapi
