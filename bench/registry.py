@@ -173,8 +173,14 @@ def make_row(rng: random.Random, op: str, version: int, connector: str) -> dict[
     if effect == "compensable":
         row["compensation"] = [{"sql": f"UPDATE {table} SET status = 'restored' "
                                        f"WHERE id = :{key}", "expect_rows": {"min": 0, "max": 1}}]
+        row["compensation_verify"] = [{
+            "name": "restored",
+            "sql": f"SELECT count(*) FROM {table} WHERE id = :{key} AND status = 'restored'",
+            "expect": {"value": 1}}]
+    if effect in ("compensable", "irreversible"):
         row["landed_probe"] = {"sql": f"SELECT count(*) FROM {table} WHERE id = :{key}",
                                "expect": {"rows": 1}}
+    _keep_timeout_contract(rng, row)
     if rng.random() < 0.3:
         n = len(statements) if shape == "collapsed" else None
         example: dict[str, Any] = {"name": "typical", "input": {
@@ -184,6 +190,23 @@ def make_row(rng: random.Random, op: str, version: int, connector: str) -> dict[
             example["expect_rows"] = [0] * (n - 1) + [1]
         row["examples"] = [example]
     return row
+
+
+def _keep_timeout_contract(rng: random.Random, row: dict[str, Any]) -> None:
+    """Make a write row's effect-of-timeout contract one the executor can keep (CG126-128).
+
+    An irreversible effect is never undone by a rollback (``on_timeout: unknown``);
+    a retryable non-transactional row must be safe to repeat, so about half of
+    them say they are idempotent and the rest reconcile first.
+    """
+    effect = row["effect_class"]
+    if effect == "irreversible":
+        row["timeout"]["on_timeout"] = "unknown"
+    if row["recovery"] == "retryable" and effect in ("irreversible", "compensable"):
+        if rng.random() < 0.5:
+            row["idempotent"] = True
+        else:
+            row["recovery"] = "reconcile_first"
 
 
 def generate(directory: Path, n_rows: int, n_files: int, seed: int = 7) -> int:

@@ -24,24 +24,24 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import (
-    Ed25519PrivateKey,
-    Ed25519PublicKey,
-)
+from typing import TYPE_CHECKING
 
 from registry.canonical import canonical_bytes
 from registry.errors import ConfigError, UsageError
+
+if TYPE_CHECKING:  # cryptography is imported where a key is used: a read call never pays
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import (
+        Ed25519PrivateKey,
+        Ed25519PublicKey,
+    )
 
 KEY_PREFIX = "ed25519:"
 STATEMENT_FIELDS = ("approval_id", "plan_hash", "approver", "role", "expires_at")
 KEY_ENV = "CAPGATE_APPROVER_KEY"
 """The approver's private key file when ``capgate approve`` is given no ``--key``."""
 
-__all__ = ["KEY_ENV", "KEY_PREFIX", "SigningKey", "generate", "load_signing_key",
-           "parse_public_key", "statement", "verify"]
+__all__ = ["KEY_ENV", "KEY_PREFIX", "SigningKey", "check_public_key", "generate",
+           "load_signing_key", "parse_public_key", "statement", "verify"]
 
 
 def statement(fields: Mapping[str, str]) -> bytes:
@@ -66,17 +66,36 @@ class SigningKey:
 
 
 def public_text(key: Ed25519PublicKey) -> str:
+    from cryptography.hazmat.primitives import serialization
+
     raw = key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
     return KEY_PREFIX + base64.b64encode(raw).decode()
 
 
-def parse_public_key(text: str, *, where: str) -> Ed25519PublicKey:
-    """``ed25519:BASE64`` -> the key; ConfigError naming ``where`` when it is not one."""
+def check_public_key(text: str, *, where: str) -> bytes:
+    """``ed25519:BASE64`` of 32 bytes -> the raw key; ConfigError naming ``where`` if not.
+
+    What ``Ed25519PublicKey.from_public_bytes`` accepts, decided without
+    loading cryptography (reading the grants file is on every call's path).
+    """
     if not isinstance(text, str) or not text.startswith(KEY_PREFIX):
         raise ConfigError(f"{where}: approval_key must look like \"ed25519:BASE64\" "
                           "(`capgate approver keygen` prints it)")
     try:
         raw = base64.b64decode(text[len(KEY_PREFIX):], validate=True)
+    except ValueError:
+        raw = b""
+    if len(raw) != 32:
+        raise ConfigError(f"{where}: approval_key is not a valid Ed25519 public key")
+    return raw
+
+
+def parse_public_key(text: str, *, where: str) -> Ed25519PublicKey:
+    """``ed25519:BASE64`` -> the key; ConfigError naming ``where`` when it is not one."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+    raw = check_public_key(text, where=where)
+    try:
         return Ed25519PublicKey.from_public_bytes(raw)
     except ValueError:
         raise ConfigError(f"{where}: approval_key is not a valid Ed25519 public key") from None
@@ -84,6 +103,8 @@ def parse_public_key(text: str, *, where: str) -> Ed25519PublicKey:
 
 def verify(public: str, fields: Mapping[str, str], signature: str) -> bool:
     """Whether ``signature`` is ``public``'s signature of the approval ``fields``."""
+    from cryptography.exceptions import InvalidSignature
+
     try:
         key = parse_public_key(public, where="approval")
         key.verify(base64.b64decode(signature, validate=True), statement(fields))
@@ -94,6 +115,9 @@ def verify(public: str, fields: Mapping[str, str], signature: str) -> bool:
 
 def generate(path: str | Path, *, force: bool = False) -> str:
     """A new key pair: the private key to ``path`` (mode 0600); returns the public text."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
     target = Path(path)
     if target.exists() and not force:
         raise UsageError(f"{target} exists; keep it, or pass --force to replace it",
@@ -115,6 +139,9 @@ def load_signing_key(path: str | Path | None) -> SigningKey:
     if not chosen:
         raise UsageError(f"an approval is signed: give the approver's key file with --key "
                          f"FILE (or {KEY_ENV}); `capgate approver keygen` makes one")
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
     file = Path(chosen)
     try:
         data = file.read_bytes()

@@ -77,9 +77,9 @@ class Grants:
                         f"{source}: principals.{name}.grants[{i}]: {exc}") from None
             key = spec.get("approval_key")
             if key is not None:
-                from executor.approvals import parse_public_key
+                from executor.approvals import check_public_key
 
-                parse_public_key(key, where=f"{source}: principals.{name}")
+                check_public_key(key, where=f"{source}: principals.{name}")
             principals[name] = Principal(name, tuple(spec.get("roles", [])), tuple(grants),
                                          str(key) if key is not None else None)
         return cls(principals, source)

@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from registry.binds import binds_of
 from registry.canonical import canonical_hash
-from registry.checks import binds_of
 from registry.model import Row
 
 

@@ -34,8 +34,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
+import sys
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -62,19 +64,54 @@ def cache_dir(env: Mapping[str, str] | None = None) -> Path | None:
     return Path(base) / "capgate" / "validation"
 
 
+def _normalised(name: str) -> str:
+    return re.sub(r"[-_.]+", "_", name).lower()
+
+
+def installed_versions(names: Iterable[str]) -> dict[str, str]:
+    """The installed version of each distribution in ``names`` ("-" where none is).
+
+    Read from the ``NAME-VERSION.dist-info`` folder names on ``sys.path``
+    (the name a wheel installs its metadata under), which costs one listing
+    per folder; ``importlib.metadata`` parses every METADATA file and costs a
+    CLI call 20 ms.  A distribution not found that way (an egg, a zip) is
+    asked of ``importlib.metadata``.
+    """
+    wanted = {_normalised(n): n for n in names}
+    found: dict[str, str] = {}
+    for folder in sys.path:
+        try:
+            entries = os.listdir(folder or ".")
+        except OSError:
+            continue
+        for entry in entries:
+            if not entry.endswith(".dist-info"):
+                continue
+            dist, _, ver = entry[:-len(".dist-info")].partition("-")
+            name = wanted.get(_normalised(dist))
+            if name is not None and name not in found and ver:
+                found[name] = ver
+        if len(found) == len(wanted):
+            break
+    for name in wanted.values():
+        if name not in found:
+            from importlib.metadata import PackageNotFoundError, version
+
+            try:
+                found[name] = version(name)
+            except PackageNotFoundError:
+                found[name] = "-"
+    return found
+
+
 @lru_cache(maxsize=1)
 def validator_digest() -> str:
     """What decides a file's validity besides its text: code, schema, library versions."""
-    from importlib.metadata import PackageNotFoundError, version
-
     here = Path(__file__).resolve().parent
     digest = hashlib.sha256(CACHE_FORMAT.encode())
+    versions = installed_versions(_LIBRARIES)
     for name in _LIBRARIES:
-        try:
-            found = version(name)
-        except PackageNotFoundError:
-            found = "-"
-        digest.update(f"\0{name}={found}".encode())
+        digest.update(f"\0{name}={versions[name]}".encode())
     for path in sorted(here.glob("*.py")) + sorted(here.glob("*.json")):
         digest.update(b"\0" + path.name.encode() + b"\0")
         digest.update(hashlib.sha256(path.read_bytes()).digest())

@@ -20,9 +20,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-import jsonschema
-import sqlalchemy as sa
-
+from registry.binds import binds_of as binds_of  # re-exported: the checks' own helper
 from registry.errors import Problem
 from registry.fastschema import plain_contract
 from registry.yamlpos import Located, Path, render_path
@@ -37,12 +35,6 @@ def _writing_nodes() -> tuple[type[Any], ...]:
 
     return (exp.Insert, exp.Update, exp.Delete, exp.Merge, exp.Create, exp.Drop, exp.Alter,
             exp.TruncateTable, exp.Command, exp.Grant, exp.Into)
-
-
-@lru_cache(maxsize=65536)
-def binds_of(sql: str) -> frozenset[str]:
-    """The ``:name`` binds SQLAlchemy will see in ``sql``."""
-    return frozenset(sa.text(sql)._bindparams)
 
 
 @lru_cache(maxsize=65536)
@@ -130,6 +122,8 @@ def check_row(ctx: RowContext, declared_connectors: set[str]) -> list[Problem]:
                           "`additionalProperties: false`"))
     contract_ok = True
     if not plain_contract(contract):  # the meta-schema check is slow; most contracts are plain
+        import jsonschema
+
         try:
             jsonschema.Draft202012Validator.check_schema(dict(contract))
         except jsonschema.SchemaError as exc:
@@ -342,6 +336,8 @@ def _example_checks(ctx: RowContext) -> list[Problem]:
     out: list[Problem] = []
     if not row.get("examples"):
         return out  # building a validator for nothing costs more than every check above
+    import jsonschema
+
     try:
         validator = jsonschema.Draft202012Validator(dict(row["input"]))
     except Exception:

@@ -25,8 +25,6 @@ from collections.abc import Callable, Mapping
 from functools import lru_cache
 from typing import Any
 
-import jsonschema
-
 Check = Callable[[Any], bool]
 
 
@@ -254,6 +252,8 @@ _MAX_DEPTH = 32
 @lru_cache(maxsize=4096)
 def _regex_ok(pattern: str) -> bool:
     """The meta-schema's ``format: regex``, as jsonschema's format checker decides it."""
+    import jsonschema  # only a contract with a pattern asks (a call's start-up never does)
+
     try:
         return bool(jsonschema.Draft202012Validator.FORMAT_CHECKER.conforms(pattern, "regex"))
     except Exception:  # e.g. OverflowError for a{99999999999}: leave it to the slow path

@@ -105,3 +105,30 @@ def test_a_row_is_still_built_when_the_cache_is_cleared_under_a_process(
     lazy = load_registry([caps], check_lock=False, cache=True)
     shutil.rmtree(tmp_path / "cache")
     assert lazy.resolve("policy.get").operation_id == "policy.get"
+
+
+def test_a_read_call_loads_neither_jsonschema_nor_cryptography(tmp_path: Path) -> None:
+    """A valid request is accepted by the compiled contract; no key is used by a read."""
+    env = clean_env(tmp_path)
+    capgate(["init", "proj"], tmp_path, env)
+    capgate(["call", "policy.get", "--input", "{\"policy_id\": 1}", "--case", "T-0"],
+            tmp_path / "proj", env)  # records the files in the validation cache
+    probe = ("import sys\nfrom capgate.cli import main\n"
+             "code = main(['call', 'policy.get', '--input', '{\"policy_id\": 1}', "
+             "'--case', 'T-1', '--json'])\n"
+             "names = {m.split('.')[0] for m in sys.modules}\n"
+             "print('LOADED', code, sorted(names & {'jsonschema', 'cryptography', 'yaml', "
+             "'sqlglot'}))")
+    proc = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path / "proj", env=env,
+                          capture_output=True, text=True, check=True)
+    assert proc.stdout.strip().splitlines()[-1].startswith("LOADED 0 []"), proc.stdout[-400:]
+
+
+def test_installed_versions_agree_with_importlib_metadata() -> None:
+    from importlib.metadata import version
+
+    names = ("sqlglot", "jsonschema", "PyYAML", "SQLAlchemy", "capgate", "no-such-dist-x")
+    found = cache.installed_versions(names)
+    for name in names[:-1]:
+        assert found[name] == version(name), name
+    assert found["no-such-dist-x"] == "-"

@@ -30,8 +30,6 @@ from typing import Any, ClassVar
 
 import sqlalchemy as sa
 from sqlalchemy import event as sa_event
-from sqlalchemy.dialects import postgresql as pg_dialect
-from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.engine import URL, Connection, Engine
 
 from executor.ledger.schema import cases, events, idempotency
@@ -291,6 +289,8 @@ class SQLiteBackend(Backend):
         return None
 
     def insert_ignore(self, table: sa.Table) -> Any:
+        from sqlalchemy.dialects import sqlite as sqlite_dialect
+
         return sqlite_dialect.insert(table).on_conflict_do_nothing()
 
 
@@ -375,6 +375,9 @@ class PostgreSQLBackend(Backend):
         return stmt.with_for_update()
 
     def insert_ignore(self, table: sa.Table) -> Any:
+        # imported here: its asyncpg module alone costs a SQLite ledger's CLI call 25 ms
+        from sqlalchemy.dialects import postgresql as pg_dialect
+
         return pg_dialect.insert(table).on_conflict_do_nothing()
 
     def write_chain(
