@@ -16,8 +16,9 @@ open case):
 * ``classify``: load and verify every case, then the evidence -- one batched
   marker query per 500 intents, one batched ``pg_xact_status`` -- and the
   classification (``act=False``, nothing recorded);
-* ``resume``: the same, plus one ``reconciled`` event per applied intent, and a
-  retry as attempt 2 (a full collapsed call) per ``not_applied`` intent.
+* ``resume``: the same, plus one ``reconciled`` event per applied intent (the
+  events of up to 250 cases committed in one transaction, ``Ledger.append_each``),
+  and a retry as attempt 2 (a full collapsed call) per ``not_applied`` intent.
 
     .venv/bin/python bench/resume.py [--intents 1000] [--dsn postgresql://postgres@127.0.0.1/test]
                                      [--ledger sqlite|postgresql]
@@ -182,7 +183,8 @@ def main() -> int:
           f"{a['classify']:.3f} s ({a['classify'] / n * 1000:.2f} ms/intent)")
     print(f"  resume, all killed after COMMIT: {a['resume']:.3f} s "
           f"({a['resume'] / n * 1000:.2f} ms/intent; {a['recorded']} recorded applied, "
-          f"one durable ledger append each; a bare durable SQLite commit costs "
+          f"their reconciled events committed 250 cases to a transaction; a bare "
+          f"durable SQLite commit costs "
           f"{fsync:.2f} ms on this disk now)")
     print(f"  resume, half killed before COMMIT: {m['resume']:.3f} s "
           f"({m['recorded']} recorded applied + {m['retried']} retried as attempt 2, "

@@ -186,10 +186,10 @@ class Executor:
         """Run one declared operation; answer with an outcome and its evidence."""
         row, connector = self.resolve(operation_id, version)
         inputs = dict(inputs)
-        validate_input(row, inputs, self.max_request_bytes)
+        inputs_text = validate_input(row, inputs, self.max_request_bytes)
         self.grants.check_call(who, row, connector.name, connector.environment)
         plan = render(row, inputs, connector.name, connector.environment, case=case,
-                      requester=who)
+                      requester=who, inputs_text=inputs_text)
         if plan_hash is not None and plan_hash != plan.plan_hash:
             raise ApprovalMismatch(
                 f"the approved plan {plan_hash} is not this call's plan {plan.plan_hash}",
@@ -199,7 +199,8 @@ class Executor:
                 f"{row.ref} changes stored code: it runs through the DDL loop "
                 f"(`capgate ddl plan` / `capgate ddl apply`), never as a plain call",
                 operation_id=row.operation_id, version=row.version)
-        fp = fingerprint(row, inputs, connector.name, connector.environment)
+        fp = fingerprint(row, inputs, connector.name, connector.environment,
+                         inputs_text=inputs_text)
         idem = self._key_for(row, inputs, case, key)
         if rehearse:
             self._check_case(case, task)  # a rehearsal prepares nothing: check the case here

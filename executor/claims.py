@@ -217,6 +217,10 @@ class ClaimStore:
             f"UPDATE cg_claims SET expires_at = {s.greatest}(expires_at, {s.now_sql} + :margin)"
             " WHERE impact_key = :k AND token = :t AND case_id = :case_id RETURNING impact_key"
         )
+        self._held = (
+            "SELECT 1 FROM cg_claims WHERE impact_key = :k AND token = :t"
+            f" AND case_id = :case_id AND expires_at > {s.now_sql} + :margin"
+        )
         self._release = (
             "UPDATE cg_claims SET case_id = NULL, intent_id = NULL, operation_id = NULL,"
             " holder = NULL, expires_at = 0 WHERE impact_key = :k AND token = :t"
@@ -304,6 +308,22 @@ class ClaimStore:
                 "operation_id": row["operation_id"], "holder": row["holder"],
                 "token": int(row["token"]),
                 "expires_in": max(0.0, float(row["expires_at"]) - float(row["now"]))}
+
+    def still_held(self, held: HeldClaim, *, margin: float) -> bool:
+        """Whether every key is still held with our token for ``margin`` seconds more.
+
+        Read-only (no durable commit, no lock): by the store's own clock, so a
+        claim that expired early -- the store's clock stepped, or its row was
+        edited -- and was taken over is seen.  A False is not a loss: the caller
+        then renews (or learns which keys were lost) with :meth:`renew`.
+        """
+        with self.store.ledger.transaction("check impact claims", write=False) as tx:
+            for key, token in held.tokens.items():
+                row = tx.run(self._held, {"k": key, "t": token, "case_id": held.case_id,
+                                          "margin": float(margin)}).first()
+                if row is None:
+                    return False
+        return True
 
     def renew(self, held: HeldClaim, *, margin: float) -> list[str]:
         """Re-validate every token and extend the claim by ``margin``; the keys lost."""
@@ -449,9 +469,8 @@ class ImpactClaims(CallHooks):
                             "message": "a newer claim of this target already wrote; this "
                                        "holder's claim had expired and was taken over"})
         margin = fence_margin(ctx)
-        if claim.since is not None and \
-                time.monotonic() - claim.since + margin < claim_ttl(ctx) / 2:
-            return
+        if self.store.still_held(claim, margin=margin):
+            return  # every key still ours, by the store's clock, past COMMIT and the margin
         lost = self.store.renew(claim, margin=margin)
         if lost:
             now = self.store.current(lost[0]) or {}

@@ -132,27 +132,49 @@ def _representable(row: Row, inputs: Mapping[str, Any]) -> None:
                                operation_id=row.operation_id, version=row.version)
 
 
+_SCHEMA_JSON: dict[str, str] = {}
+
+
+def _schema_json(row: Row) -> str:
+    """The row's input contract as JSON, once per row (by its hash: rows are immutable)."""
+    found = _SCHEMA_JSON.get(row.row_hash)
+    if found is None:
+        import json
+
+        from registry.model import thaw
+
+        if len(_SCHEMA_JSON) >= 4096:
+            _SCHEMA_JSON.clear()
+        found = _SCHEMA_JSON[row.row_hash] = json.dumps(thaw(row.input), sort_keys=True)
+    return found
+
+
 def validate_input(row: Row, inputs: Mapping[str, Any],
-                   max_bytes: int = MAX_REQUEST_BYTES) -> None:
+                   max_bytes: int = MAX_REQUEST_BYTES) -> str:
     """Refuse inputs that break the row's contract, naming the field.
 
     Before the row's JSON Schema: what the ledger could not record exactly
     (:func:`_representable`) and requests over ``max_bytes``.  Messages quote
-    offending values as bounded excerpts, never whole.
+    offending values as bounded excerpts, never whole.  Returns the inputs'
+    canonical JSON text, which the call reuses in its fingerprint and plan hash.
     """
-    import json
-
     from registry.canonical import canonical_bytes
-    from registry.model import thaw
 
     _representable(row, inputs)
-    size = len(canonical_bytes(dict(inputs)))
+    canonical = canonical_bytes(dict(inputs))
+    size = len(canonical)
     if size > max_bytes:
         raise RequestTooLarge(
             f"the request to {row.ref} is {size} bytes of JSON; this executor takes at most "
             f"{max_bytes} (`max_request_bytes`); nothing was recorded",
             size=size, limit=max_bytes, operation_id=row.operation_id)
-    schema_json = json.dumps(thaw(row.input), sort_keys=True)
+    _check_contract(row, inputs)
+    return canonical.decode("utf-8")
+
+
+def _check_contract(row: Row, inputs: Mapping[str, Any]) -> None:
+    """The row's JSON Schema: a quick compiled "valid", else jsonschema's verdict."""
+    schema_json = _schema_json(row)
     fast = _fast_yes(row.row_hash, schema_json)
     if fast is not None:
         try:

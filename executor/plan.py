@@ -11,12 +11,12 @@ identity.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+import functools
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from registry.binds import binds_of
-from registry.canonical import canonical_hash
+from registry.canonical import canonical_text, hash_of_text, object_text, scalar_text
 from registry.model import Row
 
 
@@ -45,37 +45,87 @@ class _Missing(dict[str, Any]):
         return ""
 
 
-def fingerprint(row: Row, inputs: Mapping[str, Any], connector: str, environment: str) -> str:
-    """The request's identity: same key + same fingerprint = the same request."""
-    return canonical_hash({"operation_id": row.operation_id, "version": row.version,
-                           "row_hash": row.row_hash, "inputs": dict(inputs),
-                           "connector": connector, "environment": environment})
+def fingerprint(row: Row, inputs: Mapping[str, Any], connector: str, environment: str, *,
+                inputs_text: str | None = None) -> str:
+    """The request's identity: same key + same fingerprint = the same request.
+
+    The canonical hash of ``{operation_id, version, row_hash, inputs, connector,
+    environment}``, built from its members' texts; ``inputs_text`` is the inputs'
+    canonical text when the caller has it already (a call serialises them once).
+    """
+    return hash_of_text(object_text({
+        "operation_id": scalar_text(row.operation_id), "version": scalar_text(row.version),
+        "row_hash": scalar_text(row.row_hash),
+        "inputs": canonical_text(dict(inputs)) if inputs_text is None else inputs_text,
+        "connector": scalar_text(connector), "environment": scalar_text(environment)}))
 
 
 def plan_hash(row: Row, inputs: Mapping[str, Any], connector: str, environment: str,
-              case: str, requester: str) -> str:
-    return canonical_hash({"plan": 2, "row_hash": row.row_hash, "inputs": dict(inputs),
-                           "connector": connector, "environment": environment,
-                           "case": case, "requester": requester})
+              case: str, requester: str, *, inputs_text: str | None = None) -> str:
+    """The canonical hash of ``{plan: 2, row_hash, inputs, connector, environment, case,
+    requester}`` (see :func:`fingerprint` for ``inputs_text``)."""
+    return hash_of_text(object_text({
+        "plan": "2", "row_hash": scalar_text(row.row_hash),
+        "inputs": canonical_text(dict(inputs)) if inputs_text is None else inputs_text,
+        "connector": scalar_text(connector), "environment": scalar_text(environment),
+        "case": scalar_text(case), "requester": scalar_text(requester)}))
 
 
-@dataclass(frozen=True)
 class Plan:
-    plan_hash: str
-    body: Mapping[str, Any]
+    """A plan: its hash, and its body (the statements, binds, checks, target, keys).
+
+    The body is built when first read: a call that is not gated needs only the hash.
+    """
+
+    __slots__ = ("__dict__", "_make", "plan_hash")
+
+    def __init__(self, plan_hash: str,
+                 body: Mapping[str, Any] | Callable[[], Mapping[str, Any]]) -> None:
+        self.plan_hash = plan_hash
+        self._make: Callable[[], Mapping[str, Any]] | None = None
+        if callable(body):
+            self._make = body
+        else:
+            self.__dict__["body"] = body
+
+    @functools.cached_property
+    def body(self) -> Mapping[str, Any]:
+        make = self._make
+        assert make is not None
+        return make()
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Plan) and (self.plan_hash, dict(self.body)) == (
+            other.plan_hash, dict(other.body))
+
+    def __hash__(self) -> int:
+        return hash(self.plan_hash)
+
+    def __repr__(self) -> str:
+        return f"Plan({self.plan_hash!r})"
 
     def to_dict(self) -> dict[str, Any]:
         return {"plan_hash": self.plan_hash, **self.body}
 
 
 def render(row: Row, inputs: Mapping[str, Any], connector: str, environment: str, *,
-           case: str, requester: str) -> Plan:
-    """The full plan: statements with binds and expected counts, checks, target, keys."""
+           case: str, requester: str, inputs_text: str | None = None) -> Plan:
+    """The full plan: statements with binds and expected counts, checks, target, keys.
 
+    The hash is computed now; the body when it is first read (see :class:`Plan`).
+    """
+    inputs = dict(inputs)
+    return Plan(plan_hash(row, inputs, connector, environment, case, requester,
+                          inputs_text=inputs_text),
+                lambda: _body(row, inputs, connector, environment, case, requester))
+
+
+def _body(row: Row, inputs: Mapping[str, Any], connector: str, environment: str,
+          case: str, requester: str) -> dict[str, Any]:
     def sql_item(sql: str, **extra: Any) -> dict[str, Any]:
         return {"sql": sql, "binds": binds_for(sql, inputs), **extra}
 
-    body: dict[str, Any] = {
+    return {
         "operation_id": row.operation_id,
         "version": row.version,
         "row_hash": row.row_hash,
@@ -116,4 +166,3 @@ def render(row: Row, inputs: Mapping[str, Any], connector: str, environment: str
         "post_commit": [sql_item(c.sql, name=c.name, expect=c.expect.to_dict())
                         for c in row.post_commit],
     }
-    return Plan(plan_hash(row, inputs, connector, environment, case, requester), body)

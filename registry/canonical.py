@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
+from json.encoder import encode_basestring as _encode_string
 from typing import Any
 
 import rfc8785
@@ -87,6 +89,43 @@ def canonical_bytes(value: Any, *, known_plain: bool = False) -> bytes:
     return out
 
 
+def canonical_text(value: Any) -> str:
+    """Canonical JSON as text (how the ledger stores payloads and snapshots)."""
+    return canonical_bytes(value).decode("utf-8")
+
+
 def canonical_hash(value: Any, *, known_plain: bool = False) -> str:
     """``sha256:<hex>`` of the canonical form of ``value``."""
     return "sha256:" + hashlib.sha256(canonical_bytes(value, known_plain=known_plain)).hexdigest()
+
+
+def scalar_text(value: str | int | None) -> str:
+    """Canonical JSON of a string, a safe integer or None, without a walk.
+
+    RFC 8785 escapes strings as the standard library's ``encode_basestring``
+    does; the caller's final UTF-8 encoding refuses a lone surrogate (and then
+    goes the slow way).  Anything else is serialised whole.
+    """
+    if value is None:
+        return "null"
+    if isinstance(value, str):
+        return _encode_string(value)
+    if type(value) is int and -_SAFE_INT <= value <= _SAFE_INT:  # (bool is not int here)
+        return str(value)
+    return canonical_text(value)
+
+
+def object_text(members: Mapping[str, str]) -> str:
+    """Canonical JSON of an object from its members' canonical texts.
+
+    RFC 8785 orders members by their names' UTF-16 code units; for the ASCII
+    names used here that is plain string order.  Building an object from parts
+    lets one value (a call's inputs) be serialised once and reused in every
+    hash that covers it.
+    """
+    return "{" + ",".join(f'"{k}":{members[k]}' for k in sorted(members)) + "}"
+
+
+def hash_of_text(text: str) -> str:
+    """``sha256:<hex>`` of canonical text built by :func:`object_text` (see canonical_hash)."""
+    return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()

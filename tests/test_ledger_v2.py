@@ -495,3 +495,79 @@ def test_digests_from_parts_are_the_canonical_digests() -> None:
         assert snapshot_text(state, parts) == canonical_text(state)
 
     check()
+
+
+# --- many cases, one commit (issue 13, item 4: resume in bulk) ---------------------------
+
+
+def _open(led: Ledger, case: str) -> None:
+    led.append(case, "prepared", {"state": {"operation_id": "op.x", "version": 1}},
+               intent_id="i0")
+
+
+def test_append_each_records_what_one_append_each_would(ledger_url: URL) -> None:
+    """The same chains, snapshots and heads as separate appends; every case verifies."""
+    with open_ledger(ledger_url) as led:
+        cases = [f"bulk-{i:03d}" for i in range(30)]
+        for case in cases:
+            _open(led, case)
+            _open(led, "one-" + case)
+        items = [(case, "reconciled", {"state": {"outcome": "applied", "n": i}}, "i0")
+                 for i, case in enumerate(cases)]
+        written = led.append_each(items, chunk=7)  # several chunks, sorted inside each
+        for (case, kind, payload, intent), event in zip(items, sorted(
+                written, key=lambda e: e.case_id), strict=True):
+            one = led.append("one-" + case, kind, payload, intent_id=intent)
+            assert (event.case_id, event.seq, event.kind, event.payload) == (
+                case, one.seq, one.kind, one.payload)
+            assert led.snapshot(case)["intents"] == led.snapshot("one-" + case)["intents"] == {}
+        report = led.verify()
+        assert report.ok, report
+        with pytest.raises(Exception, match="at most once"):
+            led.append_each([items[0], items[0]])
+
+
+def test_append_each_falls_back_to_one_by_one_and_refuses_an_edited_case(
+        ledger_url: URL) -> None:
+    """A case whose head was edited fails the batch: the others are still recorded one by
+    one (each exactly once), and the edited case is refused as a single append would be."""
+    with open_ledger(ledger_url) as led:
+        for case in ("a", "b", "c"):
+            _open(led, case)
+    with raw(ledger_url) as conn:  # edit b's snapshot: its continuation check must fail
+        conn.execute(sa.text("UPDATE cg_cases SET snapshot = replace(snapshot, 'op.x', "
+                             "'op.y') WHERE case_id = 'b'"))
+    with open_ledger(ledger_url) as led:
+        items = [(c, "reconciled", {"state": {"outcome": "applied"}}, "i0") for c in "abc"]
+        with pytest.raises(LedgerTampered):
+            led.append_each(items)
+        assert [e.kind for e in led.events("a")] == ["prepared", "reconciled"]
+        assert [e.kind for e in led.events("b")] == ["prepared"]
+
+
+def test_append_each_from_eight_threads_on_overlapping_cases(ledger_url: URL) -> None:
+    """Batches that share cases serialise (one lock order): no deadlock, nothing lost."""
+    import threading
+
+    with open_ledger(ledger_url) as led:
+        cases = [f"t{i}" for i in range(12)]
+        for case in cases:
+            led.append(case, "noted", {"case_state": {"n": 0}})
+        errors: list[BaseException] = []
+
+        def work(k: int) -> None:
+            try:
+                mine = cases[k % 4:] + cases[:k % 4]  # different orders, the same cases
+                led.append_each([(c, "noted", {"case_state": {"by": k}}, None) for c in mine])
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=work, args=(k,)) for k in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not errors, errors
+        for case in cases:
+            assert len(led.events(case)) == 9  # its first event and one from each thread
+        assert led.verify().ok

@@ -38,16 +38,27 @@ _SETTINGS = (
     " set_config('lock_timeout', :lt, true) AS lt,"
     " set_config('idle_in_transaction_session_timeout', :it, true) AS it,"
 )
-# One round trip opens the transaction: settings, identity and the landing marker.
-# The settings are taken in a CTE evaluated first, so the marker insert already
-# runs under the transaction's timeouts.
-_BEGIN_WITH_MARKER = sa.text(
-    f"WITH s AS MATERIALIZED (SELECT {_SETTINGS} 1 AS one),"
-    f" m AS (INSERT INTO {MARKER_TABLE} (intent_id, idem_key, fingerprint, attempt, case_id,"
-    "   operation_id, landed_at) SELECT :intent_id, :idem_key, :fingerprint, :attempt,"
-    "   :case_id, :operation_id, :landed_at FROM s RETURNING 1)"
-    f" SELECT (SELECT count(*) FROM m) AS marked, {_IDENTITY_COLUMNS} FROM s"
-)
+_XID_ONLY = " pg_current_xact_id()::text AS xid"
+_SESSION_KEY = "capgate:pg_session"
+"""``conn.info`` key of the session's constant identity (pid, start, cluster, timeline)."""
+
+
+def _begin_with_marker(identity: str) -> str:
+    """One round trip opens the transaction: settings, identity and the landing marker.
+
+    The settings are taken in a CTE evaluated first, so the marker insert already
+    runs under the transaction's timeouts.
+    """
+    return (f"WITH s AS MATERIALIZED (SELECT {_SETTINGS} 1 AS one),"
+            f" m AS (INSERT INTO {MARKER_TABLE} (intent_id, idem_key, fingerprint, attempt,"
+            "   case_id, operation_id, landed_at) SELECT :intent_id, :idem_key, :fingerprint,"
+            "   :attempt, :case_id, :operation_id, :landed_at FROM s RETURNING 1)"
+            f" SELECT (SELECT count(*) FROM m) AS marked, {identity} FROM s")
+
+
+_BEGIN_WITH_MARKER = _begin_with_marker(_IDENTITY_COLUMNS)
+_BEGIN_WITH_MARKER_XID = _begin_with_marker(_XID_ONLY)
+_BEGIN_XID = f"SELECT {_SETTINGS}{_XID_ONLY}"
 _BEGIN_WRITE = sa.text(
     "SELECT set_config('application_name', :app, true),"
     " set_config('statement_timeout', :st, true),"
@@ -89,11 +100,25 @@ class PostgresqlDialect(Dialect):
             "it": _ms(min(timeout_s, IDLE_GRACE_SECONDS)),
         }
         self.start_deadline(conn, timeout_s)
+        if not conn.in_transaction():
+            conn.begin()  # SQLAlchemy's record of the transaction; psycopg sends BEGIN itself
+        # The session's pid, start time, cluster and timeline are constant for the life of
+        # the connection: read once per pooled connection, then only the xid.  (A standby
+        # promoted under an open connection makes the cached timeline the old one: resume
+        # then sees a changed timeline and answers `unknown` -- never a wrong `applied`.)
+        session = conn.info.get(_SESSION_KEY)
         if marker is not None:
-            row = conn.execute(_BEGIN_WITH_MARKER, {**settings, **marker}).mappings().one()
+            sql = _BEGIN_WITH_MARKER if session is None else _BEGIN_WITH_MARKER_XID
+            cursor = self.execute(conn, sql, {**settings, **marker}, tag)
         else:
-            row = conn.execute(_BEGIN_WRITE, settings).mappings().one()
-        return self._identity(row)
+            cursor = self.execute(conn, _BEGIN_WRITE.text if session is None else _BEGIN_XID,
+                                  settings, tag)
+        row = dict(zip([d[0] for d in cursor.description], cursor.fetchone(), strict=True))
+        if session is None:
+            session = {k: row[k] for k in ("pid", "backend_start", "system_identifier",
+                                           "timeline")}
+            conn.info[_SESSION_KEY] = session
+        return self._identity({**session, "xid": row["xid"]})
 
     def open_write(self, conn: sa.Connection, tag: SessionTag, timeout_s: float,
                    lock_timeout_s: float | None) -> TxIdentity:

@@ -28,13 +28,18 @@ import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from json.encoder import encode_basestring as _encode_string
 from typing import Any, Final
 
-from registry.canonical import canonical_bytes, canonical_hash
+from registry.canonical import (
+    canonical_bytes,
+    canonical_hash,
+    object_text,
+    scalar_text,
+)
+from registry.canonical import (
+    canonical_text as canonical_text,  # re-exported: the ledger's stored text
+)
 from registry.errors import LedgerError
-
-_SAFE_INT = 2**53 - 1
 
 GENESIS_DIGEST: Final = "sha256:" + "0" * 64
 """The ``prev_digest`` of every case's first event (seq 0)."""
@@ -212,33 +217,10 @@ def head_mac(key: bytes, head_digest: str) -> str:
     return hmac.new(key, head_digest.encode("ascii"), hashlib.sha256).hexdigest()
 
 
-def canonical_text(value: Any) -> str:
-    """Canonical JSON as text: how payloads and snapshots are stored."""
-    return canonical_bytes(value).decode("utf-8")
-
-
-def _object_text(parts: Mapping[str, str]) -> str:
-    """Canonical JSON of an object from its members' canonical texts.
-
-    RFC 8785 orders members by their names' UTF-16 code units; every name here
-    is ASCII, where that is plain string order.  Building the text from parts
-    lets a payload (or a snapshot's intents) be serialised once and reused for
-    the stored text, the event digest and the state digest.
-    """
-    return "{" + ",".join(f'"{k}":{parts[k]}' for k in sorted(parts)) + "}"
-
-
-def _scalar(value: str | int | None) -> str:
-    """Canonical JSON of a string, a safe integer or None (RFC 8785 agrees with the
-    standard library's string escaping; the final UTF-8 encoding refuses a lone
-    surrogate, which the caller sends the slow way)."""
-    if value is None:
-        return "null"
-    if type(value) is int and -_SAFE_INT <= value <= _SAFE_INT:
-        return str(value)
-    if type(value) is str:
-        return _encode_string(value)
-    return canonical_text(value)
+# Built from parts: a payload (or a snapshot's intents) is serialised once and reused
+# for the stored text, the event digest and the state digest.
+_object_text = object_text
+_scalar = scalar_text
 
 
 def event_digest_of_text(*, case_id: str, seq: int, kind: str, intent_id: str | None,

@@ -66,6 +66,7 @@ from executor.ledger.backends import (
     Backend,
     HotConnections,
     HotDisconnect,
+    HotResult,
     HotTx,
     NewHead,
     StoredHead,
@@ -727,6 +728,84 @@ class Ledger:
             outcome="unknown",
         )
 
+    def append_each(self, items: Sequence[tuple[str, str, Mapping[str, Any], str | None]], *,
+                    chunk: int = 250, continuing: bool = True) -> list[Event]:
+        """One event for each of many cases -- ``(case_id, kind, payload, intent_id)`` --
+        committed together, ``chunk`` cases to a transaction.
+
+        For a writer that settles many cases at once (resume closing a thousand
+        applied intents): each event is exactly what :meth:`append` would record
+        (the same chain, snapshot and head, each case verified before it is
+        continued), but one durable commit covers a chunk instead of one per
+        event.  ``continuing`` as for :meth:`append_many` (by default every case
+        is verified before it is continued, in O(1), unless this process verified
+        its head last).  Each case appears at most once per call.  When anything in a
+        chunk's transaction goes wrong (a head moved, a connection lost, a case
+        that does not check out), the whole chunk is rolled back and its events
+        are appended one by one, each with its own errors -- so the outcome is
+        never worse than appending them separately.
+        """
+        cases = [case_id for case_id, *_ in items]
+        if len(set(cases)) != len(cases):
+            raise LedgerError("append_each takes each case at most once per call")
+        out: list[Event] = []
+        for start in range(0, len(items), max(1, chunk)):
+            part = items[start:start + max(1, chunk)]
+            specs: list[tuple[str, _Spec]] = []
+            for case_id, kind, payload, intent_id in part:
+                _check_id("case_id", case_id)
+                _check_id("kind", kind)
+                if intent_id is not None:
+                    _check_id("intent_id", intent_id)
+                plain, text = normalise_payload_text(payload, intent_id=intent_id)
+                specs.append((case_id, (kind, plain, intent_id, text)))
+            try:
+                with self._guard("append to many cases"):
+                    out.extend(self._append_each_tx(specs, check=continuing))
+                continue
+            except (CapgateError, HotDisconnect, _HeadMoved, _ClaimLost):
+                pass  # (a case that does not check out, a lost connection, a moved head)
+            except Exception as exc:  # a driver error (a unique violation: an edited store)
+                if not self._backend.is_driver_error(exc):
+                    raise
+            for case_id, kind, payload, intent_id in part:  # one by one, errors and all
+                out.append(self.append(case_id, kind, payload, intent_id=intent_id,
+                                       continuing=continuing))
+        return out
+
+    def _append_each_tx(self, specs: Sequence[tuple[str, _Spec]], *,
+                        check: bool) -> list[Event]:
+        """The chunk of :meth:`append_each` in one transaction; raises on any trouble."""
+        done: list[tuple[str, StoredHead | None, NewHead, HotResult]] = []
+        written_all: list[Event] = []
+        with self._hot.transaction(durable=True) as tx:
+            # every head in one read, the case rows locked in one order (PostgreSQL: two
+            # batches never deadlock); then every head swap and event insert sent
+            # together (pipelined on PostgreSQL), their results read once at the end
+            ordered = sorted(specs, key=lambda s: s[0])
+            heads = self._read_heads(tx, [case_id for case_id, _ in ordered], check=check)
+            for case_id, spec in ordered:
+                head = heads.get(case_id)
+                new, written, rows = self._build(case_id, head, [spec], None,
+                                                 self._closed_in(tx, case_id))
+                if head is None:
+                    result = tx.run(_CREATE_CASE, _head_params(new))
+                else:
+                    result = tx.run(_SWAP_HEAD, {**_head_params(new), "old_seq": head.seq,
+                                                 "old_digest": head.digest,
+                                                 "old_snapshot": head.snapshot})
+                tx.run_many(_INSERT_EVENT, rows)
+                done.append((case_id, head, new, result))
+                written_all.extend(written)
+            for _, head, _, result in done:
+                ok = result.first() is not None if head is None else result.rowcount == 1
+                if not ok:
+                    raise _HeadMoved
+        for case_id, head, new, _ in done:
+            self._remember(case_id, StoredHead(new.seq, new.digest, new.snapshot), base=head,
+                           verified=head is None)
+        return written_all
+
     def _append_once(
         self,
         case_id: str,
@@ -824,6 +903,25 @@ class Ledger:
         self._remember(case_id, StoredHead(new.seq, new.digest, new.snapshot), base=head,
                        verified=head is None)
         return written
+
+    def _read_heads(self, tx: HotTx, case_ids: Sequence[str], *,
+                    check: bool) -> dict[str, StoredHead]:
+        """Several case rows in one read (locked on PostgreSQL), each verified when
+        ``check`` unless it is the head this process verified last (see :meth:`_read_head`)."""
+        names = {f"c{i}": case_id for i, case_id in enumerate(case_ids)}
+        sql = (f"SELECT case_id, head_seq, head_digest, snapshot, head_mac FROM cg_cases"
+               f" WHERE case_id IN ({', '.join(':' + n for n in names)}) ORDER BY case_id")
+        if tx.backend.name == "postgresql":
+            sql += " FOR UPDATE"
+        heads: dict[str, StoredHead] = {}
+        for row in tx.run(sql, names).all():
+            case_id = str(row[0])
+            head = StoredHead(int(row[1]), str(row[2]), str(row[3]))
+            if check and not self._is_verified(case_id, head):
+                self._check_head(tx, case_id, head, row[4])
+            self._remember(case_id, head, verified=check)
+            heads[case_id] = head
+        return heads
 
     def _read_head(self, tx: HotTx, case_id: str, *, check: bool) -> StoredHead | None:
         """The case row (locked on PostgreSQL), verified when ``check`` and not trusted."""

@@ -256,8 +256,13 @@ def resume_many(executor: Executor, case_ids: Sequence[str] | None = None, *,
         _free_dead_sessions(executor, [p.intent_id for p in pending])
     fresh = read_snapshots(ledger, [c.case_id for c in cases.values() if c.pending]) \
         if act else {}
-    settling = [_record(executor, case, facts, rows, fresh.get(case.case_id), act=act)
+    batch = _Batch(executor)
+    # a case with one in-flight intent (the usual case) closes it in the batch; with
+    # more, its events are appended in order, one by one
+    settling = [_record(executor, case, facts, rows, fresh.get(case.case_id), act=act,
+                        batch=batch if len(case.pending) == 1 else None)
                 for case in cases.values()]
+    batch.flush()
     # The poisoned resume: before continuing, re-run the checks of the completed steps
     # later work depends on -- for every case at once, one read-only transaction per
     # connector.
@@ -434,8 +439,38 @@ class _Settling:
     deps: list[Dependency]
 
 
+class _Batch:
+    """``reconciled`` events of many cases, committed together (``Ledger.append_each``).
+
+    Only events nothing else in this resume waits for go here (an applied intent
+    without post-commit checks); a second event for a case already waiting
+    flushes the batch first, so every case's events keep their order.
+    """
+
+    def __init__(self, executor: Executor, size: int = 250) -> None:
+        self.executor = executor
+        self.size = size
+        self.items: list[tuple[str, str, Mapping[str, Any], str | None]] = []
+        self.cases: set[str] = set()
+
+    def add(self, case_id: str, kind: str, payload: Mapping[str, Any],
+            intent_id: str | None) -> None:
+        if case_id in self.cases:
+            self.flush()
+        self.items.append((case_id, kind, payload, intent_id))
+        self.cases.add(case_id)
+        if len(self.items) >= self.size:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.items:
+            items, self.items, self.cases = self.items, [], set()
+            self.executor.ledger.append_each(items, chunk=self.size)
+
+
 def _record(executor: Executor, case: _Case, facts: Mapping[str, Facts], rows: _Rows,
-            fresh: Mapping[str, Any] | None, *, act: bool) -> _Settling:
+            fresh: Mapping[str, Any] | None, *, act: bool,
+            batch: _Batch | None = None) -> _Settling:
     """Classify the case's in-flight intents; record applied, never_retry and escalations.
 
     ``fresh`` is the case's snapshot re-read after the evidence was gathered:
@@ -468,7 +503,7 @@ def _record(executor: Executor, case: _Case, facts: Mapping[str, Facts], rows: _
             continue
         recovery = str(p.state.get("recovery") or "")
         if classification is Classification.APPLIED:
-            reports.append(_record_applied(executor, p, ev, rows))
+            reports.append(_record_applied(executor, p, ev, rows, batch))
         elif classification is Classification.NOT_APPLIED:
             if recovery == str(Recovery.NEVER_RETRY):
                 reports.append(_record_not_applied(executor, p, ev))
@@ -541,25 +576,31 @@ def _decisive(evidence: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _reconciled(executor: Executor, p: Pending, ev: dict[str, Any], classification: str,
-                result: Outcome) -> None:
-    """Close the intent with a ``reconciled`` event carrying its synthesised outcome."""
+                result: Outcome, batch: _Batch | None = None) -> None:
+    """Close the intent with a ``reconciled`` event carrying its synthesised outcome
+    (into ``batch`` when given: committed with other cases' events)."""
     state: dict[str, Any] = {"classification": classification, "rule": ev["rule"],
                              "outcome": result.status, "outcome_record": result.to_dict(),
                              "reconciled_at": _now(executor)}
     if p.state.get("escalation"):
         state["escalation"] = None
-    executor.ledger.append(p.case_id, "reconciled", {"evidence": ev, "state": state},
-                           intent_id=p.intent_id)
+    payload = {"evidence": ev, "state": state}
+    if batch is not None:
+        batch.add(p.case_id, "reconciled", payload, p.intent_id)
+    else:
+        executor.ledger.append(p.case_id, "reconciled", payload, intent_id=p.intent_id)
 
 
 def _record_applied(executor: Executor, p: Pending, ev: dict[str, Any],
-                    rows: _Rows) -> IntentReport:
+                    rows: _Rows, batch: _Batch | None = None) -> IntentReport:
     marker_attempt = (ev.get("marker_row") or {}).get("attempt")
     result = _outcome(p, oc.APPLIED, int(marker_attempt or p.attempt), ev)
-    _reconciled(executor, p, ev, "applied", result)
-    detail = ""
     row = rows.of_pending(p)
-    if row is not None and row.post_commit and not p.state.get("compensates"):
+    checks = row is not None and bool(row.post_commit) and not p.state.get("compensates")
+    # post-commit checks (and a compensation they may start) follow the durable record
+    _reconciled(executor, p, ev, "applied", result, None if checks else batch)
+    detail = ""
+    if checks and row is not None:
         try:
             ctx = _context(executor, p, result.attempt, row)
             final = shapes.post_commit(executor.rt, ctx, result)
