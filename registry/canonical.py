@@ -43,33 +43,53 @@ def float_is_plain(value: float) -> bool:
     return not ("e" in text or "n" in text or text.endswith(".0"))
 
 
+def _plain_leaf(item: Any, kind: type) -> bool | None:
+    """A scalar's verdict (True: plain, False: not), or None for a container."""
+    if kind is str or kind is bool or item is None:
+        return True
+    if kind is int:
+        return bool(-_SAFE_INT <= item <= _SAFE_INT)  # beyond IEEE-754's exact range: rfc8785
+    if kind is float:
+        return float_is_plain(item)
+    if kind is dict or kind is list or kind is tuple:
+        return None
+    return False  # anything else rfc8785 should judge (and reject)
+
+
 def _plain(value: Any) -> bool:
-    """True when the C encoder's output is exactly RFC 8785 for ``value``."""
+    """True when the C encoder's output is exactly RFC 8785 for ``value``.
+
+    It walks every value of every call's ledger events, so strings, booleans
+    and None -- nearly every leaf -- are judged where they are met, never pushed.
+    """
     stack = [value]
+    push = stack.append
+    pop = stack.pop
     while stack:
-        item = stack.pop()
+        item = pop()
         kind = type(item)
-        if kind is str or kind is bool or item is None:
-            continue
-        if kind is int:
-            if -_SAFE_INT <= item <= _SAFE_INT:
-                continue
-            return False  # outside IEEE-754's exact range: rfc8785 decides
-        if kind is float:
-            if not float_is_plain(item):
-                return False
-            continue
         if kind is dict:
-            for key in item:
-                if type(key) is not str:
+            for key, child in item.items():
+                if type(key) is not str or (not key.isascii() and max(key) > "\uffff"):
+                    return False  # RFC 8785 sorts by UTF-16 code units, Python by code points
+                ck = type(child)
+                if ck is str or ck is bool or child is None:
+                    continue
+                if ck is dict or ck is list or ck is tuple:
+                    push(child)
+                elif not _plain_leaf(child, ck):
                     return False
-                if not key.isascii() and max(key) > "\uffff":
-                    return False
-            stack.extend(item.values())
         elif kind is list or kind is tuple:
-            stack.extend(item)
-        else:
-            return False  # floats, and anything rfc8785 should judge (and reject)
+            for child in item:
+                ck = type(child)
+                if ck is str or ck is bool or child is None:
+                    continue
+                if ck is dict or ck is list or ck is tuple:
+                    push(child)
+                elif not _plain_leaf(child, ck):
+                    return False
+        elif not _plain_leaf(item, kind):
+            return False
     return True
 
 
