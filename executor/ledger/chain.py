@@ -116,7 +116,8 @@ def format_time(moment: datetime) -> str:
             f"naive datetime {moment.isoformat()} given; the ledger needs timezone-aware UTC "
             "times (use datetime.now(UTC))"
         )
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    # what strftime("%Y-%m-%dT%H:%M:%S.%fZ") prints, at a third of its cost
+    return moment.astimezone(UTC).replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
 
 
 def parse_time(text: str) -> datetime:
@@ -245,14 +246,27 @@ _STATE_KEYS = frozenset({"case_id", "case", "intents", "last", "intent_count",
                          "head_seq", "head_digest"})
 
 
-def state_parts(state: Mapping[str, Any]) -> tuple[dict[str, str] | None, str]:
+def state_parts(state: Mapping[str, Any], before: Mapping[str, Any] | None = None,
+                before_parts: Mapping[str, str] | None = None
+                ) -> tuple[dict[str, str] | None, str]:
     """The state's members as canonical texts (None for a state of unknown shape), and
-    its :func:`state_digest` -- each part serialised once."""
+    its :func:`state_digest` -- each part serialised once.
+
+    ``before`` / ``before_parts``: the state this one was reduced from and its parts;
+    a member :func:`apply_event` carried over unchanged (the same object) keeps its text.
+    """
     if set(state) - _STATE_KEYS:
         return None, state_digest(state)
-    parts = {"case_id": _scalar(state["case_id"]), "case": canonical_text(state["case"]),
-             "intents": canonical_text(state["intents"]),
-             "last": canonical_text(state.get("last")),
+
+    def text(name: str) -> str:
+        value = state.get(name)
+        if before is not None and before_parts is not None and name in before_parts \
+                and before.get(name) is value:
+            return before_parts[name]
+        return canonical_text(value)
+
+    parts = {"case_id": _scalar(state["case_id"]), "case": text("case"),
+             "intents": text("intents"), "last": text("last"),
              "intent_count": _scalar(state.get("intent_count"))}
     try:
         data = _object_text(parts).encode("utf-8")

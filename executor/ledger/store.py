@@ -499,6 +499,10 @@ class Ledger:
         self._hot = HotConnections(backend, url)
         self._heads: OrderedDict[str, StoredHead] = OrderedDict()
         self._verified: OrderedDict[str, StoredHead] = OrderedDict()
+        self._states: OrderedDict[str, tuple[str, dict[str, Any], dict[str, str] | None]] = \
+            OrderedDict()
+        """case -> (snapshot text, its parsed state, its parts' texts): the state an append
+        just built, so the next append on that head neither parses nor re-serialises it."""
         self._heads_lock = threading.Lock()
         self._pid = os.getpid()
 
@@ -880,7 +884,7 @@ class Ledger:
                     raise _ClaimLost(claim.key)
             if guard is not None:  # before anything is claimed: a refusal claims nothing
                 try:
-                    guard(_parse_snapshot(case_id, head.snapshot) if head else None)
+                    guard(self._state_of(case_id, head.snapshot)[0] if head else None)
                 except CapgateError:
                     if cached is not None:
                         raise _HeadMoved from None  # refuse only on the stored state
@@ -1020,12 +1024,13 @@ class Ledger:
         (the fence of a settled intent, an event re-opening one).  ``guard``
         sees the state the events will follow and may refuse by raising.
         """
-        recorded_at = format_time(self._now())
+        recorded_at = format_time(self._clock())
+        parts: dict[str, str] | None = None
         if head is None:
             state: dict[str, Any] | None = None
             seq, prev = 0, GENESIS_DIGEST
         else:
-            state = _parse_snapshot(case_id, head.snapshot)
+            state, parts = self._state_of(case_id, head.snapshot)
             seq, prev = head.seq + 1, head.digest
         if guard is not None:
             guard(state)
@@ -1033,9 +1038,9 @@ class Ledger:
             _check_fence(case_id, state, *fence, closed=closed)
         written: list[Event] = []
         rows: list[dict[str, Any]] = []
-        parts: dict[str, str] | None = None
         for kind, payload, intent_id, text in specs:
             draft = Event(case_id, seq, kind, intent_id, payload, prev, "", recorded_at)
+            before = state
             try:
                 state = apply_event(state, draft, closed)
             except (LedgerError, KeyError, TypeError, AttributeError) as exc:
@@ -1044,7 +1049,7 @@ class Ledger:
                     f"`capgate ledger verify --case {case_id}`",
                     case_id=case_id,
                 ) from None
-            parts, after = state_parts(state)
+            parts, after = state_parts(state, before, parts)
             digest = event_digest_of_text(
                 case_id=case_id,
                 seq=seq,
@@ -1083,7 +1088,28 @@ class Ledger:
             snapshot=snapshot_text(state, parts),
             updated_at=recorded_at,
         )
+        self._keep_state(case_id, new.snapshot, state, parts)
         return new, written, rows
+
+    def _state_of(self, case_id: str, text: str) -> tuple[dict[str, Any], dict[str, str] | None]:
+        """The state a stored snapshot holds (and its parts' texts, when this process built
+        it): from the cache when ``text`` is exactly the snapshot last built, else parsed.
+
+        The state is shared, never mutated: :func:`apply_event` returns a new one.
+        """
+        with self._heads_lock:
+            kept = self._states.get(case_id)
+        if kept is not None and kept[0] == text:
+            return kept[1], kept[2]
+        return _parse_snapshot(case_id, text), None
+
+    def _keep_state(self, case_id: str, text: str, state: dict[str, Any],
+                    parts: dict[str, str] | None) -> None:
+        with self._heads_lock:
+            self._states[case_id] = (text, state, parts)
+            self._states.move_to_end(case_id)
+            while len(self._states) > _HEAD_CACHE_SIZE:
+                self._states.popitem(last=False)
 
     # -- reading
 
