@@ -396,6 +396,9 @@ class SimulationSpec:
 
     baseline: tuple[BaselineQuery, ...] = ()
     """Read before the first write and re-read after the teardown (with the target's rows)."""
+    target_baseline: bool = True
+    """Whether the rows the target names (``SELECT * FROM object WHERE key = :key``) are
+    part of the baseline; false for a target object that is not a table."""
     no_downstream_consumer: DeclaredPoint | None = None
     """Exemption point 4, declared: nothing reads it that is not part of the same change."""
     no_customer_visible_effect: DeclaredPoint | None = None
@@ -714,6 +717,7 @@ def _simulation(d: Mapping[str, Any]) -> SimulationSpec:
     exemption = d.get("exemption") or {}
     return SimulationSpec(
         baseline=tuple(BaselineQuery(q["name"], q["sql"]) for q in d.get("baseline", ())),
+        target_baseline=bool(d.get("target_baseline", True)),
         no_downstream_consumer=_declared(exemption.get("no_downstream_consumer")),
         no_customer_visible_effect=_declared(exemption.get("no_customer_visible_effect")),
         reconciliation=Check.from_dict(d["reconciliation"]) if "reconciliation" in d else None)
