@@ -180,10 +180,10 @@ def _find(rt: Runtime, case: str, simulation_id: str) -> dict[str, Any]:
                              case=case, simulation_id=simulation_id)
 
 
-def reconcile(rt: Runtime, row: Row, case: str, simulation_id: str, who: str
-              ) -> dict[str, Any]:
+def reconcile(rt: Runtime, case: str, simulation_id: str, who: str) -> dict[str, Any]:
     """Run the simulation's named reconciliation query (read-only) and record its result."""
     summary = _find(rt, case, simulation_id)
+    row = rt.registry.resolve(str(summary["operation_id"]), int(summary["version"]))
     query = row.simulation.reconciliation if row.simulation else None
     if query is None:
         raise ReconciliationUndeclared(f"{row.ref} names no reconciliation query",
