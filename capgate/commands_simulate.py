@@ -45,6 +45,8 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
                    help="plan only: no statement to any database, nothing recorded")
     p.add_argument("--continue", dest="resume", default=None, metavar="SIMULATION",
                    help="continue simulation SIMULATION of CASE at its first unrecorded step")
+    p.add_argument("--abandon", default=None, metavar="SIMULATION",
+                   help="end simulation SIMULATION of CASE that never executed")
     p.set_defaults(handler=cmd_simulate)
 
     p = sub.add_parser(
@@ -122,12 +124,14 @@ def _text(report: Any) -> str:
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     from capgate.commands_exec import _executor, _inputs
-    from executor.simulation.cycle import continue_simulation, simulate
+    from executor.simulation.cycle import abandon_simulation, continue_simulation, simulate
 
     who = caller(args, "is simulating")
     with _executor(args) as executor:
         if args.resume is not None:
             report = continue_simulation(executor, args.case, args.resume, who=who)
+        elif args.abandon is not None:
+            report = abandon_simulation(executor, args.case, args.abandon, who=who)
         else:
             if not args.operation:
                 raise UsageError("say which operation to simulate (or --continue SIMULATION)")

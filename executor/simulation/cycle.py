@@ -53,8 +53,9 @@ from executor.checks import evaluate
 from executor.connectors import Connector
 from executor.context import TERMINAL, CallContext, validate_input
 from executor.dialects import SessionTag
+from executor.ledger.store import Guard
 from executor.outcome import Outcome, jsonable
-from executor.plan import Plan, binds_for, fingerprint, render
+from executor.plan import Plan, binds_for, fingerprint, idempotency_key, render
 from executor.runtime import Runtime
 from executor.simulation.baseline import Baseline, baseline_queries, compare, read_baseline
 from executor.simulation.exemption import exemption_test
@@ -63,7 +64,15 @@ from executor.simulation.production import (
     end_of_business_day,
     refuse_unless_all_hold,
 )
-from executor.simulation.records import input_shape, record_step, simulation_key, summaries
+from executor.simulation.records import (
+    FINAL_STEPS,
+    IDEM_MARK,
+    in_progress,
+    input_shape,
+    record_step,
+    simulation_key,
+    summaries,
+)
 from executor.simulation.teardown import TeardownPlan, derive
 from executor.transaction import run_statements, run_transaction
 from registry.canonical import canonical_hash
@@ -82,13 +91,13 @@ from registry.simulation_errors import (
     SimulationVenueRefused,
 )
 
-__all__ = ["SimulationReport", "continue_simulation", "simulate", "simulation_plan"]
+__all__ = ["SimulationReport", "abandon_simulation", "continue_simulation", "simulate",
+           "simulation_plan"]
 
 PLANNED, BASELINE, EXECUTED, OBSERVED, TORN_DOWN = (
     "planned", "baseline", "executed", "observed", "torn_down")
 RESTORED, ROLLED_BACK, ESCALATED = "restored", "rolled_back", "escalated"
-FINAL = frozenset({RESTORED, ROLLED_BACK, ESCALATED})
-_EXIT = {"planned": 0, RESTORED: 0, ROLLED_BACK: 1, ESCALATED: 3}
+_EXIT = {"planned": 0, RESTORED: 0, ROLLED_BACK: 1, ESCALATED: 3, "abandoned": 1}
 
 
 @dataclass
@@ -205,9 +214,11 @@ class _Cycle:
         return SessionTag(self.case, f"capgate.simulate.{self.row.operation_id}", self.sid)
 
     def record(self, kind: str, step: str, payload: Mapping[str, Any],
-               evidence: Mapping[str, Any] | None = None) -> None:
-        self.summary = {**self.summary, "step": step, f"{step}_at": self.rt.clock().isoformat()}
-        record_step(self.rt.ledger, self.case, kind, self.summary, payload, evidence)
+               evidence: Mapping[str, Any] | None = None, *,
+               guard: Guard | None = None) -> None:
+        summary = {**self.summary, "step": step, f"{step}_at": self.rt.clock().isoformat()}
+        record_step(self.rt.ledger, self.case, kind, summary, payload, evidence, guard=guard)
+        self.summary = summary
         self.steps.append({"step": step, "event": kind, **payload})
 
     def report(self) -> SimulationReport:
@@ -550,13 +561,57 @@ def simulate(executor: Executor, operation_id: str, inputs: Mapping[str, Any], *
     if approval is not None:
         summary["approval"] = approval
     cycle = _Cycle(executor, row, connector, inputs, case, who, plan, teardown, summary)
-    cycle.record("simulation_planned", PLANNED, {"plan": plan.to_dict()})
+    cycle.record("simulation_planned", PLANNED, {"plan": plan.to_dict()},
+                 guard=_one_at_a_time(case))
     return cycle.run()
+
+
+def _one_at_a_time(case: str) -> Guard:
+    """The first step's guard, inside its append: no other simulation of the case is still
+    in progress (its write may still be in the target) and no intent is open."""
+    def guard(state: Mapping[str, Any] | None) -> None:
+        if state is None:
+            return
+        running = in_progress(state.get("case") or {})
+        if running:
+            other = running[0]
+            raise SimulationStateConflict(
+                f"simulation {other.get('simulation_id')} of {other.get('operation_id')} is "
+                f"still at step {other.get('step')} in case {case!r}: continue it (`capgate "
+                f"simulate --continue {other.get('simulation_id')} --case {case}`) or abandon "
+                "it before starting another; nothing was recorded",
+                simulation_id=other.get("simulation_id"), step=other.get("step"), case=case)
+        boundaries.case_guard(case, None)(state)
+    return guard
+
+
+def abandon_simulation(executor: Executor, case: str, simulation_id: str, *,
+                       who: str) -> SimulationReport:
+    """End a simulation that never wrote (still planned, or at its baseline, with no execute
+    step in the ledger); one that executed is continued, never abandoned."""
+    rt = executor.rt
+    cycle = _load(executor, case, simulation_id, who)
+    step = cycle.summary.get("step")
+    key = idempotency_key(cycle.row, cycle.inputs, case)
+    executed = key is not None and rt.ledger.get_idempotency(
+        f"{key}{IDEM_MARK}{simulation_id}") is not None
+    if step not in (PLANNED, BASELINE) or executed:
+        raise SimulationStateConflict(
+            f"simulation {simulation_id} {'executed' if executed else f'is at step {step}'}: "
+            "what it wrote must be torn down -- continue it (`capgate simulate --continue`), "
+            "never abandon it", simulation_id=simulation_id, step=step)
+    cycle.record("simulation_abandoned", "abandoned", {"by": who})
+    return cycle.report()
 
 
 def continue_simulation(executor: Executor, case: str, simulation_id: str, *,
                         who: str) -> SimulationReport:
-    """Pick a simulation up at its first unrecorded step (after a crash, an approval...)."""
+    """Pick a simulation up at its first unrecorded step (after a crash, a refusal...)."""
+    return _load(executor, case, simulation_id, who).run()
+
+
+def _load(executor: Executor, case: str, simulation_id: str, who: str) -> _Cycle:
+    """The recorded simulation, ready to take its next step."""
     rt = executor.rt
     snapshot = rt.ledger.verified_snapshot(case) or {}
     summary = (snapshot.get("case") or {}).get(simulation_key(simulation_id))
@@ -565,7 +620,7 @@ def continue_simulation(executor: Executor, case: str, simulation_id: str, *,
         raise SimulationNotFound(f"case {case!r} has no simulation {simulation_id!r} "
                                  f"(simulations: {', '.join(map(str, known)) or 'none'})",
                                  case=case, simulation_id=simulation_id)
-    if summary.get("step") in FINAL:
+    if summary.get("step") in FINAL_STEPS:
         raise SimulationStateConflict(
             f"simulation {simulation_id} already ended {summary.get('step')}; nothing to "
             "continue", simulation_id=simulation_id, step=summary.get("step"))
@@ -585,5 +640,4 @@ def continue_simulation(executor: Executor, case: str, simulation_id: str, *,
                            customer_informed=summary.get("customer_informed"),
                            data_dependency=None)
     plan = dataclasses.replace(plan, plan_hash=str(summary.get("plan_hash")))
-    cycle = _Cycle(executor, row, connector, inputs, case, who, plan, teardown, dict(summary))
-    return cycle.run()
+    return _Cycle(executor, row, connector, inputs, case, who, plan, teardown, dict(summary))

@@ -22,10 +22,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from executor.ledger import Ledger
+from executor.ledger.store import Guard
 from registry.canonical import canonical_hash
 
-__all__ = ["EVIDENCE_PREFIX", "SIMULATION_PREFIX", "evidence_entries", "evidence_key",
-           "input_shape", "record_step", "simulation_key", "simulation_of"]
+__all__ = ["EVIDENCE_PREFIX", "FINAL_STEPS", "SIMULATION_PREFIX", "evidence_entries",
+           "evidence_key", "in_progress", "input_shape", "record_step", "simulation_key",
+           "simulation_of", "summaries"]
 
 SIMULATION_PREFIX = "simulation:"
 EVIDENCE_PREFIX = "simulated:"
@@ -72,14 +74,28 @@ def input_shape(inputs: Mapping[str, Any]) -> str:
 
 def record_step(ledger: Ledger, case: str, kind: str, summary: Mapping[str, Any],
                 payload: Mapping[str, Any] | None = None,
-                evidence: Mapping[str, Any] | None = None) -> None:
-    """Append the step's event; the summary (and, once restored, the evidence) ride in it."""
+                evidence: Mapping[str, Any] | None = None, *,
+                guard: Guard | None = None) -> None:
+    """Append the step's event; the summary (and, once restored, the evidence) ride in it.
+
+    ``guard`` sees the case state inside the append's transaction and refuses by
+    raising (the first step: no other simulation in progress in the case).
+    """
     case_state: dict[str, Any] = {simulation_key(str(summary["simulation_id"])): dict(summary)}
     if evidence is not None:
         case_state[evidence_key(str(evidence["row_hash"]), str(evidence["input_shape"]),
                                 str(evidence["environment"]))] = dict(evidence)
     ledger.append(case, kind, {"simulation_id": summary["simulation_id"], **(payload or {}),
-                               "case_state": case_state})
+                               "case_state": case_state}, guard=guard)
+
+
+FINAL_STEPS = frozenset({"restored", "rolled_back", "escalated", "abandoned"})
+"""The steps after which a simulation needs nothing more."""
+
+
+def in_progress(case_state: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The case's simulations that have not ended (at most one runs per case)."""
+    return [s for s in summaries(case_state) if s.get("step") not in FINAL_STEPS]
 
 
 def evidence_entries(case_state: Mapping[str, Any]) -> list[dict[str, Any]]:
