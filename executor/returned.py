@@ -30,7 +30,7 @@ from executor.hooks import CallHooks
 from executor.ledger import Ledger
 from executor.outcome import ALREADY_APPLIED, APPLIED, SIMULATED, jsonable
 from executor.plan import binds_for
-from registry.errors import UnknownCase, UnknownIntent
+from registry.errors import ReconciliationRequired, UnknownCase, UnknownIntent
 from registry.model import Statement
 from registry.simulation_errors import ReturnedValueUnavailable
 
@@ -191,6 +191,12 @@ def resolve(ledger: Ledger, case: str, bindings: list[Binding]) -> dict[str, Any
                 f"{b.source!r}", **b.to_dict(), case=case) from None
         found: list[tuple[str, list[Any]]] = []
         why: list[str] = []
+        running = sorted(i for i, s in candidates.items() if str(s.get("status")) not in TERMINAL)
+        if running:  # what it returned is not known until resume settles it
+            raise ReconciliationRequired(
+                f"--bind {b.input}={b.source}.{b.name}: intent(s) {', '.join(running)} of case "
+                f"{case!r} are unresolved; run `capgate resume {case}` first", case=case,
+                intents=running)
         for intent_id, state in candidates.items():
             ok, reason = _applied(state)
             values = _values(intent_id, state, b.name) if ok else None
