@@ -241,8 +241,8 @@ class Executor:
         flight = contextlib.ExitStack()
         try:
             flight.enter_context(self._flying(None if rehearse else idem))
-            self.hooks.before_prepared(ctx)
             promotion.check(self.rt, ctx)  # issue 16: a promotion needs simulation evidence
+            self.hooks.before_prepared(ctx)
             if row.authorization.kind is AuthKind.GATE and not rehearse:
                 gates.check_approval(self.rt, ctx)
             if row.effect_class is EffectClass.READ:
