@@ -37,7 +37,8 @@ SIM_GRANTS = Grants.from_dict({"principals": {
         for g in p.grants], **({"approval_key": p.approval_key} if p.approval_key else {})}
        for name, p in GRANTS.principals.items()},
     # production simulation approvers: two roles, neither held by a requester
-    "carol": {"roles": ["support_lead"], "approval_key": approver_key("carol").public_text},
+    "carol": {"roles": ["support_lead"], "approval_key": approver_key("carol").public_text,
+              "grants": [{"connector": "*", "environments": EVERYWHERE, "access": "write"}]},
     "dave": {"roles": ["system_owner"], "approval_key": approver_key("dave").public_text},
     # a release manager for staging and prod only; an approver whose dba role is prod's only
     "rita": {"roles": [{"role": "release_manager", "environments": ["staging", "prod"]}],

@@ -156,7 +156,7 @@ def test_a_write_that_rolls_back_records_what_survived_the_rollback(
     (consumed,) = survived["claim_id_identity"]["values"]
     keeps = engine_of(target_url) != "sqlite"
     assert survived["claim_id_identity"]["survived"] is keeps
-    assert survived["handler_queue"]["survived"] is None  # not observable: never guessed
+    assert survived["dashboard_cache"]["survived"] is None  # not observable: never guessed
     # and it is true: the next claim gets a later id where the value stayed consumed
     dev.call("claim.open", {**NEW_CLAIM, "claim_ref": "CLM-2024-601"}, case="SIM-R2",
              who="agent")
