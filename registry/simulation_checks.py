@@ -6,8 +6,8 @@ does: one INSERT, UPDATE or DELETE of ``table`` (parsed with sqlglot, as every
 other check), without a ``RETURNING`` clause of its own -- each dialect adds
 the one it supports -- and no two statements may return the same name.  An
 expected effect observed by a returned value must name one of those keys.
-The findings are ``CG680`` and ``CG681``
-(:mod:`registry.simulation_errors`).
+An effect is observed exactly one way (``CG104``).  The findings are ``CG680``
+and ``CG681`` (:mod:`registry.simulation_errors`).
 """
 
 from __future__ import annotations
@@ -92,6 +92,13 @@ def simulation_problems(ctx: _Located) -> list[Problem]:
                               "returned name is one value of the outcome"))
         returned.add(spec["key"])
     for i, effect in enumerate(row.get("expected_effects", ())):
+        ways = [k for k in ("probe", "returned", "unobservable") if k in effect]
+        if len(ways) != 1:
+            out.append(ctx.at(("expected_effects", i), "CG104",
+                              "an expected effect is observed exactly one way -- `probe` (a "
+                              "query that finds it), `returned` (a value a statement returns) "
+                              "or `unobservable` (why nothing can see it); found "
+                              f"{' and '.join(ways) or 'none'}"))
         name = effect.get("returned")
         if name is not None and name not in returned:
             out.append(ctx.at(("expected_effects", i, "returned"), "CG681",
