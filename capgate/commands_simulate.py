@@ -105,7 +105,11 @@ def _text(report: Any) -> str:
                      f"{'holds' if c['holds'] else 'fails'}: {c['why']}")
     for step in report.steps:
         extra = ""
-        if step["step"] == "baseline":
+        if step["step"] == "planned":
+            planned = step["plan"]["planned_effects"]
+            extra = (f"{len(planned['statements'])} statement(s), "
+                     f"{len(planned['expected_effects'])} expected effect(s) and the cleanup")
+        elif step["step"] == "baseline":
             extra = f"digest {step['baseline']['digest']}"
         elif step["step"] == "executed":
             extra = f"intent {step['intent_id']}: {step['outcome']}"
@@ -118,7 +122,7 @@ def _text(report: Any) -> str:
             extra = f"baseline re-read: digest {step['restored']['digest']} (identical)"
         elif step["step"] == "escalated":
             extra = f"{step['escalation']}: {json.dumps(step.get('mismatches') or step)[:400]}"
-        lines.append(f"  {step['event']:<22} {extra}")
+        lines.append(f"  {step['event']:<22} {extra}".rstrip())
     return "\n".join(lines)
 
 

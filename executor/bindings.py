@@ -34,6 +34,6 @@ def call_bound(executor: Executor, operation_id: str, inputs: Mapping[str, Any],
     outcome = executor.call(operation_id, full, case=case, who=who, **call)
     if resolved and not outcome.replayed:
         executor.ledger.append(case, "inputs_bound", {
-            "intent_id": outcome.intent_id, "operation_id": operation_id,
+            "intent_id": outcome.intent_id, "operation_id": operation_id, "by": who,
             "bindings": [{"input": name, **r} for name, r in sorted(resolved.items())]})
     return outcome

@@ -202,7 +202,7 @@ def check(rt: Runtime, ctx: CallContext) -> None:
             rt.ledger.append(ctx.case_id, "exemption_claimed", {
                 "operation_id": ctx.row.operation_id, "version": ctx.row.version,
                 "row_hash": ctx.row.row_hash, "environment": ctx.connector.environment,
-                "plan_hash": ctx.plan.plan_hash, "who": ctx.who,
+                "plan_hash": ctx.plan.plan_hash, "by": ctx.who,
                 "case_state": {key: test.to_dict()}})
         return
     failed = "; ".join(f"({p.number}) {p.name}: {p.why}" for p in test.failed)

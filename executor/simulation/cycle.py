@@ -303,7 +303,9 @@ class _Cycle:
                                  case=self.case, requester=self.who))
         rt.ledger.append(self.case, "prepared", {
             "request": {"tears_down": self.outcome.intent_id, "simulation_id": self.sid,
-                        "operation_id": row.operation_id, "version": row.version},
+                        "operation_id": row.operation_id, "version": row.version,
+                        "inputs": inputs, "who": self.who, "connector": connector.name,
+                        "environment": connector.environment},
             "state": {"operation_id": row.operation_id, "version": row.version,
                       "row_hash": row.row_hash, "idempotency_key": ctx.idem_key,
                       "fingerprint": ctx.fingerprint, "compensates": self.outcome.intent_id,

@@ -208,7 +208,8 @@ def reconcile(rt: Runtime, case: str, simulation_id: str, who: str) -> dict[str,
               "recorded_at": now.isoformat(), "by": who, "ok": bool(result["ok"]),
               "on_time": on_time, "result": jsonable(result)}
     summary = {**summary, "reconciliation": record}
-    record_step(rt.ledger, case, "reconciliation_recorded", summary, {"reconciliation": record})
+    record_step(rt.ledger, case, "reconciliation_recorded", summary,
+                {"by": who, "reconciliation": record})
     return record
 
 

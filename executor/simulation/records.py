@@ -85,7 +85,8 @@ def record_step(ledger: Ledger, case: str, kind: str, summary: Mapping[str, Any]
     if evidence is not None:
         case_state[evidence_key(str(evidence["row_hash"]), str(evidence["input_shape"]),
                                 str(evidence["environment"]))] = dict(evidence)
-    ledger.append(case, kind, {"simulation_id": summary["simulation_id"], **(payload or {}),
+    ledger.append(case, kind, {"simulation_id": summary["simulation_id"],
+                               "by": summary.get("who"), **(payload or {}),
                                "case_state": case_state}, guard=guard)
 
 
