@@ -58,7 +58,7 @@ def run_returning(ctx: CallContext, conn: sa.Connection, st: Statement, counts: 
                              binds_for(st.sql, ctx.inputs), ctx.tag)
     n, raw = dialect.returned(cursor)
     counts.append(n)
-    values = jsonable(raw)
+    values = [_recordable(v) for v in jsonable(raw)]
     returned: dict[str, Any] = evidence.setdefault("returned", {})
     returned[st.returns.key] = values
     for effect in ctx.row.expected_effects:
@@ -70,6 +70,18 @@ def run_returning(ctx: CallContext, conn: sa.Connection, st: Statement, counts: 
                 if effect.effect_class == "sequence" else None})
     conn.info[RETURNED_INFO] = (ctx.intent_id, ctx.attempt, returned)
     return n
+
+
+_SAFE_INT = 2**53 - 1
+
+
+def _recordable(value: Any) -> Any:
+    """A key the ledger can record exactly: an integer beyond 2^53 (a BIGINT identity)
+    becomes its decimal text -- JSON numbers are doubles -- which every engine compares
+    with the column as the same number."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > _SAFE_INT:
+        return str(value)
+    return value
 
 
 class ReturnedKeys(CallHooks):
