@@ -21,6 +21,7 @@ from sqlalchemy.engine import URL
 
 from executor import outcome as oc
 from executor.call import Executor
+from executor.recovery.resume import resume
 from executor.simulation import cycle as sim_cycle
 from executor.simulation.cycle import abandon_simulation, continue_simulation, simulate
 from registry import errors
@@ -273,3 +274,63 @@ def test_eight_simulations_of_one_case_at_once_run_one(dev: Executor,
                for r in refused), refused
     assert dump(target_url) == before
     assert dev.ledger.verify().ok
+
+
+@pytest.mark.crash
+@pytest.mark.parametrize(("nth", "where"), [(1, "execute"), (2, "teardown")])
+def test_a_simulation_killed_inside_a_commit_is_resumed_then_continued(
+        target_url: URL, tmp_path: Path, nth: int, where: str,
+        venues: Callable[..., Executor]) -> None:
+    """A real process runs the cycle and is killed (SIGKILL) right after a COMMIT and
+    before its ``observed`` -- the execute step's (nth 1) or the teardown's (nth 2).
+    ``resume`` proves that write from its marker; the simulation then continues from the
+    ledger, tears down exactly once and re-reads the baseline identical."""
+    from tests.crash_child import Zygote
+
+    ledger = f"sqlite:///{tmp_path / 'ledger.db'}"
+    ex = venues(target_url, ledger, "dev")
+    before = dump(target_url)
+    case = f"SIM-KILL-{where}"
+    zygote = Zygote()
+    try:
+        ended = zygote.run({"target": target_url.render_as_string(hide_password=False),
+                            "ledger": ledger, "operation": "claim.open", "inputs": NEW_CLAIM,
+                            "case": case, "who": "agent", "simulate": True,
+                            "crash_at": "after_commit", "crash_nth": nth,
+                            "out": str(tmp_path / "out.json")})
+    finally:
+        zygote.close()
+    assert ended.killed, ended
+    state = ex.ledger.verified_snapshot(case) or {}
+    (summary,) = [v for k, v in state["case"].items() if k.startswith("simulation:")]
+    with pytest.raises(errors.ReconciliationRequired):
+        continue_simulation(ex, case, summary["simulation_id"], who="agent")
+    report = resume(ex, case)
+    assert [i.classification for i in report.intents] == ["applied"], report.intents
+    assert report.resolved
+    done = continue_simulation(ex, case, summary["simulation_id"], who="agent")
+    assert done.status == "restored", done.steps
+    assert dump(target_url) == before
+    teardowns = [s for s in ex.ledger.intents(case).values()
+                 if s.get("simulation_teardown") == summary["simulation_id"]]
+    assert len(teardowns) == 1, "torn down exactly once"
+    assert ex.ledger.verify().ok and not ex.ledger.cases(open_only=True)
+
+
+def test_a_simulation_that_never_wrote_can_be_abandoned(
+        dev: Executor, target_url: URL, monkeypatch: pytest.MonkeyPatch) -> None:
+    def unreachable(self: Any) -> None:
+        raise ConnectionError("the target went away before the execute step")
+
+    monkeypatch.setattr(sim_cycle._Cycle, "execute", unreachable)
+    with pytest.raises(ConnectionError):
+        simulate(dev, "claim.open", NEW_CLAIM, case="SIM-A", who="agent")
+    monkeypatch.undo()
+    state = dev.ledger.verified_snapshot("SIM-A") or {}
+    (summary,) = [v for k, v in state["case"].items() if k.startswith("simulation:")]
+    assert summary["step"] == "baseline"
+    with pytest.raises(errors.UsageError):  # only its requester ends it
+        abandon_simulation(dev, "SIM-A", summary["simulation_id"], who="alice")
+    ended = abandon_simulation(dev, "SIM-A", summary["simulation_id"], who="agent")
+    assert ended.status == "abandoned" and ended.exit_code == 1
+    assert simulate(dev, "claim.open", NEW_CLAIM, case="SIM-A", who="agent").status == "restored"

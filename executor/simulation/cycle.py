@@ -291,6 +291,15 @@ class _Cycle:
             self.record("simulation_torn_down", TORN_DOWN, {
                 "by": "compensation", "compensation": dict(self.outcome.reason or {})})
             return True
+        earlier = self._earlier_teardown()
+        if earlier is not None:  # it ran before a crash (resume may have settled it): once
+            intent_id, record = earlier
+            self.summary["teardown_intent_id"] = intent_id
+            self.record("simulation_torn_down", TORN_DOWN, {
+                "teardown_intent_id": intent_id, "outcome": record.get("status"),
+                "counts": (record.get("evidence") or {}).get("counts"), "recovered": True,
+                "note": "the teardown committed before the simulation could record it"})
+            return True
         returned = self._returned()
         statements, binds = self.teardown.statements(returned)
         inputs = {**self.inputs, **binds}
@@ -326,6 +335,24 @@ class _Cycle:
             "binds": binds, "counts": result.evidence.get("counts"),
             "reason": dict(result.reason) if result.reason else None})
         return result.status == oc.APPLIED
+
+    def _earlier_teardown(self) -> tuple[str, Mapping[str, Any]] | None:
+        """A teardown intent of this simulation that already applied (None: there is none).
+
+        One still open holds the case (``capgate resume`` first); one that rolled
+        back is simply run again.
+        """
+        for intent_id, state in self.rt.ledger.intents(self.case).items():
+            if state.get("simulation_teardown") != self.sid:
+                continue
+            if str(state.get("status")) not in TERMINAL:
+                raise ReconciliationRequired(
+                    f"the teardown {intent_id} of simulation {self.sid} is unresolved; run "
+                    f"`capgate resume {self.case}` first", case=self.case, intents=[intent_id])
+            record = state.get("outcome_record")
+            if isinstance(record, Mapping) and record.get("status") == oc.APPLIED:
+                return intent_id, record
+        return None
 
     def _returned(self) -> dict[str, Any]:
         """The keys the execute step returned: as the ledger recorded them before COMMIT."""
@@ -608,8 +635,18 @@ def abandon_simulation(executor: Executor, case: str, simulation_id: str, *,
 
 def continue_simulation(executor: Executor, case: str, simulation_id: str, *,
                         who: str) -> SimulationReport:
-    """Pick a simulation up at its first unrecorded step (after a crash, a refusal...)."""
-    return _load(executor, case, simulation_id, who).run()
+    """Pick a simulation up at its first unrecorded step (after a crash, a refusal...).
+
+    An intent the interruption left open is settled by ``capgate resume`` first
+    (ReconciliationRequired): what it wrote is known from evidence, never guessed.
+    """
+    cycle = _load(executor, case, simulation_id, who)
+    opened = _open_intents(executor.rt, case)
+    if opened:
+        raise ReconciliationRequired(
+            f"case {case!r} has {len(opened)} unresolved intent(s); run `capgate resume "
+            f"{case}` before continuing simulation {simulation_id}", case=case, intents=opened)
+    return cycle.run()
 
 
 def _load(executor: Executor, case: str, simulation_id: str, who: str) -> _Cycle:
