@@ -170,7 +170,7 @@ class Executor:
         self.grants.check_call(who, row, connector.name, connector.environment)
         plan = gates.with_promotion(self.rt, render(
             row, inputs, connector.name, connector.environment, case=case, requester=who),
-            row, connector, case)
+            row, inputs, connector, case)
         if record:
             self.ledger.record_plan(plan.plan_hash, case, who, plan.to_dict())
         return plan

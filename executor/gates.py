@@ -175,7 +175,7 @@ def check_approval(rt: Runtime, ctx: CallContext) -> None:
     usable = [a for a in approvals if a.used_by_intent is None and a.expires_at > now
               and not (four_eyes and a.approver == ctx.who)]
     if not usable:
-        plan = with_promotion(rt, plan, ctx.row, ctx.connector, ctx.case_id)
+        plan = with_promotion(rt, plan, ctx.row, ctx.inputs, ctx.connector, ctx.case_id)
         rt.ledger.record_plan(plan.plan_hash, ctx.case_id, ctx.who, plan.to_dict())
         details = {"plan_hash": plan.plan_hash, "plan": plan.to_dict(),
                    "approver_roles": list(ctx.row.authorization.approver_roles),
@@ -195,14 +195,18 @@ def check_approval(rt: Runtime, ctx: CallContext) -> None:
             f"{'|'.join(ctx.row.authorization.approver_roles)} --key FILE`", **details)
 
 
-def with_promotion(rt: Runtime, plan: Plan, row: Row, connector: Connector, case: str) -> Plan:
+def with_promotion(rt: Runtime, plan: Plan, row: Row, inputs: Mapping[str, Any],
+                   connector: Connector, case: str) -> Plan:
     """The plan, carrying the promotion's grounds on a promotion venue (issue 16).
 
     The case's simulation evidence -- or the exemption test, or what is missing
     -- goes into the recorded plan, so the approver sees it.  The plan hash is
-    unchanged: the grounds are re-checked when the call runs.
+    unchanged: the grounds are re-checked when the call runs.  Elsewhere the
+    plan is returned as it is (its body not even read).
     """
-    section = plan_section(rt, row, plan.body.get("inputs") or {}, connector, case)
+    if not row.is_write or not connector.config.promotes:
+        return plan
+    section = plan_section(rt, row, inputs, connector, case)
     if section is None:
         return plan
     return Plan(plan.plan_hash, {**plan.body, "promotion": section})

@@ -38,7 +38,6 @@ to any database and records nothing.  A simulation interrupted between steps
 
 from __future__ import annotations
 
-import dataclasses
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -678,5 +677,5 @@ def _load(executor: Executor, case: str, simulation_id: str, who: str) -> _Cycle
     plan = simulation_plan(rt, row, connector, inputs, case, who, teardown=teardown,
                            customer_informed=summary.get("customer_informed"),
                            data_dependency=None)
-    plan = dataclasses.replace(plan, plan_hash=str(summary.get("plan_hash")))
+    plan = Plan(str(summary.get("plan_hash")), plan.body)  # the hash it was approved by
     return _Cycle(executor, row, connector, inputs, case, who, plan, teardown, dict(summary))
