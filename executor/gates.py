@@ -23,6 +23,7 @@ from executor.ledger import ApprovalRecord
 from executor.plan import Plan
 from executor.promotion import plan_section
 from executor.runtime import Runtime
+from executor.simulation.records import simulation_of
 from registry.errors import (
     ApprovalExpired,
     ApprovalNotAuthenticated,
@@ -175,7 +176,8 @@ def check_approval(rt: Runtime, ctx: CallContext) -> None:
     usable = [a for a in approvals if a.used_by_intent is None and a.expires_at > now
               and not (four_eyes and a.approver == ctx.who)]
     if not usable:
-        plan = with_promotion(rt, plan, ctx.row, ctx.inputs, ctx.connector, ctx.case_id)
+        if simulation_of(ctx.idem_key) is None:  # a simulation's step is no promotion
+            plan = with_promotion(rt, plan, ctx.row, ctx.inputs, ctx.connector, ctx.case_id)
         rt.ledger.record_plan(plan.plan_hash, ctx.case_id, ctx.who, plan.to_dict())
         details = {"plan_hash": plan.plan_hash, "plan": plan.to_dict(),
                    "approver_roles": list(ctx.row.authorization.approver_roles),

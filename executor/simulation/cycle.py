@@ -516,12 +516,18 @@ def _gate(rt: Runtime, plan: Plan, connector: Connector, who: str, simulation_id
 
 
 def _precheck_row_gate(rt: Runtime, row: Row, connector: Connector, inputs: Mapping[str, Any],
-                       case: str, who: str) -> None:
-    """A gated row's approval must exist before the simulation records its first step."""
+                       case: str, who: str, simulation_id: str) -> None:
+    """A gated row's approval must exist before the simulation records its first step.
+
+    The check sees the execute step's own key (a simulation's, so the plan an
+    approver finds is not shown as a promotion).
+    """
     if row.authorization.kind is not AuthKind.GATE:
         return
     plan = render(row, inputs, connector.name, connector.environment, case=case, requester=who)
-    ctx = CallContext(row, inputs, case, who, connector, "simulation-precheck", None,
+    key = idempotency_key(row, inputs, case)
+    ctx = CallContext(row, inputs, case, who, connector, "simulation-precheck",
+                      f"{key}{IDEM_MARK}{simulation_id}" if key is not None else None,
                       fingerprint(row, inputs, connector.name, connector.environment), plan)
     gates.check_approval(rt, ctx)
 
@@ -575,8 +581,8 @@ def simulate(executor: Executor, operation_id: str, inputs: Mapping[str, Any], *
         raise ReconciliationRequired(
             f"case {case!r} has {len(opened)} unresolved intent(s); run `capgate resume "
             f"{case}` first", case=case, intents=opened)
-    _precheck_row_gate(rt, row, connector, inputs, case, who)
     simulation_id = uuid.uuid4().hex[:16]
+    _precheck_row_gate(rt, row, connector, inputs, case, who, simulation_id)
     approval = _gate(rt, plan, connector, who, simulation_id)
     summary: dict[str, Any] = {
         "simulation_id": simulation_id, "kind": plan.body["kind"],
