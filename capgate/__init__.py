@@ -16,12 +16,20 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from capgate.api import build_executor, open
     from capgate.config import Settings, load_settings
+    from executor.bindings import call_bound
     from executor.call import Executor
     from executor.connectors import ConnectorConfig, Connectors
     from executor.grants import Grants
     from executor.ledger import Ledger, open_ledger
     from executor.outcome import Outcome
     from executor.plan import Plan
+    from executor.returned import Binding
+    from executor.simulation.cycle import (
+        SimulationReport,
+        abandon_simulation,
+        continue_simulation,
+        simulate,
+    )
     from registry.errors import CapgateError, lookup
     from registry.loader import load_registry, validate_paths
     from registry.model import Row
@@ -40,9 +48,15 @@ _WHERE = {
     "load_registry": "registry.loader", "validate_paths": "registry.loader",
     "Row": "registry.model",
     "Registry": "registry.registry",
+    # simulation first (issue 16)
+    "simulate": "executor.simulation.cycle", "continue_simulation": "executor.simulation.cycle",
+    "abandon_simulation": "executor.simulation.cycle",
+    "SimulationReport": "executor.simulation.cycle",
+    "call_bound": "executor.bindings", "Binding": "executor.returned",
 }
 
 __all__ = [
+    "Binding",
     "CapgateError",
     "ConnectorConfig",
     "Connectors",
@@ -54,12 +68,17 @@ __all__ = [
     "Registry",
     "Row",
     "Settings",
+    "SimulationReport",
+    "abandon_simulation",
     "build_executor",
+    "call_bound",
+    "continue_simulation",
     "load_registry",
     "load_settings",
     "lookup",
     "open",
     "open_ledger",
+    "simulate",
     "validate_paths",
 ]
 

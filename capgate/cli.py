@@ -53,6 +53,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
             "serve the declared operations as MCP tools (stdio, or --http)"),
     "rehearse": ("capgate.commands_agent",
                  "run every row's examples in write-and-rollback against a connector"),
+    "simulate": ("capgate.commands_simulate",
+                 "simulate a change on a lower venue: baseline, execute, observe, tear down, "
+                 "verify restoration"),
+    "reconcile": ("capgate.commands_simulate",
+                  "run a production simulation's reconciliation query; --due lists what is "
+                  "due"),
     "resume": ("capgate.commands_resume",
                "after a fault: classify each in-flight intent from evidence, then continue"),
     "ddl": ("capgate.commands_ddl", "the DDL loop for stored code"),

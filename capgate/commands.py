@@ -185,7 +185,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
 #: Modules that define error classes outside ``registry.errors``; imported by
 #: ``explain`` because the command line no longer imports every module at start.
-ERROR_MODULES = ("ddl.errors", "executor.dialects.base")
+ERROR_MODULES = ("ddl.errors", "executor.dialects.base", "registry.simulation_errors")
 
 
 def cmd_explain(args: argparse.Namespace) -> int:

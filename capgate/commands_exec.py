@@ -22,9 +22,15 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         p.add_argument("--case", required=True, help="the case this call belongs to")
         p.add_argument("--as", dest="who", default=None,
                        help="caller identity (default: CAPGATE_AGENT or config `agent`)")
+        p.add_argument("--venue", default=None, metavar="ENV",
+                       help="the connector's instance in ENV, when one configuration names "
+                            "several (default: the connector's own environment)")
 
     p = sub.add_parser("plan", parents=[common], help="render a call's plan; runs no DML")
     call_args(p)
+    p.add_argument("--dry-run", action="store_true",
+                   help="record nothing either (by default the plan is recorded in the "
+                        "ledger so that an approver can find it by its hash)")
     p.set_defaults(handler=cmd_plan)
 
     p = sub.add_parser("approve", parents=[common], help="approve a recorded plan")
@@ -53,6 +59,10 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--task", default=None, help="the task this case was opened for")
     p.add_argument("--plan", dest="plan_hash", default=None,
                    help="the approved plan hash this call must match")
+    p.add_argument("--bind", action="append", default=[], metavar="INPUT=SOURCE.NAME",
+                   help="bind INPUT to the value an earlier intent of the case returned as "
+                        "NAME (SOURCE: its intent id, or its operation id), read from the "
+                        "ledger; repeatable")
     p.set_defaults(handler=cmd_call)
 
     ledger = sub.add_parser("ledger", help="the hash-chained ledger")
@@ -128,7 +138,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     op, version = parse_operation(args.operation)
     with _executor(args) as executor:
         plan = executor.plan(op, _inputs(args.input), case=args.case, who=caller(args),
-                             version=version)
+                             version=version, venue=args.venue, record=not args.dry_run)
     body = plan.to_dict()
     lines = [f"plan {plan.plan_hash}",
              f"  {body['operation_id']}@{body['version']} on {body['connector']} "
@@ -147,8 +157,26 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if auth["kind"] == "gate":
         lines.append(f"  approval needed from: {', '.join(auth['approver_roles'])}"
                      f"{' (four eyes)' if auth['four_eyes'] else ''}")
+    lines.extend(_promotion_lines(body.get("promotion")))
     emit(args, body, "\n".join(lines))
     return 0
+
+
+def _promotion_lines(section: dict[str, Any] | None) -> list[str]:
+    """Issue 16: what the plan of a promotion carries, for its approver."""
+    if not section:
+        return []
+    if section.get("evidence"):
+        ev = section["evidence"]
+        return [f"  promotion to {section['environment']}: simulation {ev['simulation_id']} on "
+                f"{ev['environment']} ({ev['completed_at']}), baseline restored "
+                f"{ev['baseline_digest']}"]
+    exemption = section.get("exemption") or {}
+    head = (f"  promotion to {section['environment']}: no simulation evidence "
+            f"({section.get('missing')}); exemption test: "
+            f"{'exempt' if exemption.get('exempt') else 'not exempt: the call is refused'}")
+    return [head, *(f"    ({p['point']}) {p['name']}: {'holds' if p['holds'] else 'fails'} "
+                    f"[{p['how']}] {p['why']}" for p in exemption.get("points", ()))]
 
 
 _TTL = re.compile(r"^(\d+)\s*([smhd]?)$")
@@ -188,9 +216,18 @@ def cmd_approver_keygen(args: argparse.Namespace) -> int:
 def cmd_call(args: argparse.Namespace) -> int:
     op, version = parse_operation(args.operation)
     with _executor(args) as executor:
-        outcome = executor.call(op, _inputs(args.input), case=args.case, who=caller(args),
-                                version=version, key=args.key, task=args.task,
-                                plan_hash=args.plan_hash)
+        call = {"version": version, "key": args.key, "task": args.task,
+                "plan_hash": args.plan_hash, "venue": args.venue}
+        if args.bind:  # issue 16: inputs bound to earlier intents' returned values
+            from executor.bindings import call_bound
+            from executor.returned import parse_binding
+
+            outcome = call_bound(executor, op, _inputs(args.input),
+                                 [parse_binding(b) for b in args.bind], case=args.case,
+                                 who=caller(args), **call)
+        else:
+            outcome = executor.call(op, _inputs(args.input), case=args.case,
+                                    who=caller(args), **call)
     payload = outcome.to_dict()
     replayed = " (recorded outcome, nothing executed)" if outcome.replayed else ""
     text = [f"{outcome.status}: {outcome.operation_id}@{outcome.version} intent "

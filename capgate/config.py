@@ -64,7 +64,17 @@ CONNECTOR_KEYS: dict[str, str] = {
     "connect_args": "a table of driver connect() arguments; a secret as { env = \"VAR\" }",
     "thick_mode": "true, or a table (lib_dir, config_dir, driver_name): python-oracledb Thick",
     "current_schema": "Oracle: the schema unqualified names resolve in",
+    # simulation first (issue 16)
+    "requires_simulation": "true or false: a write here needs simulation evidence "
+                           "(default: true on staging and prod)",
+    "simulation_max_age_seconds": "a number of seconds > 0: the oldest evidence promoted",
+    "promotion_roles": "a list of role names a promoting caller must hold here",
+    "production_simulation_approver_roles": "a list of (two) role names",
+    "business_timezone": "an IANA time zone (e.g. Europe/Sofia): where the business day ends",
+    "venues": "a table of environment -> { url = ..., ... }: this connector's other instances",
 }
+VENUE_EXCLUDED = ("venues", "environment")
+"""Keys a venue table cannot set: its environment is its name, and venues do not nest."""
 THICK_KEYS = ("lib_dir", "config_dir", "driver_name")
 SECTIONS = ("capgate", "connectors")
 #: Environment variables that configure capgate without a file.
@@ -283,11 +293,14 @@ def read_settings(path: str | Path | None = None, env: Mapping[str, str] | None 
         for key in ("url", "environment", "session_budget"):
             if env.get(prefix + key.upper()):
                 spec[key] = env[prefix + key.upper()]
+        venues = spec.pop("venues", {})
         connector = _connector(name, spec, base,
                                lambda k, msg, code=ConfigError.code, s=section:
                                problem(s, k, msg, code))
         if connector is not None:
             connectors[name] = connector
+        for venue in _venues(name, spec, venues, base, problem):
+            connectors[venue.name] = venue
     _driver_modes(connectors, problem)
     configured = file is not None or configured_by_env(env)
     settings = Settings(capabilities=tuple(caps), grants=grants, ledger_url=ledger, agent=agent,
@@ -340,6 +353,9 @@ def _connector(name: str, spec: Mapping[str, Any], base: Path,
     if not isinstance(roles, list) or not all(isinstance(r, str) and r for r in roles):
         problem("simulation_approver_roles", f"must be a list of role names, got {roles!r}")
         ok = False
+    simulation = _simulation_settings(spec, problem)
+    if simulation is None:
+        ok = False
     session_budget = number("session_budget", 6, int, 1)
     db_user_budget = number("db_user_budget", None, int, 1)
     wait = number("budget_wait_seconds", 0.0, float, 0)
@@ -359,10 +375,91 @@ def _connector(name: str, spec: Mapping[str, Any], base: Path,
         return ConnectorConfig(name=name, url=resolved, environment=str(environment),
                                session_budget=session_budget, db_user_budget=db_user_budget,
                                budget_wait_seconds=wait, statement_timeout=timeout,
-                               simulation_approver_roles=tuple(roles), **driver)
+                               simulation_approver_roles=tuple(roles), **driver,
+                               **(simulation or {}))
     except ConfigError as exc:
         problem(None, exc.message)
         return None
+
+
+def _simulation_settings(spec: Mapping[str, Any], problem: Any) -> dict[str, Any] | None:
+    """The simulation-first keys of a connector (issue 16), checked; None after a problem."""
+    ok = True
+    out: dict[str, Any] = {}
+    if "requires_simulation" in spec:
+        if not isinstance(spec["requires_simulation"], bool):
+            problem("requires_simulation", f"must be true or false, got "
+                                           f"{spec['requires_simulation']!r}")
+            ok = False
+        else:
+            out["requires_simulation"] = spec["requires_simulation"]
+    if "simulation_max_age_seconds" in spec:
+        age = spec["simulation_max_age_seconds"]
+        if isinstance(age, bool) or not isinstance(age, int | float) or age <= 0:
+            problem("simulation_max_age_seconds", f"must be a number of seconds > 0, got {age!r}")
+            ok = False
+        else:
+            out["simulation_max_age_seconds"] = float(age)
+    for key in ("promotion_roles", "production_simulation_approver_roles"):
+        roles = spec.get(key, [])
+        if not isinstance(roles, list) or not all(isinstance(r, str) and r for r in roles):
+            problem(key, f"must be a list of role names, got {roles!r}")
+            ok = False
+        else:
+            out[key] = tuple(roles)
+    import zoneinfo
+
+    zone = spec.get("business_timezone", "UTC")
+    try:
+        if not isinstance(zone, str) or not zone:
+            raise ValueError
+        zoneinfo.ZoneInfo(zone)
+        out["business_timezone"] = zone
+    except (ValueError, zoneinfo.ZoneInfoNotFoundError):
+        problem("business_timezone", f"must be an IANA time zone such as Europe/Sofia, got "
+                                     f"{zone!r}")
+        ok = False
+    return out if ok else None
+
+
+def _venues(name: str, spec: Mapping[str, Any], venues: Any, base: Path,
+            problem: Any) -> list[ConnectorConfig]:
+    """``[connectors.NAME.venues.ENV]``: the logical connector's instance in each environment.
+
+    Each venue is connector ``NAME@ENV`` (its own database: ``url``), taking the
+    connector's other settings unless it sets them itself; rows that name
+    ``NAME`` run there when a call or simulation asks for venue ``ENV``.
+    """
+    if not isinstance(venues, dict):
+        problem(("connectors", name), "venues", f"must be a table of environments, got "
+                                                f"{venues!r}")
+        return []
+    out: list[ConnectorConfig] = []
+    own = spec.get("environment", "dev")
+    for environment, raw in sorted(venues.items()):
+        section = ("connectors", name, "venues", environment)
+        if environment not in ENVIRONMENTS:
+            problem(section, None, f"a venue is an environment, one of {', '.join(ENVIRONMENTS)}"
+                                   f"; got {environment!r}")
+            continue
+        if environment == own:
+            problem(section, None, f"the connector itself is the {environment} venue")
+            continue
+        if not isinstance(raw, dict):
+            problem(section, None, "must be a table")
+            continue
+        for key in sorted(set(raw) - set(CONNECTOR_KEYS) | (set(raw) & set(VENUE_EXCLUDED))):
+            problem(section, key, "not a venue setting" if key in VENUE_EXCLUDED
+                    else "unknown key" + _suggest(key, CONNECTOR_KEYS))
+        merged = {k: v for k, v in spec.items() if k not in ("url",)}
+        merged.update({k: v for k, v in raw.items() if k not in VENUE_EXCLUDED})
+        merged["environment"] = environment
+        venue = _connector(f"{name}@{environment}", merged, base,
+                           lambda k, msg, code=ConfigError.code, s=section:
+                           problem(s, k, msg, code))
+        if venue is not None:
+            out.append(ConnectorConfig(**{**venue.__dict__, "logical": name}))
+    return out
 
 
 def _driver_settings(spec: Mapping[str, Any], url: str | None,

@@ -272,6 +272,9 @@ def _check_capabilities(report: Report, settings: Any) -> Any:
                    f"(add [connectors.{connector}]): {', '.join(refs)}",
                    connector=connector, rows=refs)
     accepted = {role for r in registry.rows() for role in r.authorization.approver_roles}
+    accepted |= {role for c in settings.connectors.values()  # issue 16: connector roles
+                 for role in (*c.simulation_approver_roles, *c.promotion_roles,
+                              *c.production_simulation_approver_roles)}
     if settings.grants:
         from executor.grants import Grants
 
@@ -280,7 +283,7 @@ def _check_capabilities(report: Report, settings: Any) -> Any:
         except CapgateError:
             return registry
         for who, principal in sorted(grants.principals.items()):
-            for role in principal.roles:
+            for role in principal.role_names:
                 if role not in accepted:
                     report.add(WARNING, GrantUnknownRole.code, f"grants {settings.grants}",
                                f"{who} holds role {role!r}, which no row accepts as an "

@@ -182,6 +182,15 @@ def description_for(row: Row, connector: str, environment: str) -> str:
         lines.append(f"A repeated call with the same key ({row.idempotency_key}) returns the "
                      "recorded outcome and executes nothing.")
     lines.append(f"Timeout: {row.timeout_meaning()}.")
+    if row.expected_effects:  # issue 16: what no transaction covers
+        lines.append("Effects no transaction covers: " + "; ".join(
+            f"{e.name} ({e.effect_class}, observed by {e.observed_by}, "
+            f"{'verifiable' if e.verifiable else 'not verifiable'} after the fact"
+            f"{', customer-visible' if e.visible else ''}): {e.description}"
+            for e in row.expected_effects) + ".")
+    if row.required_context:
+        lines.append("Required context: " + "; ".join(
+            f"{c.name}: {c.description}" for c in row.required_context) + ".")
     return "\n".join(lines)
 
 

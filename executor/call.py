@@ -28,7 +28,7 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from executor import gates, shapes
+from executor import gates, promotion, shapes
 from executor.approvals import SigningKey
 from executor.budget import SessionBudgets
 from executor.claims import ImpactClaims
@@ -47,7 +47,9 @@ from executor.lease import run_leased
 from executor.ledger import ApprovalRecord, IdempotencyRecord, KeyAlreadyClaimed, Ledger
 from executor.outcome import Outcome
 from executor.plan import Plan, fingerprint, idempotency_key, render
+from executor.returned import ReturnedKeys
 from executor.runtime import MAX_REQUEST_BYTES, Runtime
+from executor.simulation.records import IDEM_MARK as SIMULATION_MARK
 from executor.steps import registered_name, require
 from registry.errors import (
     ApprovalMismatch,
@@ -72,8 +74,9 @@ AWAIT_OWNER_MARGIN_SECONDS = 10.0
 
 
 def standard_hooks(ledger: Ledger) -> list[CallHooks]:
-    """The hooks every executor has unless told otherwise: session budgets, impact claims."""
-    return [SessionBudgets(ledger), ImpactClaims(ledger)]
+    """The hooks every executor has unless told otherwise: session budgets, impact claims,
+    and the keys statements return (recorded before COMMIT, issue 16)."""
+    return [SessionBudgets(ledger), ImpactClaims(ledger), ReturnedKeys(ledger)]
 
 
 class Executor:
@@ -149,18 +152,25 @@ class Executor:
 
     # --- resolution, plans and approvals -------------------------------------
 
-    def resolve(self, operation_id: str, version: int | None = None) -> tuple[Row, Connector]:
+    def resolve(self, operation_id: str, version: int | None = None,
+                venue: str | None = None) -> tuple[Row, Connector]:
         """The row and its connector; the row reaches only its own connector's database."""
-        return self.rt.resolve(operation_id, version)
+        return self.rt.resolve(operation_id, version, venue)
 
     def plan(self, operation_id: str, inputs: Mapping[str, Any], *, case: str, who: str,
-             version: int | None = None, record: bool = True) -> Plan:
-        """Render the plan (no DML); record it so an approver can find it by hash."""
-        row, connector = self.resolve(operation_id, version)
+             version: int | None = None, record: bool = True,
+             venue: str | None = None) -> Plan:
+        """Render the plan (no DML); record it so an approver can find it by hash.
+
+        On a promotion venue the plan carries the case's simulation evidence (or
+        the exemption test), so that the approver sees it (issue 16).
+        """
+        row, connector = self.resolve(operation_id, version, venue)
         validate_input(row, inputs, self.max_request_bytes)
         self.grants.check_call(who, row, connector.name, connector.environment)
-        plan = render(row, inputs, connector.name, connector.environment, case=case,
-                      requester=who)
+        plan = gates.with_promotion(self.rt, render(
+            row, inputs, connector.name, connector.environment, case=case, requester=who),
+            row, inputs, connector, case)
         if record:
             self.ledger.record_plan(plan.plan_hash, case, who, plan.to_dict())
         return plan
@@ -182,9 +192,17 @@ class Executor:
     # --- the call ------------------------------------------------------------
     def call(self, operation_id: str, inputs: Mapping[str, Any], *, case: str, who: str,
              version: int | None = None, key: str | None = None, task: str | None = None,
-             plan_hash: str | None = None, rehearse: bool = False) -> Outcome:
-        """Run one declared operation; answer with an outcome and its evidence."""
-        row, connector = self.resolve(operation_id, version)
+             plan_hash: str | None = None, rehearse: bool = False,
+             venue: str | None = None, simulation: str | None = None) -> Outcome:
+        """Run one declared operation; answer with an outcome and its evidence.
+
+        ``venue``: the environment of the connector's instance to run on, when
+        one configuration names several (issue 16); None: the connector's own.
+        ``simulation``: the simulation cycle's execute step (its own idempotency
+        key, never the promotion's; admitted only for a simulation recorded in
+        the case, see :mod:`executor.promotion`).
+        """
+        row, connector = self.resolve(operation_id, version, venue)
         inputs = dict(inputs)
         inputs_text = validate_input(row, inputs, self.max_request_bytes)
         self.grants.check_call(who, row, connector.name, connector.environment)
@@ -202,6 +220,8 @@ class Executor:
         fp = fingerprint(row, inputs, connector.name, connector.environment,
                          inputs_text=inputs_text)
         idem = self._key_for(row, inputs, case, key)
+        if simulation is not None and idem is not None:  # issue 16: the simulation's own key
+            idem = f"{idem}{SIMULATION_MARK}{simulation}"
         if rehearse:
             self._check_case(case, task)  # a rehearsal prepares nothing: check the case here
         elif idem is not None and row.authorization.kind is AuthKind.GATE:
@@ -222,6 +242,7 @@ class Executor:
         flight = contextlib.ExitStack()
         try:
             flight.enter_context(self._flying(None if rehearse else idem))
+            promotion.check(self.rt, ctx)  # issue 16: a promotion needs simulation evidence
             self.hooks.before_prepared(ctx)
             if row.authorization.kind is AuthKind.GATE and not rehearse:
                 gates.check_approval(self.rt, ctx)

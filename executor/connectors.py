@@ -29,9 +29,21 @@ from registry.errors import (
     UnknownConnector,
 )
 
-ENVIRONMENTS = ("dev", "qa", "staging", "prod")
+ENVIRONMENTS = ("rig", "dev", "qa", "staging", "prod")
+"""The venues, lowest first: an isolated rig < dev < qa < staging < prod (seed 001 §5)."""
 GATED_SIMULATION_ENVIRONMENTS = frozenset({"staging", "prod"})
 """Where a write-and-rollback rehearsal is itself a gated simulation (customer-facing data)."""
+PROMOTION_ENVIRONMENTS = frozenset({"staging", "prod"})
+"""Where a write needs simulation evidence from a lower venue unless the connector says
+otherwise (``requires_simulation``)."""
+DEFAULT_SIMULATION_MAX_AGE = 7 * 24 * 3600.0
+"""How old simulation evidence may be when it is promoted, unless the connector says."""
+
+
+def venue_rank(environment: str) -> int:
+    """The venue's place in the order rig < dev < qa < staging < prod."""
+    return ENVIRONMENTS.index(environment)
+
 def secret_query_keys(url: str | URL) -> list[str]:
     """The URL's query keys that carry a secret (they belong in ``connect_args``)."""
     return sorted(k for k in make_url(url).query if SECRET_KEY.search(k))
@@ -89,6 +101,33 @@ class ConnectorConfig:
     current_schema: str | None = None
     """Oracle: the schema unqualified names resolve in (a least-privilege account using
     the application owner's tables, capgate's included)."""
+    # --- simulation first (issue 16) -----------------------------------------------
+    logical: str | None = None
+    """The logical connector this is a venue of (``[connectors.X.venues.ENV]``): rows
+    that name ``logical`` run here when the call asks for this venue.  None: itself."""
+    requires_simulation: bool | None = None
+    """A write here is a promotion: it needs the case's simulation evidence from a lower
+    venue (or a recorded exemption).  None: yes on staging and prod, no below."""
+    simulation_max_age_seconds: float = DEFAULT_SIMULATION_MAX_AGE
+    """The oldest simulation evidence a promotion here accepts."""
+    promotion_roles: tuple[str, ...] = ()
+    """When set, a promoting caller must also hold one of these roles for this environment."""
+    production_simulation_approver_roles: tuple[str, ...] = ()
+    """The roles that approve a production simulation (two roles, never the requester)."""
+    business_timezone: str = "UTC"
+    """Where the business day of a production simulation's reconciliation ends."""
+
+    @property
+    def logical_name(self) -> str:
+        """The connector rows name: the logical connector of a venue, else this one."""
+        return self.logical or self.name
+
+    @property
+    def promotes(self) -> bool:
+        """Whether a write here needs simulation evidence (see ``requires_simulation``)."""
+        if self.requires_simulation is not None:
+            return self.requires_simulation
+        return self.environment in PROMOTION_ENVIRONMENTS
 
     def __post_init__(self) -> None:
         if self.environment not in ENVIRONMENTS:
@@ -262,6 +301,28 @@ class Connectors:
             if name not in self._open:
                 self._open[name] = Connector.open(self.config(name))
             return self._open[name]
+
+    def venue(self, name: str, environment: str | None) -> Connector:
+        """The instance of logical connector ``name`` in ``environment`` (None: its own).
+
+        One configuration may name every instance (``[connectors.NAME.venues.ENV]``,
+        configured as connector ``NAME@ENV``); with one configuration per
+        environment the connector *is* its venue.  Refused (UnknownConnector) when
+        no instance of ``name`` is in ``environment``.
+        """
+        own = self.config(name)
+        if environment is None or own.environment == environment:
+            return self.get(name)
+        for config in self._configs.values():
+            if config.logical == name and config.environment == environment:
+                return self.get(config.name)
+        venues = sorted({own.environment} | {c.environment for c in self._configs.values()
+                                             if c.logical == name})
+        raise UnknownConnector(
+            f"connector {name!r} has no venue in {environment!r} (configured: "
+            f"{', '.join(venues)}); add [connectors.{name}.venues.{environment}] or run "
+            f"with that environment's configuration", connector=name,
+            environment=environment, venues=venues)
 
     def dispose(self) -> None:
         for connector in self._open.values():

@@ -13,23 +13,30 @@ does the same for a retry by ``resume``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from executor.approvals import SigningKey
+from executor.connectors import Connector
 from executor.context import CallContext
 from executor.ledger import ApprovalRecord
+from executor.plan import Plan
+from executor.promotion import plan_section
 from executor.runtime import Runtime
+from executor.simulation.records import simulation_of
 from registry.errors import (
     ApprovalExpired,
     ApprovalNotAuthenticated,
     ApprovalRequired,
     ApprovalUsed,
     SelfApproval,
+    UnknownPlan,
     UsageError,
 )
 from registry.model import AuthKind, EffectClass, Row
 
-__all__ = ["approval_problem", "approve", "check_approval", "recheck_approval"]
+__all__ = ["SIMULATION_GATES", "approval_problem", "approve", "check_approval",
+           "plan_environment", "recheck_approval", "simulation_gate_roles", "with_promotion"]
 
 
 def approve(rt: Runtime, plan_hash: str, *, by: str, role: str, key: SigningKey,
@@ -47,6 +54,11 @@ def approve(rt: Runtime, plan_hash: str, *, by: str, role: str, key: SigningKey,
         roles = rt.connectors.config(str(body["connector"])).simulation_approver_roles
         four_eyes, ttl_default = True, 3600
         operation: dict[str, Any] = {"rehearsal": True, "connector": body["connector"]}
+    elif body.get("kind") in SIMULATION_GATES:  # issue 16: a simulation's own gate kind
+        ref, roles = simulation_gate_roles(rt, body)
+        four_eyes, ttl_default = True, 3600
+        operation = {"simulation": body["kind"], "connector": body["connector"],
+                     "operation_id": body.get("operation_id"), "version": body.get("version")}
     else:
         row = rt.registry.resolve(body["operation_id"], int(body["version"]))
         if row.authorization.kind is not AuthKind.GATE \
@@ -56,7 +68,7 @@ def approve(rt: Runtime, plan_hash: str, *, by: str, role: str, key: SigningKey,
         four_eyes = row.authorization.four_eyes
         ttl_default = row.authorization.approval_ttl_seconds
         operation = {"operation_id": row.operation_id, "version": row.version}
-    rt.grants.check_approver(by, role, roles)
+    rt.grants.check_approver(by, role, roles, environment=body.get("environment"))
     expected = rt.grants.principal(by).approval_key
     if expected is None:
         raise ApprovalNotAuthenticated(
@@ -87,8 +99,40 @@ def approve(rt: Runtime, plan_hash: str, *, by: str, role: str, key: SigningKey,
 
 
 def approval_problem(rt: Runtime, approval: ApprovalRecord, row: Row) -> str | None:
-    """Why ``approval`` cannot be used for ``row`` now (None: it can): signature, role."""
-    return rt.grants.approval_problem(approval, row.authorization.approver_roles)
+    """Why ``approval`` cannot be used for ``row`` now (None: it can): signature, role.
+
+    A role held for some environments only must be held in the plan's
+    environment (read from the recorded plan only for such an approver).
+    """
+    environment = plan_environment(rt, approval.plan_hash) \
+        if rt.grants.scoped(approval.approver) else None
+    return rt.grants.approval_problem(approval, row.authorization.approver_roles, environment)
+
+
+SIMULATION_GATES = {"simulation": "simulation_approver_roles",
+                    "production_simulation": "production_simulation_approver_roles"}
+"""Issue 16: a simulation's plan kinds, and the connector setting naming their approvers.
+
+``simulation`` gates a simulation on staging (customer-facing, like a rehearsal
+there); ``production_simulation`` is the distinct gate kind of a simulation on
+prod, whose roles are two and never the requester's."""
+
+
+def simulation_gate_roles(rt: Runtime, body: Mapping[str, Any]) -> tuple[str, tuple[str, ...]]:
+    """(what is approved, the roles that may approve it) for a simulation's plan."""
+    config = rt.connectors.config(str(body["connector"]))
+    roles: tuple[str, ...] = getattr(config, SIMULATION_GATES[str(body["kind"])])
+    what = "production simulation" if body["kind"] == "production_simulation" else "simulation"
+    return f"the {what} of {body.get('operation_id')} on {body['connector']}", roles
+
+
+def plan_environment(rt: Runtime, plan_hash: str) -> str | None:
+    """The environment a recorded plan names (None: no such plan)."""
+    try:
+        environment = rt.ledger.get_plan(plan_hash).plan.get("environment")
+    except UnknownPlan:
+        return None
+    return str(environment) if environment is not None else None
 
 
 def recheck_approval(rt: Runtime, ctx: CallContext) -> None:
@@ -132,6 +176,8 @@ def check_approval(rt: Runtime, ctx: CallContext) -> None:
     usable = [a for a in approvals if a.used_by_intent is None and a.expires_at > now
               and not (four_eyes and a.approver == ctx.who)]
     if not usable:
+        if simulation_of(ctx.idem_key) is None:  # a simulation's step is no promotion
+            plan = with_promotion(rt, plan, ctx.row, ctx.inputs, ctx.connector, ctx.case_id)
         rt.ledger.record_plan(plan.plan_hash, ctx.case_id, ctx.who, plan.to_dict())
         details = {"plan_hash": plan.plan_hash, "plan": plan.to_dict(),
                    "approver_roles": list(ctx.row.authorization.approver_roles),
@@ -149,3 +195,20 @@ def check_approval(rt: Runtime, ctx: CallContext) -> None:
             f"{ctx.row.ref} is gated: approve plan {plan.plan_hash} with "
             f"`capgate approve {plan.plan_hash} --by WHO --role "
             f"{'|'.join(ctx.row.authorization.approver_roles)} --key FILE`", **details)
+
+
+def with_promotion(rt: Runtime, plan: Plan, row: Row, inputs: Mapping[str, Any],
+                   connector: Connector, case: str) -> Plan:
+    """The plan, carrying the promotion's grounds on a promotion venue (issue 16).
+
+    The case's simulation evidence -- or the exemption test, or what is missing
+    -- goes into the recorded plan, so the approver sees it.  The plan hash is
+    unchanged: the grounds are re-checked when the call runs.  Elsewhere the
+    plan is returned as it is (its body not even read).
+    """
+    if not row.is_write or not connector.config.promotes:
+        return plan
+    section = plan_section(rt, row, inputs, connector, case)
+    if section is None:
+        return plan
+    return Plan(plan.plan_hash, {**plan.body, "promotion": section})

@@ -12,6 +12,11 @@ grants file is TOML, writable by administrators only::
     [principals.alice]
     roles = ["dba", "team_lead"]
     approval_key = "ed25519:..."     # from `capgate approver keygen`
+
+A role may be held for some environments only (simulation first, issue 16: the
+promoting identity holds the role *for the target environment*)::
+
+    roles = ["dba", { role = "release_manager", environments = ["staging", "prod"] }]
 """
 
 from __future__ import annotations
@@ -39,12 +44,35 @@ class Grant:
 
 
 @dataclass(frozen=True)
+class ScopedRole:
+    """A role held in some environments only (``{ role = "dba", environments = ["prod"] }``)."""
+
+    role: str
+    environments: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Principal:
     name: str
     roles: tuple[str, ...] = ()
+    """Roles held in every environment."""
     grants: tuple[Grant, ...] = ()
     approval_key: str | None = None
     """``ed25519:BASE64``: the public key this principal's approvals must be signed with."""
+    scoped_roles: tuple[ScopedRole, ...] = ()
+    """Roles held in the named environments only."""
+
+    def holds(self, role: str, environment: str | None) -> bool:
+        """Whether this principal holds ``role`` in ``environment`` (None: unscoped only)."""
+        if role in self.roles:
+            return True
+        return environment is not None and any(
+            s.role == role and environment in s.environments for s in self.scoped_roles)
+
+    @property
+    def role_names(self) -> tuple[str, ...]:
+        """Every role held anywhere, scoped or not."""
+        return tuple(dict.fromkeys([*self.roles, *(s.role for s in self.scoped_roles)]))
 
 
 @dataclass(frozen=True)
@@ -80,8 +108,9 @@ class Grants:
                 from executor.approvals import check_public_key
 
                 check_public_key(key, where=f"{source}: principals.{name}")
-            principals[name] = Principal(name, tuple(spec.get("roles", [])), tuple(grants),
-                                         str(key) if key is not None else None)
+            roles, scoped = _roles(spec.get("roles", []), f"{source}: principals.{name}.roles")
+            principals[name] = Principal(name, roles, tuple(grants),
+                                         str(key) if key is not None else None, scoped)
         return cls(principals, source)
 
     @classmethod
@@ -108,12 +137,14 @@ class Grants:
             principal=who, access=access, connector=connector, environment=environment,
         )
 
-    def approval_problem(self, approval: Any, row_roles: tuple[str, ...]) -> str | None:
+    def approval_problem(self, approval: Any, row_roles: tuple[str, ...],
+                         environment: str | None = None) -> str | None:
         """Why ``approval`` (an ``ApprovalRecord``) cannot be trusted now; None when it can.
 
         Checked against these grants: the approver's current key must have
         signed exactly this approval, and the approver must still hold a role
-        the row accepts.
+        the row accepts -- in ``environment``, the plan's, when the role is held
+        for some environments only.
         """
         from executor.approvals import verify
 
@@ -131,15 +162,45 @@ class Grants:
             return "the signature does not verify (the approval was altered or forged)"
         if approval.role not in row_roles:
             return f"role {approval.role!r} cannot approve this row"
-        if approval.role not in principal.roles:
-            return f"{approval.approver!r} no longer holds role {approval.role!r}"
+        if not principal.holds(approval.role, environment):
+            where = f" in {environment!r}" if environment else ""
+            return f"{approval.approver!r} no longer holds role {approval.role!r}{where}"
         return None
 
-    def check_approver(self, who: str, role: str, row_roles: tuple[str, ...]) -> None:
+    def scoped(self, who: str) -> bool:
+        """Whether ``who`` holds any role for some environments only."""
+        return bool(self.principal(who).scoped_roles)
+
+    def check_approver(self, who: str, role: str, row_roles: tuple[str, ...],
+                       environment: str | None = None) -> None:
         if role not in row_roles:
             raise ApproverLacksRole(
                 f"role {role!r} cannot approve this row (accepted: {', '.join(row_roles)})",
                 approver=who, role=role, accepted=list(row_roles))
-        if role not in self.principal(who).roles:
-            raise ApproverLacksRole(f"{who!r} does not hold role {role!r} ({self.source})",
-                                    approver=who, role=role)
+        if not self.principal(who).holds(role, environment):
+            where = f" in {environment!r}" if environment else ""
+            raise ApproverLacksRole(f"{who!r} does not hold role {role!r}{where} "
+                                    f"({self.source})", approver=who, role=role,
+                                    environment=environment)
+
+
+def _roles(raw: Any, where: str) -> tuple[tuple[str, ...], tuple[ScopedRole, ...]]:
+    """``roles``: names held everywhere, and ``{ role, environments }`` tables held in some."""
+    if not isinstance(raw, list):
+        raise ConfigError(f"{where}: must be a list of role names or "
+                          "{ role = NAME, environments = [...] } tables")
+    plain: list[str] = []
+    scoped: list[ScopedRole] = []
+    for i, item in enumerate(raw):
+        if isinstance(item, str) and item:
+            plain.append(item)
+            continue
+        if isinstance(item, dict) and set(item) == {"role", "environments"} \
+                and isinstance(item["role"], str) and item["role"] \
+                and isinstance(item["environments"], list) and item["environments"] \
+                and all(isinstance(e, str) and e for e in item["environments"]):
+            scoped.append(ScopedRole(item["role"], tuple(item["environments"])))
+            continue
+        raise ConfigError(f"{where}[{i}]: expected a role name or "
+                          f"{{ role = NAME, environments = [...] }}, got {item!r}")
+    return tuple(plain), tuple(scoped)

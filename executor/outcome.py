@@ -4,7 +4,8 @@
 ``ok`` answers a read.  ``already_applied`` says the very same request had
 already landed under another intent (its landing marker is the evidence) and
 nothing was executed now.  ``compensated`` and ``compensation_failed`` follow a
-post-commit check that failed.  A recorded outcome returned again for the same
+post-commit check that failed.  ``simulated`` closes a simulation's write once it was
+torn down and the baseline re-read identical.  A recorded outcome returned again for the same
 idempotency key carries ``replayed=True``.
 """
 
@@ -26,9 +27,12 @@ READ_OK = "ok"
 COMPENSATED = "compensated"
 COMPENSATION_FAILED = "compensation_failed"
 ALREADY_APPLIED = "already_applied"
+SIMULATED = "simulated"
+"""Issue 16: a simulation's write -- applied, observed, torn down from its write log and the
+baseline re-read identical.  The final outcome of the simulation's intent: not a deployment."""
 
 _EXIT = {APPLIED: EXIT_OK, READ_OK: EXIT_OK, ALREADY_APPLIED: EXIT_OK, ROLLED_BACK: EXIT_REFUSED,
-         COMPENSATED: EXIT_REFUSED, COMPENSATION_FAILED: EXIT_UNKNOWN}
+         COMPENSATED: EXIT_REFUSED, COMPENSATION_FAILED: EXIT_UNKNOWN, SIMULATED: EXIT_OK}
 
 
 @dataclass(frozen=True)

@@ -46,9 +46,17 @@ class Runtime:
     max_request_bytes: int = MAX_REQUEST_BYTES
     """Largest request (canonical JSON bytes of the inputs) a call accepts."""
 
-    def resolve(self, operation_id: str, version: int | None = None) -> tuple[Row, Connector]:
-        """The row and its connector; the row reaches only its own connector's database."""
+    def resolve(self, operation_id: str, version: int | None = None,
+                venue: str | None = None) -> tuple[Row, Connector]:
+        """The row and its connector; the row reaches only its own connector's database.
+
+        ``venue`` (issue 16) picks the instance of that connector in another
+        environment, when one configuration names several (``Connectors.venue``).
+        """
         candidate = self.registry.resolve(operation_id, version)
+        if venue is not None:
+            connector = self.connectors.venue(candidate.connector, venue)
+            return self.registry.resolve(operation_id, version, connector.environment), connector
         config = self.connectors.config(candidate.connector)
         row = self.registry.resolve(operation_id, version, config.environment)
         return row, self.connectors.get(row.connector)

@@ -29,9 +29,11 @@ from executor.checks import CheckResult, evaluate
 from executor.context import CallContext, Rollback
 from executor.dialects import TxIdentity
 from executor.dialects.base import MARKER_TABLE, TARGET_TABLES
+from executor.effects import record_survivors
 from executor.ledger import KeyAlreadyClaimed
 from executor.outcome import Outcome, jsonable
 from executor.plan import binds_for
+from executor.returned import run_returning
 from executor.runtime import Runtime
 from registry.errors import (
     AttemptSuperseded,
@@ -89,7 +91,8 @@ def run_statements(ctx: CallContext, conn: sa.Connection, evidence: dict[str, An
     counts: list[int] = []
     evidence["counts"] = counts
     for i, st in enumerate(ctx.row.statements if statements is None else statements):
-        n = counted(ctx, conn, st.sql, counts)
+        n = counted(ctx, conn, st.sql, counts) if st.returns is None \
+            else run_returning(ctx, conn, st, counts, evidence)  # issue 16: returned keys
         expect_count(n, st.expect_rows, st.sql, {what: i, "name": st.name})
 
 
@@ -212,11 +215,11 @@ def run_transaction(rt: Runtime, ctx: CallContext, body: Body, *,
                 rt.hooks.before_commit(ctx, conn)  # the impact-claim fence
             dialect.before_commit(conn)  # issue 18: still the transaction opened (Oracle)
         except Rollback as rb:
-            _rollback(ctx, conn)
+            _rollback(ctx, conn, evidence)
             return ctx.outcome(oc.ROLLED_BACK, evidence, rb.reason)
         except sa.exc.DBAPIError as exc:
             reason = db_error_reason(ctx, exc, "statement")
-            _rollback(ctx, conn)
+            _rollback(ctx, conn, evidence)
             return ctx.outcome(oc.ROLLED_BACK, evidence, reason)
         except TransactionSplit as split:  # issue 18: part of the call committed early
             _rollback(ctx, conn)
@@ -240,13 +243,20 @@ def run_transaction(rt: Runtime, ctx: CallContext, body: Body, *,
     return ctx.outcome(oc.APPLIED, evidence)
 
 
-def _rollback(ctx: CallContext, conn: sa.Connection) -> None:
-    """Roll back before COMMIT was ever sent: nothing landed, whatever the session's state."""
+def _rollback(ctx: CallContext, conn: sa.Connection,
+              evidence: dict[str, Any] | None = None) -> None:
+    """Roll back before COMMIT was ever sent: nothing landed, whatever the session's state.
+
+    With ``evidence``, what of the row's expected effects survived the rollback is
+    recorded there (issue 16; no round trip for a row that declares none).
+    """
     try:
         conn.rollback()
         ctx.connector.dialect.reset_session(conn)
     except sa.exc.DBAPIError:
-        pass  # the session is gone (terminated, timed out): the server rolled it back
+        return  # the session is gone (terminated, timed out): the server rolled it back
+    if evidence is not None and ctx.row.expected_effects:
+        record_survivors(ctx, conn, evidence)
 
 
 def _commit_uncertain(rt: Runtime, ctx: CallContext, exc: sa.exc.DBAPIError) -> NoReturn:

@@ -107,6 +107,15 @@ def _sql_sites(row: Mapping[str, Any]) -> Iterator[tuple[Path, str, bool]]:
         yield ("post_commit", i, "sql"), c["sql"], True
     for i, c in enumerate(row.get("compensation_verify", ())):
         yield ("compensation_verify", i, "sql"), c["sql"], True
+    # simulation first (issue 16): every query the cycle and the effect inventory run reads
+    for i, effect in enumerate(row.get("expected_effects", ())):
+        if "probe" in effect:
+            yield ("expected_effects", i, "probe", "sql"), effect["probe"]["sql"], True
+    simulation = row.get("simulation") or {}
+    for i, q in enumerate(simulation.get("baseline", ())):
+        yield ("simulation", "baseline", i, "sql"), q["sql"], True
+    if "reconciliation" in simulation:
+        yield ("simulation", "reconciliation", "sql"), simulation["reconciliation"]["sql"], True
 
 
 def check_row(ctx: RowContext, declared_connectors: set[str]) -> list[Problem]:
@@ -230,6 +239,9 @@ def check_row(ctx: RowContext, declared_connectors: set[str]) -> list[Problem]:
 
     if contract_ok:
         out.extend(_example_checks(ctx))
+    from registry.simulation_checks import simulation_problems  # issue 16: its own module
+
+    out.extend(simulation_problems(ctx))
     return out
 
 

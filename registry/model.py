@@ -10,6 +10,7 @@ recorded with every call.
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -170,20 +171,58 @@ class Expect:
 
 
 @dataclass(frozen=True)
+class Returns:
+    """The key a write statement returns (``RETURNING``, a generated key), as a named value.
+
+    ``table`` is the table the statement writes and ``key`` the column whose
+    values it returns; both are identifiers reviewed with the row (never
+    inputs).  The values are recorded in the outcome under ``key``, bind later
+    calls of the case, and drive the simulation's teardown: the keys an INSERT
+    returned are exactly the rows it wrote.
+    """
+
+    table: str
+    key: str
+
+
+@dataclass(frozen=True)
 class Statement:
     """One SQL statement with ``:name`` binds and its expected affected-row count."""
 
     sql: str
     expect_rows: ExpectRows | None
     name: str | None = None
+    returns: Returns | None = None
+    """The key this statement returns (simulation first, issue 16); None: it returns none."""
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Statement:
+        returns = d.get("returns")
         return cls(
             sql=d["sql"],
             expect_rows=ExpectRows.from_value(d["expect_rows"]) if "expect_rows" in d else None,
             name=d.get("name"),
+            returns=Returns(returns["table"], returns["key"]) if returns else None,
         )
+
+    @property
+    def verb(self) -> str:
+        """The statement's first keyword, upper-case (``INSERT``, ``UPDATE``...).
+
+        Validation (CG680) holds a statement with ``returns`` to be exactly one
+        INSERT, UPDATE or DELETE whose first keyword says so, so this cheap
+        reading is the parser's answer too.
+        """
+        return leading_keyword(self.sql)
+
+
+_COMMENT = re.compile(r"\A(?:\s+|--[^\n]*(?:\n|\Z)|/\*.*?\*/)*", re.S)
+
+
+def leading_keyword(sql: str) -> str:
+    lead = _COMMENT.match(sql)  # the pattern matches every text (possibly empty)
+    word = re.match(r"[A-Za-z]+", sql[lead.end() if lead else 0:])
+    return word.group(0).upper() if word else ""
 
 
 @dataclass(frozen=True)
@@ -274,6 +313,98 @@ class Probe:
 
     sql: str
     expect: Expect
+
+
+EFFECT_CLASSES = ("sequence", "trigger_callout", "autonomous_audit", "queue_message", "document",
+                  "numbering", "external_registration", "workflow", "cache")
+"""The kinds of effect no transaction covers (seed 001 §2), as ``expected_effects`` name them."""
+CUSTOMER_FACING_EFFECTS = frozenset({"trigger_callout", "queue_message", "document",
+                                     "external_registration", "workflow"})
+"""Effect classes that reach beyond the database: customer-visible unless the row says not."""
+
+
+@dataclass(frozen=True)
+class ExpectedEffect:
+    """An effect no transaction covers, declared so that it is recorded, not forgotten.
+
+    How it is observed is exactly one of: ``probe`` (a query that finds it after
+    the fact: the effect is *verifiable*), ``returned`` (the named value a
+    statement returns shows it, e.g. the identity value consumed) or
+    ``unobservable`` (why nothing can see it).
+    """
+
+    name: str
+    effect_class: str
+    description: str
+    probe: Probe | None = None
+    returned: str | None = None
+    unobservable: str | None = None
+    customer_visible: bool | None = None
+    """As declared; None: not declared (then the class decides, see ``visible``)."""
+
+    @property
+    def verifiable(self) -> bool:
+        """Whether the effect can be verified after the fact: it has a probe."""
+        return self.probe is not None
+
+    @property
+    def visible(self) -> bool:
+        """Customer-visible: as declared, else by class (documents, messages, callouts...)."""
+        if self.customer_visible is not None:
+            return self.customer_visible
+        return self.effect_class in CUSTOMER_FACING_EFFECTS
+
+    @property
+    def observed_by(self) -> str:
+        if self.probe is not None:
+            return "probe"
+        return f"returned {self.returned}" if self.returned else "unobservable"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "class": self.effect_class, "description": self.description,
+                "observed_by": self.observed_by, "verifiable": self.verifiable,
+                "customer_visible": self.visible,
+                **({"unobservable": self.unobservable} if self.unobservable else {})}
+
+
+@dataclass(frozen=True)
+class ContextItem:
+    """Something the caller must know before using the operation (``required_context``)."""
+
+    name: str
+    description: str
+
+
+@dataclass(frozen=True)
+class DeclaredPoint:
+    """An exemption point the executor cannot compute: declared on the row, shown to the
+    reviewer, recorded in the plan as a claim."""
+
+    holds: bool
+    because: str
+
+
+@dataclass(frozen=True)
+class BaselineQuery:
+    name: str
+    sql: str
+
+
+@dataclass(frozen=True)
+class SimulationSpec:
+    """``simulation:``: what the simulation cycle and the exemption test need from the row."""
+
+    baseline: tuple[BaselineQuery, ...] = ()
+    """Read before the first write and re-read after the teardown (with the target's rows)."""
+    target_baseline: bool = True
+    """Whether the rows the target names (``SELECT * FROM object WHERE key = :key``) are
+    part of the baseline; false for a target object that is not a table."""
+    no_downstream_consumer: DeclaredPoint | None = None
+    """Exemption point 4, declared: nothing reads it that is not part of the same change."""
+    no_customer_visible_effect: DeclaredPoint | None = None
+    """Exemption point 5, declared (the row's expected effects are checked too)."""
+    reconciliation: Check | None = None
+    """The named reconciliation query a production simulation runs the same business day."""
 
 
 @dataclass(frozen=True)
@@ -374,6 +505,10 @@ class Row:
     evidence: tuple[str, ...] = ()
     ddl: DdlScope | None = None
     examples: tuple[Example, ...] = ()
+    expected_effects: tuple[ExpectedEffect, ...] = ()
+    """Effects no transaction covers (issue 16): listed by ``show`` and the MCP tool."""
+    required_context: tuple[ContextItem, ...] = ()
+    simulation: SimulationSpec | None = None
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -538,6 +673,10 @@ class Row:
                 if ddl
                 else None
             ),
+            expected_effects=tuple(_effect(e) for e in d.get("expected_effects", ())),
+            required_context=tuple(ContextItem(c["name"], c["description"].strip())
+                                   for c in d.get("required_context", ())),
+            simulation=_simulation(d["simulation"]) if "simulation" in d else None,
             examples=tuple(
                 Example(
                     name=e["name"],
@@ -558,3 +697,27 @@ class Row:
         """The validated mapping the row was built from (its reviewed YAML shape)."""
         out: dict[str, Any] = thaw(self.raw)
         return out
+
+
+def _effect(d: Mapping[str, Any]) -> ExpectedEffect:
+    probe = d.get("probe")
+    return ExpectedEffect(
+        name=d["name"], effect_class=d["class"], description=d["description"].strip(),
+        probe=Probe(probe["sql"], Expect.from_dict(probe.get("expect") or {"rows": {"min": 0}}))
+        if probe else None,
+        returned=d.get("returned"), unobservable=d.get("unobservable"),
+        customer_visible=d.get("customer_visible"))
+
+
+def _declared(d: Mapping[str, Any] | None) -> DeclaredPoint | None:
+    return DeclaredPoint(bool(d["holds"]), str(d["because"]).strip()) if d else None
+
+
+def _simulation(d: Mapping[str, Any]) -> SimulationSpec:
+    exemption = d.get("exemption") or {}
+    return SimulationSpec(
+        baseline=tuple(BaselineQuery(q["name"], q["sql"]) for q in d.get("baseline", ())),
+        target_baseline=bool(d.get("target_baseline", True)),
+        no_downstream_consumer=_declared(exemption.get("no_downstream_consumer")),
+        no_customer_visible_effect=_declared(exemption.get("no_customer_visible_effect")),
+        reconciliation=Check.from_dict(d["reconciliation"]) if "reconciliation" in d else None)

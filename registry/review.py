@@ -64,7 +64,9 @@ def card(row: Row) -> str:
             kind = spec.get("type", "any") if hasattr(spec, "get") else "any"
             lines.append(f"    {name}: {kind}{' (required)' if name in required else ''}")
     sections: list[tuple[str, list[tuple[str, str, str]]]] = [
-        ("statements", [(s.name or f"#{i + 1}", s.sql, _count_note(s.expect_rows))
+        ("statements", [(s.name or f"#{i + 1}", s.sql, _count_note(s.expect_rows)
+                         + (f"; returns {s.returns.key} ({s.returns.table})" if s.returns
+                            else ""))
                         for i, s in enumerate(row.statements)]),
         ("steps", [(s.name, s.sql or s.check or f"function {s.function}", _step_note(s))
                    for s in row.steps]),
@@ -89,11 +91,46 @@ def card(row: Row) -> str:
             binds = ", ".join(f":{b}" for b in sorted(binds_of(sql))) or "none"
             lines.append(f"    {name}: {' '.join(sql.split())}")
             lines.append(f"        binds {binds}{'; ' + note if note else ''}")
+    lines.extend(_simulation_lines(row))
     if row.ddl:
         lines.append("  ddl objects: " + ", ".join(f"{o.type} {o.name}" for o in row.ddl.objects))
     if row.examples:
         lines.append("  examples: " + ", ".join(e.name for e in row.examples))
     return "\n".join(lines)
+
+
+def _simulation_lines(row: Row) -> list[str]:
+    """Issue 16: the effects no transaction covers, the required context, the simulation."""
+    lines: list[str] = []
+    if row.expected_effects:
+        lines.append("  expected effects (not covered by the transaction):")
+        for e in row.expected_effects:
+            lines.append(f"    {e.name} [{e.effect_class}]: {e.description}")
+            lines.append(f"        observed by {e.observed_by}; verifiable after the fact: "
+                         f"{'yes' if e.verifiable else 'no'}; customer-visible: "
+                         f"{'yes' if e.visible else 'no'}"
+                         + (f"; {e.unobservable}" if e.unobservable else ""))
+    if row.required_context:
+        lines.append("  required context:")
+        lines.extend(f"    {c.name}: {c.description}" for c in row.required_context)
+    spec = row.simulation
+    if spec is not None:
+        lines.append("  simulation:")
+        if not spec.target_baseline:
+            lines.append("    baseline: the target's rows are not read (not a table)")
+        for q in spec.baseline:
+            lines.append(f"    baseline {q.name}: {' '.join(q.sql.split())}")
+        for number, name, point in ((4, "no downstream consumer", spec.no_downstream_consumer),
+                                    (5, "no customer-visible effect",
+                                     spec.no_customer_visible_effect)):
+            if point is not None:
+                lines.append(f"    exemption ({number}) {name}: declared "
+                             f"{'holds' if point.holds else 'fails'} -- {point.because}")
+        if spec.reconciliation is not None:
+            r = spec.reconciliation
+            lines.append(f"    reconciliation {r.name}: {' '.join(r.sql.split())}; expect "
+                         f"{json.dumps(r.expect.to_dict())}")
+    return lines
 
 
 def _count_note(expect_rows: ExpectRows | None) -> str:

@@ -57,15 +57,34 @@ def _install_stop(stop_at: str | None) -> None:
     context.crash_point = hook
 
 
+def _install_nth_crash(point: str | None, nth: int) -> None:
+    """Die (SIGKILL) at the ``nth`` time the executor reaches boundary ``point``."""
+    if not point:
+        return
+    import executor.context as context
+
+    seen = {"n": 0}
+
+    def hook(name: str) -> None:
+        if name == point:
+            seen["n"] += 1
+            if seen["n"] == nth:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    context.crash_point = hook
+
+
 def run(spec: Mapping[str, Any]) -> int:
     """Run the call ``spec`` describes; write its outcome as JSON; return an exit code."""
     from registry.errors import CapgateError
     from tests.fix_capgate import make_executor
 
-    if spec.get("crash_at"):
+    nth = int(spec.get("crash_nth") or 1)
+    if spec.get("crash_at") and nth == 1:
         os.environ["CAPGATE_CRASH_AT"] = str(spec["crash_at"])
     else:
         os.environ.pop("CAPGATE_CRASH_AT", None)
+        _install_nth_crash(spec.get("crash_at"), nth)  # (issue 16: a simulation's 2nd commit)
     _install_stop(spec.get("stop_at"))
     executor = make_executor(spec["target"], spec["ledger"], schema=False)
     if spec.get("capabilities"):  # extra capability files (e.g. a never_retry row)
@@ -75,11 +94,20 @@ def run(spec: Mapping[str, Any]) -> int:
         executor = Executor(load_registry(spec["capabilities"], check_lock=False),
                             executor.connectors, executor.ledger, executor.grants)
     try:
-        if spec.get("resume"):  # resume the case instead: a crash inside resume's retry
+        if spec.get("simulate"):  # issue 16: the whole simulation cycle, killed inside it
+            from executor.simulation.cycle import simulate
+            from tests.sim_support import SIM_GRANTS
+
+            executor.grants = SIM_GRANTS
+            simulated = simulate(executor, spec["operation"], spec["inputs"],
+                                 case=spec["case"], who=spec.get("who", "agent"))
+            result: dict[str, Any] = simulated.to_dict()
+            code = simulated.exit_code
+        elif spec.get("resume"):  # resume the case instead: a crash inside resume's retry
             from executor.recovery.resume import resume
 
             report = resume(executor, spec["case"])
-            result: dict[str, Any] = report.to_dict()
+            result = report.to_dict()
             code = report.exit_code
         else:
             outcome = executor.call(spec["operation"], spec["inputs"], case=spec["case"],

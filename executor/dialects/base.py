@@ -178,6 +178,38 @@ class Dialect:
         server whose locks could outlive the executor's process.
         """
 
+    # --- returned keys (issue 16) --------------------------------------------
+
+    returning_verbs: ClassVar[frozenset[str]] = frozenset()
+    """The statements this engine can make return a key (``RETURNING``): none by default."""
+    sequences_survive_rollback: ClassVar[bool] = True
+    """Whether a key an INSERT drew from a sequence or identity stays consumed after a
+    ROLLBACK (PostgreSQL, MariaDB and Oracle: yes; SQLite reuses the rowid)."""
+
+    def has_returning(self, verb: str, *, check: bool = False) -> bool:
+        """Whether an ``verb`` (INSERT, UPDATE, DELETE) statement can return its keys here."""
+        ok = verb in self.returning_verbs
+        if not ok and check:
+            raise NotSupported(
+                f"{self.name} cannot return the keys of an {verb} statement (no RETURNING "
+                "for it here); drop `returns` from the row or run it on another engine",
+                dialect=self.name, verb=verb)
+        return ok
+
+    def returning_sql(self, sql: str, key: str) -> str:
+        """``sql`` with the clause that returns column ``key`` (an identifier of the row)."""
+        return f"{sql.rstrip().rstrip(';').rstrip()} RETURNING {key}"
+
+    def returned(self, cursor: Any) -> tuple[int, list[Any]]:
+        """(the statement's count, the key values it returned), read from its cursor.
+
+        With ``RETURNING`` every affected row returns one value, so the count is
+        the number of rows read (sqlite3's ``rowcount`` is only right once they
+        are all read; this never depends on it).
+        """
+        rows = cursor.fetchall()
+        return len(rows), [r[0] for r in rows]
+
     def configure(self, options: Mapping[str, Any]) -> None:
         """Connector settings the dialect applies to its sessions (Oracle ``current_schema``).
 

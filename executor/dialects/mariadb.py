@@ -36,6 +36,8 @@ _IDENTITY = sa.text(
 
 
 class MariadbDialect(Dialect):
+    # INSERT ... RETURNING and DELETE ... RETURNING (10.5+); an UPDATE returns nothing
+    returning_verbs: ClassVar[frozenset[str]] = frozenset({"INSERT", "DELETE"})
     driver_paramstyle: ClassVar[str] = "pyformat"
     name: ClassVar[str] = "mariadb"
     server_side_lease: ClassVar[bool] = True

@@ -82,6 +82,7 @@ def _ms(seconds: float) -> str:
 
 
 class PostgresqlDialect(Dialect):
+    returning_verbs: ClassVar[frozenset[str]] = frozenset({"INSERT", "UPDATE", "DELETE"})
     driver_paramstyle: ClassVar[str] = "pyformat"
     name: ClassVar[str] = "postgresql"
     transactional_ddl: ClassVar[bool] = True

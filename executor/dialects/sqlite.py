@@ -18,6 +18,8 @@ from executor.dialects.base import Dialect, SessionTag, TxIdentity
 
 
 class SqliteDialect(Dialect):
+    returning_verbs: ClassVar[frozenset[str]] = frozenset({"INSERT", "UPDATE", "DELETE"})
+    sequences_survive_rollback: ClassVar[bool] = False  # a rolled-back rowid is reused
     name: ClassVar[str] = "sqlite"
     transactional_ddl: ClassVar[bool] = True
 
