@@ -41,6 +41,7 @@ from executor.context import (
     now_utc,
     validate_input,
 )
+from executor.gaps import record_gap
 from executor.grants import Grants
 from executor.hooks import CallHooks, HookSet
 from executor.lease import run_leased
@@ -49,16 +50,20 @@ from executor.outcome import Outcome
 from executor.plan import Plan, fingerprint, idempotency_key, render
 from executor.runtime import MAX_REQUEST_BYTES, Runtime
 from executor.steps import registered_name, require
+from executor.symptoms import SymptomWatch
 from registry.errors import (
     ApprovalMismatch,
     BudgetExhausted,
     CallerKeyRefused,
     CaseConflict,
     DdlError,
+    EnvironmentNotAllowed,
     IdempotencyConflict,
     InputInvalid,
     ReconciliationRequired,
     RequestInFlight,
+    UnknownOperation,
+    UnknownVersion,
     UsageError,
 )
 from registry.model import AuthKind, EffectClass, Row, Shape
@@ -72,8 +77,10 @@ AWAIT_OWNER_MARGIN_SECONDS = 10.0
 
 
 def standard_hooks(ledger: Ledger) -> list[CallHooks]:
-    """The hooks every executor has unless told otherwise: session budgets, impact claims."""
-    return [SessionBudgets(ledger), ImpactClaims(ledger)]
+    """The hooks every executor has unless told otherwise: session budgets, the symptom
+    re-read (issue 17; before the claims, so its read before COMMIT precedes the fence)
+    and impact claims."""
+    return [SessionBudgets(ledger), SymptomWatch(ledger), ImpactClaims(ledger)]
 
 
 class Executor:
@@ -86,6 +93,7 @@ class Executor:
         self.rt = Runtime(registry, connectors, ledger, grants,
                           HookSet(standard_hooks(ledger) if hooks is None else hooks),
                           clock, max_request_bytes)
+        self.rt.hooks.attach(self.rt)
         self._lock = threading.Lock()
         self._in_flight: dict[str, int] = {}
 
@@ -155,15 +163,32 @@ class Executor:
 
     def plan(self, operation_id: str, inputs: Mapping[str, Any], *, case: str, who: str,
              version: int | None = None, record: bool = True) -> Plan:
-        """Render the plan (no DML); record it so an approver can find it by hash."""
-        row, connector = self.resolve(operation_id, version)
+        """Render the plan (no DML); record it so an approver can find it by hash.
+
+        A recorded plan of a write is the case's first claim on its target
+        (issue 17, case-held claims): another case's hold refuses it with a
+        coordination decision, before it is recorded.
+        """
+        row, connector = self._resolve_or_gap(operation_id, version, case, who, inputs)
         validate_input(row, inputs, self.max_request_bytes)
         self.grants.check_call(who, row, connector.name, connector.environment)
         plan = render(row, inputs, connector.name, connector.environment, case=case,
                       requester=who)
         if record:
+            self.hooks.planned(CallContext(row, dict(inputs), case, who, connector,
+                                           "plan-" + plan.plan_hash[-16:], None, "", plan))
             self.ledger.record_plan(plan.plan_hash, case, who, plan.to_dict())
         return plan
+
+    def _resolve_or_gap(self, operation_id: str, version: int | None, case: str, who: str,
+                        inputs: Mapping[str, Any]) -> tuple[Row, Connector]:
+        """The row, or the refusal -- recorded as a capability gap when no row answers."""
+        try:
+            return self.resolve(operation_id, version)
+        except (UnknownOperation, UnknownVersion, EnvironmentNotAllowed) as gap:
+            record_gap(self.ledger, case=case, who=who, operation_id=operation_id,
+                       version=version, refusal=gap, inputs=inputs)
+            raise
 
     def approve(self, plan_hash: str, *, by: str, role: str, key: SigningKey,
                 ttl_seconds: int | None = None) -> dict[str, Any]:
@@ -184,7 +209,7 @@ class Executor:
              version: int | None = None, key: str | None = None, task: str | None = None,
              plan_hash: str | None = None, rehearse: bool = False) -> Outcome:
         """Run one declared operation; answer with an outcome and its evidence."""
-        row, connector = self.resolve(operation_id, version)
+        row, connector = self._resolve_or_gap(operation_id, version, case, who, inputs)
         inputs = dict(inputs)
         validate_input(row, inputs, self.max_request_bytes)
         self.grants.check_call(who, row, connector.name, connector.environment)
@@ -259,7 +284,7 @@ class Executor:
         UsageError): what runs inside a lease is always the reviewed row, never
         code handed in by the caller.
         """
-        row, _ = self.resolve(operation_id, version)
+        row, _ = self._resolve_or_gap(operation_id, version, case, who, inputs)
         if row.shape is not Shape.LEASED:
             raise UsageError(f"{row.ref} is not a leased row (shape {row.shape}); use call()")
         declared = [s.function for s in row.steps if s.function is not None]
