@@ -55,6 +55,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
                  "run every row's examples in write-and-rollback against a connector"),
     "resume": ("capgate.commands_resume",
                "after a fault: classify each in-flight intent from evidence, then continue"),
+    "case": ("capgate.commands_case",
+             "a case's claims, coordination decisions, symptoms and holds"),
+    "gaps": ("capgate.commands_case",
+             "requests for operations no row declares (capability gaps)"),
     "ddl": ("capgate.commands_ddl", "the DDL loop for stored code"),
     "target": ("capgate.commands_target", "capgate's own tables in a target database"),
 }

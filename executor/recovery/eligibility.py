@@ -33,7 +33,7 @@ from executor import outcome as oc
 from executor.context import TERMINAL
 from registry.model import Row, Shape
 
-__all__ = ["Candidate", "RecoveryPoint", "assess", "ddl_objects"]
+__all__ = ["Candidate", "RecoveryPoint", "assess", "ddl_objects", "eligible_now"]
 
 _PROVEN = {"marker": "its landing marker proves it landed, and the transaction committed "
                      "only after its verify checks passed",
@@ -83,9 +83,13 @@ class RecoveryPoint:
         return self.candidates[-1] if self.candidates else None
 
     @property
-    def retained(self) -> int:
-        """Validated steps kept at this recovery (never executed again)."""
+    def eligible(self) -> int:
+        """How many steps are eligible (applied and verified) now."""
         return sum(1 for c in self.candidates if c.eligible)
+
+    def retained(self, redone: set[str]) -> int:
+        """Validated steps this recovery kept: eligible, and not re-run by it (``redone``)."""
+        return sum(1 for c in self.candidates if c.eligible and c.step not in redone)
 
     def to_dict(self) -> dict[str, Any]:
         chosen, latest = self.chosen, self.latest_recorded
@@ -93,7 +97,7 @@ class RecoveryPoint:
                 "latest_recorded": latest.to_dict() if latest else None,
                 "chosen_is_latest": (chosen is not None and latest is not None
                                      and chosen.step == latest.step),
-                "eligible": self.retained, "candidates": [c.to_dict() for c in self.candidates]}
+                "eligible": self.eligible, "candidates": [c.to_dict() for c in self.candidates]}
 
 
 def _why(state: Mapping[str, Any], rechecked: bool | None) -> tuple[bool, str]:
@@ -121,6 +125,11 @@ def _why(state: Mapping[str, Any], rechecked: bool | None) -> tuple[bool, str]:
     if evidence.get("resolved_by"):
         return False, f"a person's word ({evidence['resolved_by']}), not verified"
     return False, "present by its landed probe only: not verified"
+
+
+def eligible_now(state: Mapping[str, Any]) -> bool:
+    """Whether a settled intent's state makes it an eligible step (no recheck known)."""
+    return _why(state, None)[0]
 
 
 def assess(intents: Iterable[tuple[str, Mapping[str, Any], int]],

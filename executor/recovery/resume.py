@@ -348,10 +348,12 @@ def _record_recovery(executor: Executor, case: _Case, reports: Sequence[IntentRe
         decision = {"decision": "granted", "after": "resume",
                     "why": "every in-flight intent is settled and the completed steps the "
                            "case depends on still verify"}
-    decision.update(retained=point.retained,
+    redone = {r.intent_id for r in reports if r.action == "retried"}
+    decision.update(retained=point.retained(redone),
                     recovery_point=point.chosen.step if point.chosen else None,
                     at=_now(executor))
-    facts = point.to_dict()
+    facts = {**point.to_dict(), "retained": point.retained(redone),
+             "redone": sorted(redone)}
     with contextlib.suppress(LedgerError):
         ledger.append_many(case.case_id, [
             ("recovery_point", {"recovery_point": facts}, None),
