@@ -268,11 +268,16 @@ def main(argv: Sequence[str]) -> int:
 # --- fixtures ---------------------------------------------------------------------------
 
 
-@pytest.fixture(params=["postgresql", "mariadb"])
-def server_target(request: pytest.FixtureRequest) -> URL:
+def server_url(request: pytest.FixtureRequest) -> URL:
+    """The ``server_target`` fixture's body (parametrised over PostgreSQL and MariaDB)."""
     url: URL = request.getfixturevalue({"postgresql": "pg_url", "mariadb": "mariadb_url"}[
         request.param])
     return url
+
+
+@pytest.fixture(params=["postgresql", "mariadb"])
+def server_target(request: pytest.FixtureRequest) -> URL:
+    return server_url(request)
 
 
 @pytest.fixture
@@ -285,8 +290,13 @@ def shared_ledger() -> Iterator[URL]:
 
 
 @pytest.fixture
-def made(tmp_path: Path) -> Any:
-    """Executors a test builds, closed afterwards."""
+def made(tmp_path: Path) -> Iterator[Any]:
+    yield from executors(tmp_path)
+
+
+def executors(tmp_path: Path) -> Iterator[Any]:
+    """The ``made`` fixture's body: executors a test builds (the first one lays out the
+    schema), closed afterwards."""
     built: list[Executor] = []
 
     def make(target: URL | str, ledger: URL | str | None = None, **opts: Any) -> Executor:
