@@ -325,6 +325,12 @@ def actor_of(event: Event, who: str | None) -> str:
     claims = p.get("claims")
     if isinstance(claims, Mapping) and claims.get("by"):
         return str(claims["by"])
+    if event.kind == "changed_outside_case" and isinstance(p.get("changed"), list):
+        return "capgate"  # the re-read before the fix or at a checkpoint, not resume
+    symptom = p.get("symptom")
+    if event.kind == "symptom_registered" and isinstance(symptom, Mapping) \
+            and symptom.get("registered_by"):
+        return str(symptom["registered_by"])
     if event.kind == "approval_recorded":
         return str(((p.get("case_state") or {}).get("last_approval") or {}).get("by") or "?")
     state = p.get("state") if isinstance(p.get("state"), Mapping) else {}

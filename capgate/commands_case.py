@@ -310,14 +310,16 @@ def cmd_stats(args: argparse.Namespace) -> int:
         lines.append(_row("total", body["total"]))
     for c in body["cases"] if not args.all else []:
         for r in c["recoveries"]:
+            point = str(r["recovery_point"] or "none")[:8]
             lines.append(f"  recovery at seq {r['seq']}: retained {r['retained']}, recovery "
-                         f"point {r['recovery_point']}"
-                         + ("" if r.get("chosen_is_latest") in (None, True) else
-                            f" (latest recorded {r['latest_recorded']} not eligible)"))
+                         f"point {point}"
+                         + (" (the latest recorded step)" if r.get("chosen_is_latest") else
+                            f" (the latest recorded, {str(r['latest_recorded'])[:8]}, is not "
+                            "eligible)" if r.get("latest_recorded") else ""))
         for i in c.get("intents") or []:
-            lines.append(f"  {i['intent_id'][:8]} {i['operation_id']}: {i['attempts']} "
-                         f"attempt(s), {i['final']} ({i['outcome']}), overhead "
-                         f"{i['re_execution_overhead']}")
+            lines.append(f"  {i['intent_id'][:8]} {i['operation_id']:<24} attempts "
+                         f"{i['attempts']}  {i['final']:<11} {i['outcome']} ({i['status']})  "
+                         f"overhead {i['re_execution_overhead']}")
     for u in body["unverified"]:
         lines.append(f"NOT COUNTED {u['case']}: {u['message']}")
     emit(args, body, "\n".join(lines))

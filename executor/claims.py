@@ -328,7 +328,7 @@ class ClaimStore:
                 f"{conflict['intent_id']}, {conflict['operation_id']}) for "
                 f"{conflict['expires_in']:.0f} s more; coordination decision {decision} is "
                 f"recorded in both cases -- a person decides: `capgate case decide {case_id} "
-                f"{decision} --decision wait|hand_over|override --by NAME`; nothing was "
+                f"{decision} --decision wait|hand_over|override --by NAME --key FILE`; nothing was "
                 "recorded as an intent or sent",
                 **conflict, requested_by_case=case_id, decision_id=decision)
         raise ImpactConflict(

@@ -528,7 +528,7 @@ class SymptomWatch(CallHooks):
                 + (f" (by {who})" if who else "")
                 + f"; the case is held (hold {hold}) until a person accepts the new state or "
                 f"re-opens the case: `capgate case accept|reopen {ctx.case_id} {hold} --by "
-                f"NAME`; nothing of {ctx.row.ref} was sent",
+                f"NAME --key FILE`; nothing of {ctx.row.ref} was sent",
                 case=ctx.case_id, hold=hold, changed=list(changed.values()))
         _granted(self.ledger, ctx.case_id, found, readings, where="before the fix",
                  writing_intent=ctx.intent_id)
