@@ -33,6 +33,11 @@ process die between COMMIT and recording the new baseline, the baseline still
 names the write (``writing_intent``), and a later difference is recorded as
 possibly the case's own (``may_be_own_write``), never silently as another's.
 
+The re-read before the fix happens for the writes whose impact keys include
+the symptom's key: rows that change what one screen shows declare the same
+target (system, object, keys), or a write through another row would move the
+symptom without moving its baseline.
+
 Cost: nothing for a write whose case registered no symptom on its keys (one
 dictionary look-up in the ``prepared`` transaction's case check).  With one,
 the re-read happens outside that transaction

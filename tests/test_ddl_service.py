@@ -282,6 +282,10 @@ def test_mariadb_crash_after_the_spec_is_partly_applied_then_compensated(
     assert [c["eligible"] for c in point["candidates"]] == [True, False]  # the body is absent
     assert point["chosen"]["step"].startswith("package:")  # the spec landed and verifies
     assert point["latest_recorded"]["step"] == point["chosen"]["step"]
+    from executor.ledger.stats import ledger_stats
+
+    (ddl_step,) = ledger_stats(svc.executor.ledger, ["M3"]).cases[0].intents
+    assert (ddl_step.attempts, ddl_step.final) == (1, "unsettled")  # escalated, one apply
     result = svc.compensate("M3", intent, who="agent")
     assert result.ok and result.before.classification == "partly_applied"
     assert live_signature(url, "package:billing") == spec_sig

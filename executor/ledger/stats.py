@@ -12,7 +12,7 @@ Per write intent (reads, holds and the gap register are not actions):
 * **attempts** -- the attempts started: the ``prepared`` that carries its
   transaction's identity (a collapsed call's first attempt), each
   ``attempt_started`` (a lease, a timeout-contract retry, resume's retry),
-  a DDL apply started;
+  a DDL plan the loop ran (``ddl_apply_started`` or its ``ddl.*`` events);
 * **final** -- ``applied`` when the intent's last recorded outcome is an
   applied effect (``observed``, or resume's ``reconciled`` from the marker,
   or a person's ``escalation_resolved``), ``not_applied`` when it ended
@@ -164,8 +164,8 @@ def case_stats(case_id: str, events: Sequence[Event]) -> CaseStats:
             elif e.kind == "attempt_started":
                 number = int((payload.get("state") or {}).get("attempt") or len(started) + 1)
                 started.setdefault(number, e.seq)
-            elif e.kind == "ddl_apply_started":
-                started.setdefault(1, e.seq)
+            elif e.kind == "ddl_apply_started" or e.kind.startswith("ddl."):
+                started.setdefault(1, e.seq)  # the DDL loop ran the plan: its one attempt
             elif e.kind == "retrying":
                 retried[e.intent_id] = retried.get(e.intent_id, 0) + 1
                 decisions["retried"] += 1
