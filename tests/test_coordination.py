@@ -583,6 +583,37 @@ def test_close_and_release_give_claims_back_only_to_those_who_may(made: Any,
     assert kinds(ex, "MINE")[-1] == "case_closed"
 
 
+def test_an_edited_ledger_decides_nothing_and_injects_no_query(made: Any,
+                                                               sqlite_url: URL) -> None:
+    """An edit of a case's snapshot -- a decision marked made, a symptom pointing at
+    another row -- is found before anything acts on it."""
+    from executor import symptoms
+
+    ex = made(_first_target(sqlite_url))
+    assert ex.call("lab.count", {"target_id": 1, "call_ref": "e-1"}, case="EH",
+                   who="agent").status == "applied_verified"
+    with pytest.raises(errors.CoordinationRequired) as refused:
+        ex.call("lab.count", {"target_id": 1, "call_ref": "e-2"}, case="EA", who="other-agent")
+    decision = refused.value.details["decision_id"]
+    with ex.ledger.engine.begin() as conn:  # someone marks the decision as made by hand
+        conn.execute(sa.text("UPDATE cg_cases SET snapshot = replace(snapshot, :a, :b)"
+                             " WHERE case_id = 'EA'"),
+                     {"a": '"status":"requested"', "b": '"status":"decided"'})
+    fresh = made(sqlite_url, schema=False)  # another process: nothing cached as verified
+    with pytest.raises(errors.LedgerTampered):
+        cases.decide(fresh, "EA", decision, decision="hand_over", by="bob", key=KEYS["bob"])
+    assert store_for(fresh).current("dev/lab/counter/target_id=1")["case_id"] == "EH"
+
+    symptoms.register(ex.rt, "ES", "lab.ticket_set", {"ticket_id": 3}, who="agent")
+    with ex.ledger.engine.begin() as conn:  # a registered symptom re-pointed at another row
+        conn.execute(sa.text("UPDATE cg_cases SET snapshot = replace(snapshot, :a, :b)"
+                             " WHERE case_id = 'ES'"),
+                     {"a": '"operation_id":"lab.ticket_set"', "b": '"operation_id":"lab.count"'})
+    with pytest.raises(errors.LedgerTampered):
+        fresh.call("lab.ticket_set", {"ticket_id": 3, "status": "x"}, case="ES", who="agent")
+    assert scalar(sqlite_url, "SELECT status FROM lab_ticket WHERE ticket_id = 3") == "open"
+
+
 # --- processes and threads ----------------------------------------------------------------
 
 
