@@ -221,7 +221,10 @@ class Scratch:
                 "\n[connectors.bench]\n"
                 f"url = {json.dumps(self.target_url)}\n"
                 'environment = "dev"\n'
-                "session_budget = 16\n",
+                "session_budget = 16\n"
+                # a new case every few calls on one account: claims per call (issue 17's
+                # case-held claims would make each next case ask for a coordination decision)
+                "case_claim_seconds = 0\n",
                 "utf-8")
 
     def config(self, ledger: str) -> Path:

@@ -115,7 +115,7 @@ def capgate_worker(dsn: str, ledger_url: str, calls: int, worker: int, out: Any)
     url = sa.engine.make_url(dsn).set(drivername="postgresql+psycopg")
     connectors = Connectors({"bench": ConnectorConfig(
         name="bench", url=url.render_as_string(hide_password=False), environment="dev",
-        session_budget=16)})
+        session_budget=16, case_claim_seconds=0.0)})  # new cases on one account: per call
     ex = Executor(Registry(result.rows), connectors, open_ledger(ledger_url), grants)
     run = uuid.uuid4().hex[:8]
     latencies = []

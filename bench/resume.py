@@ -59,7 +59,8 @@ class Died(BaseException):
 
 
 def executor_for(target: str, ledger: str) -> Executor:
-    connectors = Connectors({name: ConnectorConfig(name=name, url=target, environment="dev")
+    connectors = Connectors({name: ConnectorConfig(name=name, url=target, environment="dev",
+                                                   case_claim_seconds=0.0)  # a case per call
                              for name in ("insurance", "insurance_code")})
     return Executor(load_registry([ROOT / "capabilities"], check_lock=False), connectors,
                     open_ledger(ledger), GRANTS)

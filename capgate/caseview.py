@@ -245,9 +245,24 @@ def summarise(event: Event, who: str | None, operation: str | None) -> str:
                 "same idempotency key").strip()
     if kind == "escalation_resolved":
         return f"{operation or ''} decided: {_generic(state)}".strip()
+    if kind == "changed_outside_case" and isinstance(p.get("changed"), list):
+        parts = []
+        for c in _dicts(p.get("changed")):
+            actor = c.get("actor") if isinstance(c.get("actor"), Mapping) else {}
+            assert isinstance(actor, Mapping)
+            declared = actor.get("declared") if isinstance(actor.get("declared"), Mapping) \
+                else {}
+            other = actor.get("capgate") if isinstance(actor.get("capgate"), Mapping) else {}
+            assert isinstance(declared, Mapping) and isinstance(other, Mapping)
+            by = declared.get("who") or other.get("case")
+            parts.append(f"{c.get('impact_key')}" + (f" by {by}" if by else ""))
+        return f"symptom changed outside the case: {', '.join(parts)}; held for a person"
     if kind == "changed_outside_case":
         failed = [str(c.get("name")) for c in _dicts(p.get("checks")) if not c.get("ok")]
         return f"{operation or ''} target changed outside the case: {', '.join(failed)}"
+    issue17 = _case_summary(kind, p)
+    if issue17 is not None:
+        return issue17
     if kind == "ddl.object_applied":
         return f"{p.get('object')} now {p.get('applied_signature')}"
     if kind == "ddl.captured":
@@ -255,8 +270,67 @@ def summarise(event: Event, who: str | None, operation: str | None) -> str:
     return _generic(p)
 
 
+def _case_summary(kind: str, p: Mapping[str, Any]) -> str | None:
+    """Issue 17's case-level events: coordination, continuation, recovery point, gaps."""
+    def part(name: str) -> Mapping[str, Any]:
+        value = p.get(name)
+        return value if isinstance(value, Mapping) else {}
+
+    if kind in ("coordination_requested", "coordination_decided"):
+        c = part("coordination")
+        holder = c.get("holder") if isinstance(c.get("holder"), Mapping) else {}
+        asker = c.get("asker") if isinstance(c.get("asker"), Mapping) else {}
+        assert isinstance(holder, Mapping) and isinstance(asker, Mapping)
+        keys = ", ".join(str(k) for k in c.get("keys") or [])
+        if kind == "coordination_requested":
+            return (f"{c.get('decision_id')}: case {asker.get('case')} ({asker.get('who')}) "
+                    f"asks for {keys}, held by case {holder.get('case')} (token "
+                    f"{holder.get('token')}); a person decides")
+        return (f"{c.get('decision_id')}: {c.get('decision')} by {c.get('by')}"
+                + (f" ({c.get('reason')})" if c.get("reason") else "") + f" -- {keys}")
+    if kind == "continuation":
+        c = part("continuation")
+        return f"continuation {c.get('decision')} after {c.get('after')}: {c.get('why')}"
+    if kind == "recovery_point":
+        r = part("recovery_point")
+        chosen = r.get("chosen") if isinstance(r.get("chosen"), Mapping) else None
+        latest = r.get("latest_recorded") if isinstance(r.get("latest_recorded"), Mapping) \
+            else None
+        return ("recovery point " + (f"{chosen.get('step')}" if chosen else "none")
+                + f" ({r.get('eligible')} eligible)"
+                + ("" if r.get("chosen_is_latest") or latest is None else
+                   f"; latest recorded {latest.get('step')} not eligible: {latest.get('why')}"))
+    if kind == "capability_gap":
+        g = part("gap")
+        return (f"capability gap: {g.get('operation_id')} asked by {g.get('requested_by')} via "
+                f"{g.get('via')} ({g.get('refusal')})")
+    if kind in ("symptom_registered", "symptom_updated"):
+        s = part("symptom")
+        return f"{kind.replace('_', ' ')}: {s.get('impact_key') or compact(s.get('digests'))}"
+    if kind in ("case_closed", "claims_released"):
+        c = part("claims")
+        return f"{kind.replace('_', ' ')} by {c.get('by')}: {compact(c.get('released'))}"
+    return None
+
+
 def actor_of(event: Event, who: str | None) -> str:
     p = event.payload
+    coordination = p.get("coordination")
+    if isinstance(coordination, Mapping):
+        if event.kind == "coordination_decided" and coordination.get("by"):
+            return str(coordination["by"])
+        asker = coordination.get("asker")
+        if isinstance(asker, Mapping) and asker.get("who"):
+            return str(asker["who"])
+    claims = p.get("claims")
+    if isinstance(claims, Mapping) and claims.get("by"):
+        return str(claims["by"])
+    if event.kind == "changed_outside_case" and isinstance(p.get("changed"), list):
+        return "capgate"  # the re-read before the fix or at a checkpoint, not resume
+    symptom = p.get("symptom")
+    if event.kind == "symptom_registered" and isinstance(symptom, Mapping) \
+            and symptom.get("registered_by"):
+        return str(symptom["registered_by"])
     if event.kind == "approval_recorded":
         return str(((p.get("case_state") or {}).get("last_approval") or {}).get("by") or "?")
     state = p.get("state") if isinstance(p.get("state"), Mapping) else {}

@@ -61,6 +61,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
                   "due"),
     "resume": ("capgate.commands_resume",
                "after a fault: classify each in-flight intent from evidence, then continue"),
+    "case": ("capgate.commands_case",
+             "a case's claims, coordination decisions, symptoms and holds"),
+    "gaps": ("capgate.commands_case",
+             "requests for operations no row declares (capability gaps)"),
     "ddl": ("capgate.commands_ddl", "the DDL loop for stored code"),
     "target": ("capgate.commands_target", "capgate's own tables in a target database"),
 }

@@ -10,6 +10,7 @@ from typing import Any
 from capgate.api import build_executor
 from capgate.cli import caller, emit, parse_operation
 from capgate.config import load_settings
+from executor import channel
 from executor.call import Executor
 from executor.ledger import open_ledger
 from registry.errors import EXIT_REFUSED, UsageError
@@ -99,6 +100,9 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--html", metavar="FILE", default=None,
                    help="also write the case as a self-contained HTML page")
     p.set_defaults(handler=cmd_ledger_show)
+    from capgate.commands_case import register_stats
+
+    register_stats(lsub, common)
 
     p = sub.add_parser("cases", parents=[common],
                        help="list cases with their state and last outcome")
@@ -136,7 +140,7 @@ def _inputs(raw: str) -> dict[str, Any]:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     op, version = parse_operation(args.operation)
-    with _executor(args) as executor:
+    with _executor(args) as executor, channel.via("cli"):
         plan = executor.plan(op, _inputs(args.input), case=args.case, who=caller(args),
                              version=version, venue=args.venue, record=not args.dry_run)
     body = plan.to_dict()
@@ -215,7 +219,7 @@ def cmd_approver_keygen(args: argparse.Namespace) -> int:
 
 def cmd_call(args: argparse.Namespace) -> int:
     op, version = parse_operation(args.operation)
-    with _executor(args) as executor:
+    with _executor(args) as executor, channel.via("cli"):
         call = {"version": version, "key": args.key, "task": args.task,
                 "plan_hash": args.plan_hash, "venue": args.venue}
         if args.bind:  # issue 16: inputs bound to earlier intents' returned values

@@ -154,6 +154,19 @@ def resume_lines(report: Mapping[str, Any]) -> list[str]:
                    f"{c.get('operation_id')}@{c.get('version')} ({_text(c.get('impact_key'))}): "
                    + (f"check(s) {', '.join(map(str, failed))} no longer hold" if failed
                       else f"cannot re-check: {_text(c.get('error'))}"))
+    for case_id, rec in (report.get("recovery") or {}).items():
+        point = rec.get("recovery_point") or {}
+        chosen = point.get("chosen") or {}
+        latest = point.get("latest_recorded") or {}
+        cont = rec.get("continuation") or {}
+        head = f"  {case_id}: " if several else "  "
+        out.append(f"{head}recovery point: "
+                   + (f"{chosen.get('operation_id')} intent {chosen.get('step')}" if chosen
+                      else "none (no eligible step)")
+                   + ("" if point.get("chosen_is_latest") or not latest else
+                      f" (latest recorded {latest.get('operation_id')} intent "
+                      f"{latest.get('step')} is not eligible: {_text(latest.get('why'))})")
+                   + f"; continuation {cont.get('decision')}")
     if report.get("resolved"):
         out.append(f"ok: every intent resolved; {where} may continue")
     else:
@@ -232,6 +245,11 @@ def crash_and_resume_demo(config: str | Path | None = None, *,
         outcome = executor.call(next_operation, later, case=case, who=who)
         lines.append(f"  {outcome.status}: {outcome.operation_id}@{outcome.version} "
                      f"intent {outcome.intent_id}")
+        from executor import cases
+
+        closed = cases.close(executor, case, by=who)
+        lines.append(f"$ capgate case close {case}")
+        lines.append(f"  gave back {len(closed['released'])} claim(s)")
         verified = executor.ledger.verify(case)
         lines.append(f"$ capgate ledger verify --case {case}")
         lines.append(f"  {'ok' if verified.ok else 'FAILED'}: {verified.events_checked} "

@@ -59,6 +59,8 @@ CONNECTOR_KEYS: dict[str, str] = {
     "session_budget": "an integer >= 1",
     "db_user_budget": "an integer >= 1",
     "budget_wait_seconds": "a number of seconds >= 0",
+    "case_session_budget": "an integer >= 1",
+    "case_claim_seconds": "a number of seconds >= 0 (0: a write's claim lasts one call)",
     "statement_timeout": "a number of seconds > 0",
     "simulation_approver_roles": "a list of role names",
     "connect_args": "a table of driver connect() arguments; a secret as { env = \"VAR\" }",
@@ -359,6 +361,8 @@ def _connector(name: str, spec: Mapping[str, Any], base: Path,
     session_budget = number("session_budget", 6, int, 1)
     db_user_budget = number("db_user_budget", None, int, 1)
     wait = number("budget_wait_seconds", 0.0, float, 0)
+    case_budget = number("case_session_budget", None, int, 1)
+    case_claims = number("case_claim_seconds", 900.0, float, 0)
     timeout = number("statement_timeout", 30.0, float, 0, strict=True)
     driver = _driver_settings(spec, url if isinstance(url, str) else None, problem)
     if driver is None:
@@ -375,6 +379,8 @@ def _connector(name: str, spec: Mapping[str, Any], base: Path,
         return ConnectorConfig(name=name, url=resolved, environment=str(environment),
                                session_budget=session_budget, db_user_budget=db_user_budget,
                                budget_wait_seconds=wait, statement_timeout=timeout,
+                               case_session_budget=case_budget,
+                               case_claim_seconds=case_claims,
                                simulation_approver_roles=tuple(roles), **driver,
                                **(simulation or {}))
     except ConfigError as exc:

@@ -165,13 +165,21 @@ def _run(config: Path) -> None:
             print(_brief(ex.call("policy.purge_orphan", {"policy_id": 9}, case=CASE,
                                  who=agent)))
 
-        _say("5. a crash: a `capgate call` process is killed (SIGKILL) after attempt_started")
+        _say("5. the case is done: `capgate case close` gives its targets back")
+        from executor import cases
+
+        closed = cases.close(ex, CASE, by=agent)
+        print(f"   capgate case close {CASE}: gave back {len(closed['released'])} claim(s): "
+              f"{', '.join(closed['released'])}")
+        print("   (until then another case touching them gets a coordination decision, CG330)")
+
+        _say("6. a crash: a `capgate call` process is killed (SIGKILL) after attempt_started")
         from capgate.commands_resume import crash_and_resume_demo
 
         for line in crash_and_resume_demo(config, who=agent):
             print(f"   {line}")
 
-        _say("6. capgate ledger verify")
+        _say("7. capgate ledger verify")
         report = ex.ledger.verify()
         print(f"   {'ok' if report.ok else 'FAILED'}: {report.cases_checked} case(s), "
               f"{report.events_checked} hash-chained event(s), {len(report.findings)} "

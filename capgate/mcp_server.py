@@ -429,6 +429,7 @@ class GateServer:
         who = self.identity(ctx)
         entry = self.catalog.tools(who).get(params.name)
         if entry is None:
+            await anyio.to_thread.run_sync(partial(self._record_gap, ctx, who, params))
             raise MCPError(code=types.INVALID_PARAMS,
                            message=f"unknown tool {params.name!r}: no capability row that "
                                    f"{who!r} may call is named so; only declared operations "
@@ -441,7 +442,7 @@ class GateServer:
                                "executed", operation_id=row.operation_id, version=row.version)
             return result(refusal(row, case, refused), is_error=True)
         arguments = dict(params.arguments or {})
-        call = partial(self.executor.call, row.operation_id, arguments, case=case, who=who,
+        call = partial(self._call_via_mcp, row.operation_id, arguments, case=case, who=who,
                        version=row.version)
         try:
             outcome = await anyio.to_thread.run_sync(call)
@@ -454,6 +455,29 @@ class GateServer:
                            "version": row.version, "intent_id": None,
                            "error": bug.to_dict()}, is_error=True)
         return result(outcome.to_dict(), is_error=outcome.status not in (APPLIED, READ_OK))
+
+    def _call_via_mcp(self, operation_id: str, arguments: dict[str, Any], **kw: Any) -> Any:
+        """``Executor.call`` in the worker thread, its records saying it came through MCP."""
+        from executor import channel
+
+        with channel.via("mcp"):
+            return self.executor.call(operation_id, arguments, **kw)
+
+    def _record_gap(self, ctx: ServerRequestContext[Any, Any], who: str,
+                    params: types.CallToolRequestParams) -> None:
+        """An unlisted tool is a capability gap to escalate (issue 17): record who asked."""
+        from executor.gaps import record_gap
+        from registry.errors import UnknownOperation
+
+        try:
+            case: str | None = self.case(ctx, who)
+        except MCPError:
+            case = None
+        refusal = UnknownOperation(f"no capability row that {who!r} may call is named "
+                                   f"{params.name!r}", tool=params.name)
+        record_gap(self.executor.ledger, case=case, who=who, operation_id=params.name,
+                   version=None, refusal=refusal, inputs=dict(params.arguments or {}),
+                   via="mcp")
 
     async def _remember_connection(self, ctx: ServerRequestContext[Any, Any],
                                    call_next: CallNext) -> HandlerResult:

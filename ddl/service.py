@@ -846,10 +846,20 @@ def settle_ddl_intent(executor: Executor, case_id: str, intent_id: str, *,
     cfg: ConnectorConfig | None = None
     with contextlib.suppress(CapgateError):
         _, plan, row, cfg = service._intent_plan(case_id, intent_id)
+    report: VerifyReport | None = None
     if classification == "applied" and row is not None and cfg is not None:
         with service.loop(cfg, row=row) as lp:
             report = lp.verify(plan)
         evidence["verify"] = report.to_dict()
+    elif classification == "partly_applied" and row is not None and cfg is not None:
+        # which of the objects that landed also verify: the recovery point's eligibility
+        with contextlib.suppress(CapgateError, sa.exc.SQLAlchemyError), \
+                service.loop(cfg, row=row) as lp:
+            report = lp.verify(plan)
+            evidence["verify"] = report.to_dict()
+    _record_recovery_point(ledger, case_id, intent_id, state, evidence, report)
+    if classification == "applied" and row is not None and cfg is not None:
+        assert report is not None
         if report.passed:
             record = _outcome(case_id, intent_id, row, cfg, str(plan["plan_hash"]),
                               APPLIED_VERIFIED, {"reconciled": evidence}, None)
@@ -877,6 +887,24 @@ def settle_ddl_intent(executor: Executor, case_id: str, intent_id: str, *,
         "next_action": evidence.get("next_action"), "at": now}}}, intent_id=intent_id)
     return {"case": case_id, "intent_id": intent_id, "classification": classification,
             "evidence": evidence, "action": "escalated", "resolved": False}
+
+
+def _record_recovery_point(ledger: Any, case_id: str, intent_id: str, state: Mapping[str, Any],
+                           evidence: Mapping[str, Any], report: VerifyReport | None) -> None:
+    """Issue 17: the plan's latest *eligible* object -- applied and verified -- as its own
+    fact, next to the latest one the ledger recorded as applied (``ddl.object_applied``)."""
+    from executor.recovery.eligibility import ddl_objects
+
+    objects = [o for o in evidence.get("objects") or [] if isinstance(o, Mapping)]
+    if not objects:
+        return
+    failed = {c.object for c in report.checks if not c.passed} if report is not None else set()
+    verified = {str(o.get("object")): report is not None and str(o.get("object")) not in failed
+                for o in objects}
+    point = ddl_objects(objects, verified, (_observed(state) or {}).keys())
+    with contextlib.suppress(CapgateError):
+        ledger.append(case_id, "recovery_point", {"recovery_point": {
+            "intent_id": intent_id, "plan_hash": state.get("plan_hash"), **point}})
 
 
 # --- helpers -------------------------------------------------------------------------------------

@@ -106,7 +106,9 @@ def prepared(rt: Runtime, ctx: CallContext, identity: TxIdentity | None = None) 
         try:
             rt.ledger.append(ctx.case_id, "prepared", payload, intent_id=ctx.intent_id,
                              claim=claim, within=within,
-                             guard=case_guard(ctx.case_id, ctx.task), continuing=True)
+                             guard=case_guard(ctx.case_id, ctx.task,
+                                              lambda s: rt.hooks.check_case(ctx, s)),
+                             continuing=True)
             break
         except RetryOutside as wait:  # e.g. no budget slot free: wait outside, then again
             wait.prepare()
@@ -120,8 +122,10 @@ def prepared(rt: Runtime, ctx: CallContext, identity: TxIdentity | None = None) 
         context.at_boundary("after_attempt_started")
 
 
-def case_guard(case_id: str, task: str | None) -> Guard:
-    """What a new intent requires of its case: no open intent, and the same task."""
+def case_guard(case_id: str, task: str | None,
+               check: Callable[[Mapping[str, Any] | None], None] | None = None) -> Guard:
+    """What a new intent requires of its case: no open intent, and the same task; then
+    ``check`` (the hooks' ``check_case``: a registered symptom re-read, issue 17)."""
     def guard(state: Mapping[str, Any] | None) -> None:
         if state is None:
             return
@@ -137,6 +141,8 @@ def case_guard(case_id: str, task: str | None) -> Guard:
             raise CaseConflict(
                 f"case {case_id!r} was opened for task {recorded!r}, not {task!r}; "
                 "use a new case for new work", case=case_id, recorded=recorded, task=task)
+        if check is not None:
+            check(state)
     return guard
 
 

@@ -9,7 +9,12 @@ Two scopes, each a set of *slots* in the ledger store (``cg_budget_slots``):
 * ``connector:NAME`` -- ``ConnectorConfig.session_budget`` slots: the sessions
   capgate has open at once on that connector, in all processes together;
 * ``db_user:USER@HOST:PORT`` -- ``ConnectorConfig.db_user_budget`` slots, shared
-  by every connector that logs in as that user on that server.
+  by every connector that logs in as that user on that server;
+* ``case:CONNECTOR:CASE`` -- ``ConnectorConfig.case_session_budget`` slots (issue
+  17): the sessions one case holds at once on the connector, in all processes
+  together -- a per-case estate cap, enforced before the system's.  Its slot
+  rows are created in the ``prepared`` transaction of the case's first call in
+  a process (no transaction of their own) and dropped by ``capgate case close``.
 
 A session takes one slot of each scope before it is opened and gives them back
 when the connection is returned (the pool's ``checkin``, which also fires for
@@ -88,10 +93,17 @@ class Scope:
     label: str
 
 
-def scopes_for(connector: Connector) -> list[Scope]:
+def case_scope_name(connector: str, case_id: str) -> str:
+    return f"case:{connector}:{case_id}"
+
+
+def scopes_for(connector: Connector, case_id: str | None = None) -> list[Scope]:
     config = connector.config
     out = [Scope(f"connector:{config.name}", config.session_budget, "connector",
                  f"connector {config.name!r}")]
+    if case_id is not None and config.case_session_budget is not None:
+        out.append(Scope(case_scope_name(config.name, case_id), config.case_session_budget,
+                         "case", f"case {case_id!r} on connector {config.name!r}"))
     url = connector.engine.url
     # issue 18: where the database counts a user's sessions is the dialect's to say
     # (Oracle ORA-02391: per user per database/service, whatever host or RAC node)
@@ -162,9 +174,29 @@ class SlotStore:
         if (scope.name, scope.budget) in self._seeded:
             return
         with self.store.write("prepare session budget slots") as tx:
-            tx.run_many(self._seed, [{"scope": scope.name, "slot": i}
-                                     for i in range(scope.budget)])
+            self.seed_on(tx, scope)
         self._seeded.add((scope.name, scope.budget))
+
+    def seeded(self, scope: Scope) -> bool:
+        return (scope.name, scope.budget) in self._seeded
+
+    def seed_on(self, tx: HotTx, scope: Scope) -> None:
+        """The scope's slot rows, inside the caller's transaction (none already there)."""
+        tx.run_many(self._seed, [{"scope": scope.name, "slot": i}
+                                 for i in range(scope.budget)])
+
+    def mark_seeded(self, scopes: Sequence[Scope]) -> None:
+        """The transaction that seeded ``scopes`` committed."""
+        self._seeded.update((s.name, s.budget) for s in scopes)
+
+    def drop_case(self, case_id: str, connectors: Sequence[str]) -> None:
+        """Remove a closed case's slot rows (held slots, a session still open, are kept)."""
+        with self.store.write("drop a closed case's budget slots") as tx:
+            for name in connectors:
+                tx.run("DELETE FROM cg_budget_slots WHERE scope = :s AND ticket IS NULL",
+                       {"s": case_scope_name(name, case_id)})
+        self._seeded = {s for s in self._seeded
+                        if not any(s[0] == case_scope_name(n, case_id) for n in connectors)}
 
     def try_take(self, scope: Scope, ticket: str, *, ttl: float, case_id: str | None,
                  intent_id: str | None) -> int | None:
@@ -309,14 +341,17 @@ class SessionBudgets(CallHooks):
         self.store = SlotStore(ledger)
         self._calls: dict[str, _CallSlot] = {}
         self._pending: dict[str, _CallSlot] = {}
+        self._seeding: dict[str, list[Scope]] = {}
         self._opened_unslotted: set[str] = set()
         self._lock = threading.Lock()
         self._hooked: weakref.WeakSet[sa.Engine] = weakref.WeakSet()
 
-    def acquire(self, connector: Connector, ctx: CallContext | None = None) -> Ticket:
+    def acquire(self, connector: Connector, ctx: CallContext | None = None, *,
+                case_id: str | None = None) -> Ticket:
+        case = ctx.case_id if ctx is not None else case_id
         return self.store.acquire(
-            scopes_for(connector), wait=connector.config.budget_wait_seconds,
-            ttl=_ttl(connector, ctx), case_id=ctx.case_id if ctx else None,
+            scopes_for(connector, case), wait=connector.config.budget_wait_seconds,
+            ttl=_ttl(connector, ctx), case_id=case,
             intent_id=ctx.intent_id if ctx else None)
 
     def holds_session(self, connector: Connector, case_id: str) -> bool:
@@ -332,7 +367,7 @@ class SessionBudgets(CallHooks):
             # that goes back before the call takes its own (a budget of 1 would wait for
             # itself)
             self.check_target(ctx.connector, ctx)
-        for scope in scopes_for(ctx.connector):
+        for scope in scopes_for(ctx.connector):  # a case's scope is seeded in `prepared`
             self.store.ensure(scope)
 
     def check_target(self, connector: Connector, ctx: CallContext | None) -> None:
@@ -375,6 +410,23 @@ class SessionBudgets(CallHooks):
         opened: Connection = conn
         return opened
 
+    def open_for_case(self, connector: Connector, case_id: str) -> Connection:
+        """A session outside any call that counts against ``case_id``'s budget (the case's
+        other work: a tool holding sessions, the DDL loop); given back at checkin."""
+        self._hook(connector)
+        ticket = self.acquire(connector, None, case_id=case_id)
+        try:
+            conn = connector.engine.connect()
+        except BaseException:
+            ticket.release()
+            raise
+        info: dict[str, Any] | None = conn.connection.record_info
+        if info is not None:
+            info[_RECORD_KEY] = ticket
+        else:
+            ticket.release()
+        return conn
+
     @staticmethod
     def _before_prepared(ctx: CallContext) -> bool:
         """A call's first attempt, whose ``prepared`` is still to come."""
@@ -388,7 +440,11 @@ class SessionBudgets(CallHooks):
                 return
         ticket = Ticket(uuid.uuid4().hex, (), self.store)
         taken: list[tuple[str, int]] = []
-        for scope in scopes_for(ctx.connector):
+        seeding: list[Scope] = []
+        for scope in scopes_for(ctx.connector, ctx.case_id):
+            if not self.store.seeded(scope):  # a case's first call here: its slot rows
+                self.store.seed_on(tx, scope)
+                seeding.append(scope)
             slot = self.store.take_on(tx, scope, ticket.ticket, ttl=_ttl(ctx.connector, ctx),
                                       case_id=ctx.case_id, intent_id=ctx.intent_id)
             if slot is None:
@@ -397,6 +453,7 @@ class SessionBudgets(CallHooks):
         ticket.slots = tuple(taken)
         with self._lock:  # may run again (a retried transaction): the last run counts
             self._pending[ctx.intent_id] = _CallSlot(ctx.connector.name, ticket, False)
+            self._seeding[ctx.intent_id] = seeding
 
     def _wait_for_slot(self, ctx: CallContext) -> None:
         """No slot free in ``prepared``: wait for one outside it (BudgetExhausted after
@@ -410,6 +467,8 @@ class SessionBudgets(CallHooks):
             taken = self._pending.pop(ctx.intent_id, None)
             if taken is not None:
                 self._calls[ctx.intent_id] = taken
+            seeded = self._seeding.pop(ctx.intent_id, [])
+        self.store.mark_seeded(seeded)
 
     def within_observed(self, ctx: CallContext, tx: HotTx) -> None:
         with self._lock:
@@ -427,6 +486,7 @@ class SessionBudgets(CallHooks):
     def after_call(self, ctx: CallContext, error: BaseException | None) -> None:
         with self._lock:
             self._pending.pop(ctx.intent_id, None)
+            self._seeding.pop(ctx.intent_id, None)
             self._opened_unslotted.discard(ctx.intent_id)
             held = self._calls.pop(ctx.intent_id, None)
         if held is not None and not held.on_checkin:
@@ -460,14 +520,20 @@ def slot_store(owner: HasHooks) -> SlotStore:
 
 
 @contextlib.contextmanager
-def holding(owner: HasHooks, connector: Connector,
-            count: int) -> Iterator[list[Connection]]:
-    """Hold ``count`` budgeted sessions open (tests, tools): a busy neighbour on demand."""
+def holding(owner: HasHooks, connector: Connector, count: int,
+            case_id: str | None = None) -> Iterator[list[Connection]]:
+    """Hold ``count`` budgeted sessions open (tests, tools): a busy neighbour on demand.
+
+    With ``case_id`` the sessions count against that case's budget too.
+    """
     budgets = budgets_of(owner)
     conns: list[Connection] = []
     try:
         for _ in range(count):
-            conns.append(budgets.open_session(connector, None, connector.engine.connect))
+            if case_id is None:
+                conns.append(budgets.open_session(connector, None, connector.engine.connect))
+            else:
+                conns.append(budgets.open_for_case(connector, case_id))
             probe = "SELECT 1 FROM dual" if connector.dialect.name == "oracle" else "SELECT 1"
             conns[-1].execute(sa.text(probe))
             conns[-1].rollback()

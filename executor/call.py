@@ -41,6 +41,7 @@ from executor.context import (
     now_utc,
     validate_input,
 )
+from executor.gaps import record_gap
 from executor.grants import Grants
 from executor.hooks import CallHooks, HookSet
 from executor.lease import run_leased
@@ -51,16 +52,20 @@ from executor.returned import ReturnedKeys
 from executor.runtime import MAX_REQUEST_BYTES, Runtime
 from executor.simulation.records import IDEM_MARK as SIMULATION_MARK
 from executor.steps import registered_name, require
+from executor.symptoms import SymptomWatch
 from registry.errors import (
     ApprovalMismatch,
     BudgetExhausted,
     CallerKeyRefused,
     CaseConflict,
     DdlError,
+    EnvironmentNotAllowed,
     IdempotencyConflict,
     InputInvalid,
     ReconciliationRequired,
     RequestInFlight,
+    UnknownOperation,
+    UnknownVersion,
     UsageError,
 )
 from registry.model import AuthKind, EffectClass, Row, Shape
@@ -74,9 +79,11 @@ AWAIT_OWNER_MARGIN_SECONDS = 10.0
 
 
 def standard_hooks(ledger: Ledger) -> list[CallHooks]:
-    """The hooks every executor has unless told otherwise: session budgets, impact claims,
-    and the keys statements return (recorded before COMMIT, issue 16)."""
-    return [SessionBudgets(ledger), ImpactClaims(ledger), ReturnedKeys(ledger)]
+    """The hooks every executor has unless told otherwise: session budgets, the symptom
+    re-read (issue 17; before the claims, so its read before COMMIT precedes the fence),
+    impact claims, and the keys statements return (recorded before COMMIT, issue 16)."""
+    return [SessionBudgets(ledger), SymptomWatch(ledger), ImpactClaims(ledger),
+            ReturnedKeys(ledger)]
 
 
 class Executor:
@@ -89,6 +96,7 @@ class Executor:
         self.rt = Runtime(registry, connectors, ledger, grants,
                           HookSet(standard_hooks(ledger) if hooks is None else hooks),
                           clock, max_request_bytes)
+        self.rt.hooks.attach(self.rt)
         self._lock = threading.Lock()
         self._in_flight: dict[str, int] = {}
 
@@ -163,17 +171,34 @@ class Executor:
         """Render the plan (no DML); record it so an approver can find it by hash.
 
         On a promotion venue the plan carries the case's simulation evidence (or
-        the exemption test), so that the approver sees it (issue 16).
+        the exemption test), so that the approver sees it (issue 16).  A recorded
+        plan of a write is the case's first claim on its target (issue 17,
+        case-held claims): another case's hold refuses it with a coordination
+        decision, before it is recorded.
         """
-        row, connector = self.resolve(operation_id, version, venue)
+        row, connector = self._resolve_or_gap(operation_id, version, case, who, inputs,
+                                              venue)
         validate_input(row, inputs, self.max_request_bytes)
         self.grants.check_call(who, row, connector.name, connector.environment)
         plan = gates.with_promotion(self.rt, render(
             row, inputs, connector.name, connector.environment, case=case, requester=who),
             row, inputs, connector, case)
         if record:
+            self.hooks.planned(CallContext(row, dict(inputs), case, who, connector,
+                                           "plan-" + plan.plan_hash[-16:], None, "", plan))
             self.ledger.record_plan(plan.plan_hash, case, who, plan.to_dict())
         return plan
+
+    def _resolve_or_gap(self, operation_id: str, version: int | None, case: str, who: str,
+                        inputs: Mapping[str, Any],
+                        venue: str | None = None) -> tuple[Row, Connector]:
+        """The row, or the refusal -- recorded as a capability gap when no row answers."""
+        try:
+            return self.resolve(operation_id, version, venue)
+        except (UnknownOperation, UnknownVersion, EnvironmentNotAllowed) as gap:
+            record_gap(self.ledger, case=case, who=who, operation_id=operation_id,
+                       version=version, refusal=gap, inputs=inputs)
+            raise
 
     def approve(self, plan_hash: str, *, by: str, role: str, key: SigningKey,
                 ttl_seconds: int | None = None) -> dict[str, Any]:
@@ -202,7 +227,8 @@ class Executor:
         key, never the promotion's; admitted only for a simulation recorded in
         the case, see :mod:`executor.promotion`).
         """
-        row, connector = self.resolve(operation_id, version, venue)
+        row, connector = self._resolve_or_gap(operation_id, version, case, who, inputs,
+                                              venue)
         inputs = dict(inputs)
         inputs_text = validate_input(row, inputs, self.max_request_bytes)
         self.grants.check_call(who, row, connector.name, connector.environment)
@@ -281,7 +307,7 @@ class Executor:
         UsageError): what runs inside a lease is always the reviewed row, never
         code handed in by the caller.
         """
-        row, _ = self.resolve(operation_id, version)
+        row, _ = self._resolve_or_gap(operation_id, version, case, who, inputs)
         if row.shape is not Shape.LEASED:
             raise UsageError(f"{row.ref} is not a leased row (shape {row.shape}); use call()")
         declared = [s.function for s in row.steps if s.function is not None]

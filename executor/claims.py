@@ -67,9 +67,34 @@ two calls of one case never fence each other out.  Resume's retry of an
 attempt takes the key over with a new token: the older attempt of that case
 is fenced out exactly like another case's would be.
 
+Case-held claims (issue 17)
+---------------------------
+
+A case works on a target across many calls and agent turns, so with
+``case_claim_seconds`` > 0 (the default) a claim is the *case's*: taken at the
+case's first plan or write, renewed by each later one (the same token, the
+expiry moved on), kept after ``observed``, and given back only by ``capgate
+case close`` / ``release`` (:mod:`executor.cases`) or by expiry, so that an
+abandoned case does not hold a target forever.  Nothing is added to a call:
+the claim still rides in ``prepared``, and ``observed`` has no release to
+carry.  Another case touching a held key is refused with
+:class:`~registry.errors.CoordinationRequired` and a coordination decision is
+recorded in both cases' ledgers (:mod:`executor.coordination`).
+
+The fence still holds across the longer claims.  A claim only changes hands
+before its expiry through a person's hand-over or override, which
+:mod:`executor.cases` performs only while the holder has no open intent,
+compare-and-swapped against the claim row it checked -- so no write of the
+old holder is in flight when the token moves on, and the ``before_commit``
+shortcut below (no renewal while less than half of the claim's life has
+passed) stays sound.  After an expiry the takeover moves the token on, and
+the old holder's late write is refused by the target's fence row or by the
+ledger renewal, exactly as for a per-call claim.
+
 The claims are a hook of the executor (:class:`ImpactClaims`, see
 :mod:`executor.hooks`): claimed in the ``prepared`` transaction, fenced before
-COMMIT, released after ``observed`` or at the end of the call.
+COMMIT, released after ``observed`` or at the end of the call (per-call
+claims), or kept for the case (case-held claims).
 """
 
 from __future__ import annotations
@@ -88,11 +113,13 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import Connection
 
+from executor import channel, coordination
 from executor.context import CallContext, Rollback
 from executor.dialects.base import FENCE_TABLE
 from executor.hooks import CallHooks, HasHooks
 from executor.plan import impact_keys
 from registry.errors import (
+    CoordinationRequired,
     ImpactConflict,
     LedgerError,
     OutcomeUnknown,
@@ -110,6 +137,8 @@ __all__ = [
     "ClaimStore",
     "HeldClaim",
     "ImpactClaims",
+    "case_claim_seconds",
+    "case_held",
     "claim_ttl",
     "claims_enabled",
     "set_claims",
@@ -170,7 +199,7 @@ class HeldClaim:
     """The impact keys one intent holds, each with its fencing token."""
 
     case_id: str
-    intent_id: str
+    intent_id: str | None
     tokens: Mapping[str, int]
     expires_at: float
     release_on_observed: bool = False
@@ -242,21 +271,25 @@ class ClaimStore:
             self._ledger_id = str(row[0])
         return self._ledger_id
 
-    def acquire(self, keys: Sequence[str], *, case_id: str, intent_id: str,
-                operation_id: str, ttl: float, takeover: bool = False) -> HeldClaim:
+    def acquire(self, keys: Sequence[str], *, case_id: str, intent_id: str | None,
+                operation_id: str, ttl: float, takeover: bool = False,
+                case_mode: bool = False) -> HeldClaim:
         """Claim every key for ``case_id`` (all or none); ImpactConflict names the holder.
 
         A key the same case already holds stays with its holding intent and
         token (the claim is only extended) unless ``takeover``: resume's retry
         of an attempt takes it over with a new token, fencing the old attempt.
+        ``case_mode``: the keys are held by cases (issue 17), so a conflict is a
+        :class:`~registry.errors.CoordinationRequired` naming its decision.
         """
         with self.store.write("claim impact keys") as tx:
             return self.acquire_on(tx, keys, case_id=case_id, intent_id=intent_id,
-                                   operation_id=operation_id, ttl=ttl, takeover=takeover)
+                                   operation_id=operation_id, ttl=ttl, takeover=takeover,
+                                   case_mode=case_mode)
 
     def acquire_on(self, tx: HotTx, keys: Sequence[str], *, case_id: str,
-                   intent_id: str, operation_id: str, ttl: float,
-                   takeover: bool = False) -> HeldClaim:
+                   intent_id: str | None, operation_id: str, ttl: float,
+                   takeover: bool = False, case_mode: bool = False) -> HeldClaim:
         """:meth:`acquire` inside the caller's transaction on the ledger store.
 
         ``Executor.call`` claims in the transaction that records ``prepared``:
@@ -277,7 +310,7 @@ class ClaimStore:
                     expires = float(row[1])
                     break
                 try:
-                    self._refuse(tx, key, case_id)
+                    self._refuse(tx, key, case_id, case_mode)
                 except _Released:
                     continue  # the holder let go between our claim and our look: again
             else:
@@ -286,11 +319,22 @@ class ClaimStore:
                                      requested_by_case=case_id)
         return HeldClaim(case_id, intent_id, tokens, expires)
 
-    def _refuse(self, tx: HotTx, key: str, case_id: str) -> None:
+    def _refuse(self, tx: HotTx, key: str, case_id: str, case_mode: bool = False) -> None:
         conflict = self._describe(tx, key)
         if conflict["case_id"] is None or conflict["case_id"] == case_id \
                 or conflict["expires_in"] <= 0:
             raise _Released
+        if case_mode:
+            decision = coordination.decision_id(case_id, str(conflict["case_id"]), key,
+                                                conflict["token"])
+            raise CoordinationRequired(
+                f"impact key {key!r} is held by case {conflict['case_id']!r} (last intent "
+                f"{conflict['intent_id']}, {conflict['operation_id']}) for "
+                f"{conflict['expires_in']:.0f} s more; coordination decision {decision} is "
+                f"recorded in both cases -- a person decides: `capgate case decide {case_id} "
+                f"{decision} --decision wait|hand_over|override --by NAME --key FILE`; nothing was "
+                "recorded as an intent or sent",
+                **conflict, requested_by_case=case_id, decision_id=decision)
         raise ImpactConflict(
             f"impact key {key!r} is claimed by case {conflict['case_id']!r} "
             f"(intent {conflict['intent_id']}, {conflict['operation_id']}) "
@@ -366,12 +410,90 @@ class ClaimStore:
             return None
         row = found[0]
         out = {k: row[k] for k in ("impact_key", "token", "case_id", "intent_id",
-                                   "operation_id", "holder")}
+                                   "operation_id", "holder", "acquired_at")}
         out["expires_in"] = float(row["expires_at"]) - float(row["now"])
         return out
 
+    # --- a case's claims (issue 17: case close / release / hand-over, executor.cases)
+
+    def held_by(self, case_id: str) -> list[dict[str, Any]]:
+        """The unexpired claims ``case_id`` holds, each with ``acquired_at`` (its CAS value)."""
+        s = self.store
+        with self.store.write("read a case's impact claims", many=True) as tx:
+            rows = tx.run(
+                "SELECT impact_key, token, case_id, intent_id, operation_id, holder,"
+                f" acquired_at, expires_at - {s.now_sql} AS expires_in FROM cg_claims"
+                f" WHERE case_id = :c AND expires_at >= {s.now_sql} ORDER BY impact_key",
+                {"c": case_id}).mappings()
+        return [dict(r) for r in rows]
+
+    def release_case_on(self, tx: HotTx, case_id: str, key: str, *, token: int,
+                        acquired_at: float) -> bool:
+        """Give ``key`` back for ``case_id`` -- only if the claim is still the one read
+        (same token, same acquisition): a call of the case that renewed it meanwhile keeps
+        it."""
+        row = tx.run(
+            "UPDATE cg_claims SET case_id = NULL, intent_id = NULL, operation_id = NULL,"
+            " holder = NULL, expires_at = 0 WHERE impact_key = :k AND case_id = :c"
+            " AND token = :t AND acquired_at = :a RETURNING impact_key",
+            {"k": key, "c": case_id, "t": int(token), "a": float(acquired_at)}).first()
+        return row is not None
+
+    def transfer_on(self, tx: HotTx, key: str, *, from_case: str, token: int | None,
+                    acquired_at: float | None, to_case: str, operation_id: str | None,
+                    ttl: float) -> int | None:
+        """Hand ``key`` from ``from_case`` to ``to_case``: its token becomes ``token + 1``.
+
+        Compare-and-swapped on the claim the caller checked (holder, token and
+        -- when given -- acquisition time): a call of the holder that claimed
+        again meanwhile makes it fail (None), so no write of the old holder can
+        be in flight when the token moves on.  With ``acquired_at`` None the key
+        must still be free or expired at ``token`` (None: no claim row yet).
+        The new token is therefore known before the transaction runs, and the
+        record of the hand-over can name it.
+        """
+        s = self.store
+        if acquired_at is None:
+            cond = (f"cg_claims.token = :t AND (cg_claims.case_id IS NULL"
+                    f" OR cg_claims.expires_at < {s.now_sql})")
+            binds: dict[str, Any] = {"t": token}
+        else:
+            cond = "cg_claims.case_id = :fc AND cg_claims.token = :t AND cg_claims.acquired_at = :a"
+            binds = {"fc": from_case, "t": token, "a": float(acquired_at)}
+        row = tx.run(
+            "INSERT INTO cg_claims (impact_key, token, case_id, intent_id, operation_id, holder,"
+            f" acquired_at, expires_at) VALUES (:k, 1, :to, NULL, :op, :h, {s.now_sql},"
+            f" {s.now_sql} + :ttl) ON CONFLICT (impact_key) DO UPDATE SET"
+            " token = cg_claims.token + 1, case_id = excluded.case_id, intent_id = NULL,"
+            " operation_id = excluded.operation_id, holder = excluded.holder,"
+            " acquired_at = excluded.acquired_at, expires_at = excluded.expires_at"
+            f" WHERE {cond} RETURNING token",
+            {"k": key, "to": to_case, "op": operation_id, "h": f"handed over to {to_case}",
+             "ttl": float(ttl), **binds}).first()
+        return None if row is None else int(row[0])
+
+    def renew_case(self, case_id: str, seconds: float) -> list[str]:
+        """Move the expiry of every unexpired claim of ``case_id`` to at least now + seconds."""
+        s = self.store
+        with self.store.write("renew a case's impact claims") as tx:
+            rows = tx.run(
+                f"UPDATE cg_claims SET expires_at = {s.greatest}(expires_at, {s.now_sql} + :s)"
+                f" WHERE case_id = :c AND expires_at >= {s.now_sql} RETURNING impact_key",
+                {"c": case_id, "s": float(seconds)}).all()
+        return sorted(str(r[0]) for r in rows)
+
 
 # --- the executor's hook ------------------------------------------------------------
+
+
+def case_claim_seconds(ctx: CallContext) -> float:
+    """How long the case holds its keys between its calls (0: claims last one call)."""
+    return float(ctx.connector.config.case_claim_seconds)
+
+
+def case_held(ctx: CallContext) -> bool:
+    """Whether ``ctx``'s claims are the case's (issue 17) rather than the call's."""
+    return ctx.connector.config.case_claim_seconds > 0
 
 
 def claim_ttl(ctx: CallContext) -> float:
@@ -379,10 +501,12 @@ def claim_ttl(ctx: CallContext) -> float:
 
     The budget wait, the lease deadline (the row's timeout), and a margin that
     covers the server's own enforcement of that deadline (the idle-in-transaction
-    timeout, as long as the timeout again) plus :data:`CLAIM_MARGIN_SECONDS`.
+    timeout, as long as the timeout again) plus :data:`CLAIM_MARGIN_SECONDS`; a
+    case-held claim at least ``case_claim_seconds``.
     """
     seconds = float(ctx.row.timeout.seconds)
-    return ctx.connector.config.budget_wait_seconds + seconds + fence_margin(ctx)
+    per_call = ctx.connector.config.budget_wait_seconds + seconds + fence_margin(ctx)
+    return max(per_call, case_claim_seconds(ctx))
 
 
 def fence_margin(ctx: CallContext) -> float:
@@ -419,13 +543,28 @@ class ImpactClaims(CallHooks):
         return (self.enabled and not ctx.rehearse
                 and ctx.row.effect_class is not EffectClass.READ)
 
+    def planned(self, ctx: CallContext) -> None:
+        """A case-held claim starts at the case's first plan (issue 17): claim (or renew)
+        the plan's keys now; another case's hold raises CoordinationRequired, recorded."""
+        if not self._wants(ctx) or not case_held(ctx):
+            return
+        keys = impact_keys(ctx.row, ctx.inputs, ctx.connector.environment)
+        try:
+            self.store.acquire(keys, case_id=ctx.case_id, intent_id=None,
+                               operation_id=ctx.row.operation_id, ttl=claim_ttl(ctx),
+                               case_mode=True)
+        except CoordinationRequired as conflict:
+            self._record_request(ctx, conflict, refused_intent=None)
+            raise
+
     def within_prepared(self, ctx: CallContext, tx: HotTx) -> None:
         if not self._wants(ctx):
             return
         keys = impact_keys(ctx.row, ctx.inputs, ctx.connector.environment)
         started = time.monotonic()
         taken = self.store.acquire_on(tx, keys, case_id=ctx.case_id, intent_id=ctx.intent_id,
-                                      operation_id=ctx.row.operation_id, ttl=claim_ttl(ctx))
+                                      operation_id=ctx.row.operation_id, ttl=claim_ttl(ctx),
+                                      case_mode=case_held(ctx))
         taken = dataclasses.replace(taken, since=started)
         with self._lock:  # may run again (a lost race is retried): the last run counts
             self._pending[ctx.intent_id] = taken
@@ -441,12 +580,16 @@ class ImpactClaims(CallHooks):
             return
         keys = impact_keys(ctx.row, ctx.inputs, ctx.connector.environment)
         started = time.monotonic()
-        taken = self.store.acquire(keys, case_id=ctx.case_id, intent_id=ctx.intent_id,
-                                   operation_id=ctx.row.operation_id, ttl=claim_ttl(ctx),
-                                   takeover=ctx.resumed)
+        try:
+            taken = self.store.acquire(keys, case_id=ctx.case_id, intent_id=ctx.intent_id,
+                                       operation_id=ctx.row.operation_id, ttl=claim_ttl(ctx),
+                                       takeover=ctx.resumed, case_mode=case_held(ctx))
+        except CoordinationRequired as conflict:  # resume's retry, a compensation
+            self._record_request(ctx, conflict, refused_intent=ctx.intent_id)
+            raise
         with self._lock:
-            self._held[ctx.intent_id] = dataclasses.replace(taken, release_on_observed=True,
-                                                            since=started)
+            self._held[ctx.intent_id] = dataclasses.replace(
+                taken, release_on_observed=not case_held(ctx), since=started)
 
     def before_commit(self, ctx: CallContext, conn: Connection) -> None:
         """Just before COMMIT: refuse (roll back) a write whose claim was taken over.
@@ -483,9 +626,10 @@ class ImpactClaims(CallHooks):
                                        "COMMIT; nothing was committed"})
 
     def within_observed(self, ctx: CallContext, tx: HotTx) -> None:
-        """The claim goes back in the transaction that records the outcome."""
+        """The claim goes back in the transaction that records the outcome (a case-held
+        claim stays with the case: nothing to send)."""
         claim = self.held(ctx.intent_id)
-        if claim is not None:
+        if claim is not None and not case_held(ctx):
             self.store.release_on(tx, claim)
 
     def after_observed(self, ctx: CallContext) -> None:
@@ -502,11 +646,23 @@ class ImpactClaims(CallHooks):
         """
         with self._lock:
             self._pending.pop(ctx.intent_id, None)
-        if isinstance(error, OutcomeUnknown):
-            with self._lock:
+        if isinstance(error, CoordinationRequired) \
+                and error.details.get("requested_by_case") == ctx.case_id:
+            self._record_request(ctx, error, refused_intent=ctx.intent_id)
+        if isinstance(error, OutcomeUnknown) or case_held(ctx):
+            with self._lock:  # kept: until it expires / for the case
                 self._held.pop(ctx.intent_id, None)
             return
         self._release(ctx.intent_id)
+
+    def _record_request(self, ctx: CallContext, conflict: CoordinationRequired, *,
+                        refused_intent: str | None) -> None:
+        """Record the refusal's coordination decision in both cases (never hiding it)."""
+        with contextlib.suppress(LedgerError):
+            coordination.record_request(
+                self.store.store.ledger, conflict.details, asker_who=ctx.who,
+                asker_operation=ctx.row.operation_id, refused_intent=refused_intent,
+                ttl=claim_ttl(ctx), via=channel.current())
 
     def _release(self, intent_id: str) -> None:
         with self._lock:

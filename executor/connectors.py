@@ -84,6 +84,13 @@ class ConnectorConfig:
     """Most sessions of the connector's database user, across connectors sharing it."""
     budget_wait_seconds: float = 0.0
     """How long a call waits for a free session before it is refused."""
+    case_session_budget: int | None = None
+    """Most sessions one case holds at once on this connector, across processes (issue 17)."""
+    case_claim_seconds: float = 900.0
+    """How long a case holds the impact keys of its writes and plans without touching them
+    (issue 17): every plan or write of the case renews the claim, ``capgate case close`` or
+    ``release`` gives it back, and an abandoned case's claim expires after this long.
+    ``0`` claims a write's keys for that call only (the behaviour before issue 17)."""
     statement_timeout: float = 30.0
     """Default server-side statement timeout, for rows that do not set one."""
     simulation_approver_roles: tuple[str, ...] = ()
@@ -136,6 +143,12 @@ class ConnectorConfig:
                 f"got {self.environment!r}", connector=self.name)
         if self.session_budget < 1:
             raise ConfigError(f"connector {self.name!r}: session_budget must be >= 1")
+        if self.case_session_budget is not None and self.case_session_budget < 1:
+            raise ConfigError(f"connector {self.name!r}: case_session_budget must be >= 1",
+                              field="case_session_budget")
+        if not self.case_claim_seconds >= 0:
+            raise ConfigError(f"connector {self.name!r}: case_claim_seconds must be >= 0",
+                              field="case_claim_seconds")
 
     @property
     def safe_url(self) -> str:

@@ -8,7 +8,11 @@ default :class:`~executor.budget.SessionBudgets` then
 :class:`~executor.claims.ImpactClaims`).
 
 ==================  ==============================================================
+``attach``           once, when the executor is built: the resolver of rows (issue 17)
+``planned``          a plan was recorded for the case (case-held claims take keys here)
 ``before_prepared``  before anything is recorded; a refusal here records nothing
+``check_case``       inside ``prepared``, sees the case state the intent follows (a
+                     registered symptom is re-read here, issue 17)
 ``within_prepared``  inside the transaction that records ``prepared`` (same store)
 ``within_observed``  inside the transaction that records ``observed``: releases ride there
 ``check_target``     before a write opens its target session for the first time
@@ -26,8 +30,8 @@ process never share claims or budgets by accident.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import sqlalchemy as sa
 
@@ -35,8 +39,16 @@ if TYPE_CHECKING:
     from executor.connectors import Connector
     from executor.context import CallContext
     from executor.ledger.backends import HotTx
+    from registry.model import Row
 
-__all__ = ["CallHooks", "HasHooks", "HookSet", "RetryOutside"]
+__all__ = ["CallHooks", "HasHooks", "HookSet", "Resolver", "RetryOutside"]
+
+
+class Resolver(Protocol):
+    """What a hook may ask of its executor: a row and its connector (the runtime has it)."""
+
+    def resolve(self, operation_id: str, version: int | None = None
+                ) -> tuple[Row, Connector]: ...
 
 _H = TypeVar("_H", bound="CallHooks")
 
@@ -53,8 +65,18 @@ class RetryOutside(Exception):
 class CallHooks:
     """Every hook point, doing nothing: subclass and override what you need."""
 
+    def attach(self, resolver: Resolver) -> None:
+        """The executor this hook belongs to was built (``resolver`` finds rows)."""
+
+    def planned(self, ctx: CallContext) -> None:
+        """A plan of ``ctx`` (no intent: ``ctx.intent_id`` names the plan) was recorded."""
+
     def before_prepared(self, ctx: CallContext) -> None:
         """Before ``prepared``: refuse (raise) here and nothing is recorded."""
+
+    def check_case(self, ctx: CallContext, state: Mapping[str, Any] | None) -> None:
+        """In the ``prepared`` transaction, with the case state the intent follows (None:
+        a new case); raise to refuse, or RetryOutside to do work outside and prepare again."""
 
     def within_prepared(self, ctx: CallContext, tx: HotTx) -> None:
         """In the ``prepared`` transaction, on the ledger's connection; raising undoes it."""
@@ -103,9 +125,21 @@ class HookSet(CallHooks):
                 return hook
         return None
 
+    def attach(self, resolver: Resolver) -> None:
+        for hook in self.hooks:
+            hook.attach(resolver)
+
+    def planned(self, ctx: CallContext) -> None:
+        for hook in self.hooks:
+            hook.planned(ctx)
+
     def before_prepared(self, ctx: CallContext) -> None:
         for hook in self.hooks:
             hook.before_prepared(ctx)
+
+    def check_case(self, ctx: CallContext, state: Mapping[str, Any] | None) -> None:
+        for hook in self.hooks:
+            hook.check_case(ctx, state)
 
     def within_prepared(self, ctx: CallContext, tx: HotTx) -> None:
         for hook in self.hooks:

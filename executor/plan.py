@@ -26,10 +26,40 @@ def binds_for(sql: str, inputs: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def impact_keys(row: Row, inputs: Mapping[str, Any], environment: str) -> list[str]:
-    """environment/system/object/key=value...: what two cases must not write at once."""
+    """environment/system/object/key=value...: what two cases must not write at once.
+
+    The first key is always the object's (resume's poisoned-resume recheck and
+    the symptoms rely on it).  A row's declared dimensions (issue 17) add one
+    coarser key each -- ``environment/system/product=P/version=V``,
+    ``.../account=A``, ``.../route=R`` -- so that two cases changing one
+    product version, account or route collide although their objects differ.
+    """
     parts = [environment, row.target.system, row.target.object]
     keys = [f"{k}={inputs.get(k)!s}" for k in row.target.keys]
-    return ["/".join(parts + keys)]
+    out = ["/".join(parts + keys)]
+    if row.target.dimensions:
+        out.extend(dimension_keys(row, inputs, environment))
+    return out
+
+
+DIMENSIONS = ("product", "version", "account", "route")
+"""The impact-key dimensions a row's target may declare, in key order."""
+
+
+def dimension_keys(row: Row, inputs: Mapping[str, Any], environment: str) -> list[str]:
+    """The coarser keys of the row's declared dimensions (product and version make one)."""
+    named = dict(row.target.dimensions)
+    base = f"{environment}/{row.target.system}"
+    out: list[str] = []
+    if "product" in named:
+        key = f"{base}/product={inputs.get(named['product'])!s}"
+        if "version" in named:
+            key += f"/version={inputs.get(named['version'])!s}"
+        out.append(key)
+    for dimension in ("account", "route"):
+        if dimension in named:
+            out.append(f"{base}/{dimension}={inputs.get(named[dimension])!s}")
+    return out
 
 
 def idempotency_key(row: Row, inputs: Mapping[str, Any], case_id: str) -> str | None:

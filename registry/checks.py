@@ -101,6 +101,10 @@ def _sql_sites(row: Mapping[str, Any]) -> Iterator[tuple[Path, str, bool]]:
         yield ("replay", "sql"), row["replay"]["sql"], True
     if "landed_probe" in row:
         yield ("landed_probe", "sql"), row["landed_probe"]["sql"], True
+    if "symptom" in row:
+        yield ("symptom", "sql"), row["symptom"]["sql"], True
+        if "actor" in row["symptom"]:
+            yield ("symptom", "actor", "sql"), row["symptom"]["actor"]["sql"], True
     for i, st in enumerate(row.get("compensation", ())):
         yield ("compensation", i, "sql"), st["sql"], False
     for i, c in enumerate(row.get("post_commit", ())):
@@ -177,6 +181,17 @@ def check_row(ctx: RowContext, declared_connectors: set[str]) -> list[Problem]:
             out.append(ctx.at(("target", "keys", i), "CG121",
                               f"target key {key!r} is not an input property"))
     used |= set(keys)
+    dimensions = row.get("target", {}).get("dimensions", {})
+    for dimension, name in dimensions.items():
+        if name not in props:
+            out.append(ctx.at(("target", "dimensions", dimension), "CG121",
+                              f"the {dimension} dimension names {name!r}, which is not an "
+                              "input property"))
+    if "version" in dimensions and "product" not in dimensions:
+        out.append(ctx.at(("target", "dimensions", "version"), "CG121",
+                          "a version dimension needs its product: declare `product` too "
+                          "(the impact key is product=P/version=V)"))
+    used |= set(dimensions.values())
 
     template = row.get("idempotency_key")
     if template is not None:

@@ -404,7 +404,11 @@ class SqlParseError(RegistryError, code="CG120"):
 
 
 class UnknownTargetKey(RegistryError, code="CG121"):
-    """``target.keys`` names a field that is not an input property."""
+    """``target.keys`` or ``target.dimensions`` names a field that is not an input property.
+
+    A ``version`` dimension also needs its ``product``: the impact key it adds
+    is ``product=P/version=V``.
+    """
 
 
 class ShapeMismatch(RegistryError, code="CG122"):
@@ -822,6 +826,104 @@ class TransactionSplit(CapgateError, code="CG327", exit_code=EXIT_UNKNOWN):
     for a person to decide (``capgate resume CASE --resolve``).  Fix the row:
     its statements must not commit (capgate already runs Oracle sessions with
     ``ALTER SESSION DISABLE COMMIT IN PROCEDURE``).
+    """
+
+
+# --- cases that coordinate (CG330-CG339; issue 17) -----------------------------
+
+
+class CoordinationRequired(ImpactConflict, code="CG330", retryable=False):
+    """Another case holds this target: a coordination decision waits for a person.
+
+    A case holds the impact keys of its writes and plans until it is closed,
+    releases them, or its claim expires (``case_claim_seconds``).  A second
+    case touching a held key is refused, and a coordination decision is
+    recorded in both cases' ledgers: who holds, who asks, which keys.  Nothing
+    of the call was recorded as an intent, sent or written.  A person decides
+    with ``capgate case decide ASKING_CASE DECISION --decision wait|hand_over|
+    override --by NAME`` (override needs ``--reason``); the decision is
+    recorded in both ledgers too.  Calling again before that returns this
+    refusal with the same decision id.
+    """
+
+
+class UnknownDecision(CapgateError, code="CG331"):
+    """No coordination decision with this id is recorded in the case.
+
+    ``capgate case show CASE`` lists the case's decisions; the id is the one a
+    ``CG330`` refusal named, and the case is the one that asked.
+    """
+
+
+class DecisionMade(CapgateError, code="CG332"):
+    """This coordination decision was already made; a decision is made once.
+
+    The recorded decision stands (``capgate case show CASE``).  Should the
+    situation change, a new conflict raises a new decision.
+    """
+
+
+class SelfDecision(CapgateError, code="CG333"):
+    """The identity that asked for a held target may not decide its own coordination.
+
+    A coordination decision is a person's: the agent whose call was refused
+    cannot hand the target over to itself.  Another person decides.
+    """
+
+
+class HolderBusy(CapgateError, code="CG334", retryable=True):
+    """The holding case is in the middle of a call, or its hold changed meanwhile.
+
+    A target is handed over only between the holder's calls, so that the
+    holder's in-flight write can never commit after the hand-over (its fencing
+    token would not yet be stale in the target).  Decide again once the
+    holder's intent settled (``capgate resume HOLDER`` after a crash).
+    Nothing was changed or recorded.
+    """
+
+
+class SymptomChanged(CapgateError, code="CG335", exit_code=EXIT_UNKNOWN):
+    """The case's symptom changed outside the case: the case is held for a person.
+
+    Before a write (the fix) and at a checkpoint (the send) capgate re-reads
+    the symptom the case registered.  It differs: someone else changed the
+    target meanwhile.  The ledger records ``changed_outside_case`` with the
+    before and after digests and the actor where the target can say, and the
+    case takes no new work until a person accepts the new state (``capgate
+    case accept CASE HOLD --by NAME``) or re-opens the case from it
+    (``capgate case reopen CASE HOLD --by NAME``).  Nothing of the refused
+    call was sent.
+    """
+
+
+class NoSymptom(CapgateError, code="CG336"):
+    """The row declares no ``symptom`` query, so there is nothing to register or re-read.
+
+    A row declares what the screen shows for its target under ``symptom:``
+    (``sql``, optionally ``actor.sql``); register the symptom with a row that
+    has one.
+    """
+
+
+class DecisionNotAuthenticated(CapgateError, code="CG337"):
+    """A person's decision on a case is not proven to come from the person it names.
+
+    Coordination decisions (wait, hand over, override) and the answer to a
+    hold (accept, re-open) are a person's, so they are signed like approvals:
+    with the private key only that person can read (``capgate approver
+    keygen``), whose public half is their ``approval_key`` in the grants file.
+    The details say what failed: no key in the grants file, or a key that is
+    not the named person's.  Nothing was recorded.
+    """
+
+
+class NotInCase(CapgateError, code="CG338"):
+    """Only an identity that worked in the case, or a person with their key, may do this.
+
+    Closing a case or releasing its claims frees targets other cases may be
+    waiting for; an agent of one case must not free another case's targets.
+    The identities that acted in the case (its calls, its symptom) may; so may
+    a person who signs with their approver key (``--key``).  Nothing changed.
     """
 
 

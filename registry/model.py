@@ -277,6 +277,26 @@ class Target:
     system: str
     object: str
     keys: tuple[str, ...] = ()
+    dimensions: tuple[tuple[str, str], ...] = ()
+    """``(dimension, input)`` pairs -- ``product``, ``version``, ``account``, ``route`` --
+    the row affects as a whole (issue 17): each adds a coarser impact key
+    (``environment/system/product=P/version=V``...), so two cases changing one product,
+    account or route collide even when their objects differ."""
+
+
+@dataclass(frozen=True)
+class Symptom:
+    """What the screen shows for the target (issue 17): a read-only query over the inputs.
+
+    A case registers the symptom it starts from; capgate re-reads it before a
+    write (the fix) and at a checkpoint (the send), and records
+    ``changed_outside_case`` when it differs.  ``actor_sql`` says who changed
+    the target last, where the target can say (a last-modified-by column).
+    """
+
+    sql: str
+    max_rows: int | None = None
+    actor_sql: str | None = None
 
 
 @dataclass(frozen=True)
@@ -497,6 +517,7 @@ class Row:
     verify: tuple[Check, ...] = ()
     replay: Replay | None = None
     landed_probe: Probe | None = None
+    symptom: Symptom | None = None
     compensation: tuple[Statement, ...] = ()
     post_commit: tuple[Check, ...] = ()
     compensation_verify: tuple[Check, ...] = ()
@@ -593,6 +614,7 @@ class Row:
         timeout = d["timeout"]
         replay = d.get("replay")
         probe = d.get("landed_probe")
+        symptom = d.get("symptom")
         ddl = d.get("ddl")
         effect = _member(_EFFECTS, EffectClass, d["effect_class"])
         # frozen once; the input contract and example inputs are shared with it
@@ -608,6 +630,8 @@ class Row:
                 system=d["target"]["system"],
                 object=d["target"]["object"],
                 keys=tuple(d["target"].get("keys", ())),
+                dimensions=tuple((str(k), str(v)) for k, v in
+                                 (d["target"].get("dimensions") or {}).items()),
             ),
             effect_class=effect,
             authorization=Authorization(
@@ -649,6 +673,11 @@ class Row:
             ),
             landed_probe=(
                 Probe(sql=probe["sql"], expect=Expect.from_dict(probe["expect"])) if probe else None
+            ),
+            symptom=(
+                Symptom(sql=symptom["sql"], max_rows=symptom.get("max_rows"),
+                        actor_sql=(symptom.get("actor") or {}).get("sql"))
+                if symptom else None
             ),
             compensation=tuple(Statement.from_dict(s) for s in d.get("compensation", ())),
             post_commit=tuple(Check.from_dict(c) for c in d.get("post_commit", ())),

@@ -167,8 +167,9 @@ def test_the_html_view_in_a_real_browser(sandbox: tuple[Path, dict[str, str]],
     assert '<b id="case-state">closed</b>' in html and 'id="chain">verified<' in html
     # the timeline: a lane per intent, an event mark per event, the approval as a diamond
     assert html.count('class="lane"') == 5
-    # (a collapsed call's first attempt is recorded with its intent: no attempt_started)
-    assert html.count('class="event ') == 9
+    # (a collapsed call's first attempt is recorded with its intent: no attempt_started;
+    # the demo closes the case at the end: case_closed, issue 17)
+    assert html.count('class="event ') == 10
     assert 'class="event approval"' in html
     assert html.count('<rect class="attempt bad"') == 1
     # approvals, evidence, reconciliation

@@ -275,6 +275,17 @@ def test_mariadb_crash_after_the_spec_is_partly_applied_then_compensated(
     settled = settle_ddl_intent(svc.executor, "M3", intent)
     assert settled["action"] == "escalated" and not settled["resolved"]
     assert svc.executor.ledger.intent("M3", intent)["escalation"]["by"] == "ddl"
+    # issue 17: the plan's recovery point, its objects' eligibility recorded as a fact
+    (point,) = [e.payload["recovery_point"] for e in svc.executor.ledger.events("M3")
+                if e.kind == "recovery_point"]
+    assert point["intent_id"] == intent
+    assert [c["eligible"] for c in point["candidates"]] == [True, False]  # the body is absent
+    assert point["chosen"]["step"].startswith("package:")  # the spec landed and verifies
+    assert point["latest_recorded"]["step"] == point["chosen"]["step"]
+    from executor.ledger.stats import ledger_stats
+
+    (ddl_step,) = ledger_stats(svc.executor.ledger, ["M3"]).cases[0].intents
+    assert (ddl_step.attempts, ddl_step.final) == (1, "unsettled")  # escalated, one apply
     result = svc.compensate("M3", intent, who="agent")
     assert result.ok and result.before.classification == "partly_applied"
     assert live_signature(url, "package:billing") == spec_sig

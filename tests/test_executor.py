@@ -158,7 +158,10 @@ def test_unlisted_calls_are_refused(executor: Executor, op: str, version: int | 
                                     error: type[errors.CapgateError]) -> None:
     with pytest.raises(error):
         executor.call(op, {"policy_id": 1}, case="C-x", who="agent", version=version)
-    assert executor.ledger.snapshot("C-x") is None
+    # nothing prepared; an operation without a row is recorded as a capability gap (issue 17)
+    kinds = [e.kind for e in executor.ledger.events("C-x")]
+    assert kinds == ([] if error is errors.RetiredRow else ["capability_gap"])
+    assert not (executor.ledger.snapshot("C-x") or {}).get("intents")
 
 
 def test_wrong_environment_is_refused(gate: Callable[..., Executor], sqlite_url: URL) -> None:

@@ -275,8 +275,8 @@ def _child_hold(spec: Mapping[str, Any]) -> int:
         budget.BUDGET_MARGIN_SECONDS = float(spec["margin"])
     ex = lab_executor(spec["target"], spec["ledger"], **spec.get("opts", {}))
     held: list[Any] = []
-    for name, count in spec["sessions"].items():
-        held.append(budget.holding(ex, ex.connectors.get(name), int(count)))
+    for name, count in spec["sessions"].items():  # "case": they count against its budget too
+        held.append(budget.holding(ex, ex.connectors.get(name), int(count), spec.get("case")))
     for h in held:
         h.__enter__()
     Path(spec["ready"]).write_text(json.dumps({"pid": os.getpid()}))

@@ -24,7 +24,12 @@ settled every in-flight intent.  Resume, per case:
    even if two resumes raced.
 
 Every decision is a ledger event carrying its evidence, so an operator can
-read why a case did or did not continue.
+read why a case did or did not continue.  Finally (issue 17) resume records,
+per case, the *recovery point* -- the latest eligible (applied and verified)
+step, not merely the latest recorded one (:mod:`executor.recovery.eligibility`)
+-- and a ``continuation`` event that grants or withholds continuation and says
+why.  A case held by a changed symptom stays held: that is a person's to
+decide (``capgate case accept|reopen``).
 """
 
 from __future__ import annotations
@@ -37,14 +42,16 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from executor import gates, shapes
+from executor import gates, shapes, symptoms
 from executor import outcome as oc
 from executor.call import Executor
 from executor.compensate import finish_compensation, record_final, run_compensation
 from executor.context import TERMINAL, CallContext
+from executor.coordination import CONTINUATION
 from executor.ledger import VerifiedCase, intent_states, is_open_status
 from executor.outcome import Outcome
 from executor.plan import fingerprint, render
+from executor.recovery.eligibility import RecoveryPoint, assess
 from executor.recovery.evidence import Classification, Facts, Pending, classify, gather
 from executor.recovery.load import load_verified_many, read_snapshots
 from executor.recovery.poison import Dependency, Recheck, dependencies, recheck
@@ -68,7 +75,7 @@ __all__ = [
 ]
 
 RESUME_EVENTS = ("reconciled", "retrying", "escalated", "changed_outside_case",
-                 "escalation_resolved")
+                 "escalation_resolved", "recovery_point", "continuation")
 """The ledger event kinds resume writes (``reconciled`` and ``escalation_resolved`` close)."""
 
 
@@ -112,6 +119,8 @@ class ResumeReport:
     changed_outside_case: tuple[dict[str, Any], ...] = ()
     elapsed_seconds: float = 0.0
     acted: bool = True
+    recovery: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    """Per case: the recovery point and the continuation decision resume recorded."""
 
     @property
     def resolved(self) -> bool:
@@ -136,7 +145,8 @@ class ResumeReport:
         return {"case": case, "intents": [i.to_dict() for i in self.intents],
                 "changed_outside_case": list(self.changed_outside_case),
                 "resolved": self.resolved, "exit_code": self.exit_code,
-                "dry_run": not self.acted, "elapsed_seconds": round(self.elapsed_seconds, 4)}
+                "dry_run": not self.acted, "elapsed_seconds": round(self.elapsed_seconds, 4),
+                "recovery": {k: dict(v) for k, v in self.recovery.items()}}
 
     def lines(self) -> list[str]:
         """The report for a person, one intent per paragraph."""
@@ -160,6 +170,19 @@ class ResumeReport:
                        f"{c['operation_id']}@{c['version']} ({c['impact_key']}): "
                        + (f"check(s) {', '.join(failed)} no longer hold" if failed
                           else f"cannot re-check: {c.get('error')}"))
+        for case_id, rec in self.recovery.items():
+            point = rec.get("recovery_point") or {}
+            chosen = point.get("chosen") or {}
+            latest = point.get("latest_recorded") or {}
+            cont = rec.get("continuation") or {}
+            head = f"  {case_id}: " if len(self.case_ids) > 1 else "  "
+            out.append(f"{head}recovery point: "
+                       + (f"{chosen.get('operation_id')} intent {chosen.get('step')}"
+                          if chosen else "none (no eligible step)")
+                       + ("" if point.get("chosen_is_latest") or not latest else
+                          f" (latest recorded: {latest.get('operation_id')} intent "
+                          f"{latest.get('step')}, not eligible: {latest.get('why')})")
+                       + f"; continuation {cont.get('decision')}")
         if self.resolved:
             out.append(f"ok: every intent resolved; {where} may continue")
         else:
@@ -272,18 +295,75 @@ def resume_many(executor: Executor, case_ids: Sequence[str] | None = None, *,
         by_case.setdefault(result.dependency.case_id, []).append(result)
     reports: list[IntentReport] = []
     changed: list[dict[str, Any]] = []
+    recovery: dict[str, dict[str, Any]] = {}
     for s in settling:
-        done, found = _continue(executor, s, by_case.get(s.case.case_id, []), rows, act=act)
+        results_of_case = by_case.get(s.case.case_id, [])
+        done, found = _continue(executor, s, results_of_case, rows, act=act)
         reports.extend(done)
         changed.extend(found)
+        if act:
+            recovery[s.case.case_id] = _record_recovery(executor, s.case, done, found,
+                                                        results_of_case, rows)
     if act:
         closed = [r.intent_id for r in reports if r.action in ("recorded_applied",
                                                                "closed_not_applied")]
         closed += [i for c in cases.values() for i, s in c.intents.items()
                    if str(s.get("status")) in TERMINAL]
-        _release_claims(executor, closed)
+        per_call = {i for c in cases.values() for i, s in c.intents.items()
+                    if not _case_held(executor, s)}
+        _release_claims(executor, [i for i in closed if i in per_call])
     return ResumeReport(tuple(case_ids), tuple(reports), tuple(changed),
-                        time.monotonic() - started, act)
+                        time.monotonic() - started, act, recovery)
+
+
+def _case_held(executor: Executor, state: Mapping[str, Any]) -> bool:
+    """Whether the intent's connector holds claims for the case (issue 17): then its keys
+    stay with the case after resume, and only ``capgate case close`` gives them back."""
+    name = state.get("connector")
+    if not name:
+        return False
+    try:
+        return executor.connectors.config(str(name)).case_claim_seconds > 0
+    except CapgateError:
+        return False
+
+
+def _record_recovery(executor: Executor, case: _Case, reports: Sequence[IntentReport],
+                     changed: Sequence[Mapping[str, Any]], results: Sequence[Recheck],
+                     rows: _Rows) -> dict[str, Any]:
+    """Record the case's recovery point and resume's continuation decision (one append)."""
+    ledger = executor.ledger
+    try:
+        every = ledger.intents(case.case_id)
+    except CapgateError:
+        every = case.intents
+    rechecked = {r.dependency.intent_id: r.ok for r in results if r.error is None}
+    point: RecoveryPoint = assess(((i, s, case.order.get(i, 0)) for i, s in every.items()),
+                                  rows.of, rechecked)
+    open_ = [r for r in reports if not r.resolved]
+    holds = [i for i, s in every.items() if symptoms.is_hold(s)
+             and str(s.get("status")) not in TERMINAL]
+    decision: dict[str, Any]
+    if open_ or changed or holds:
+        reasons = [f"intent {r.intent_id}: {r.action}" for r in open_]
+        reasons += [f"target changed outside the case: {c.get('impact_key')}" for c in changed]
+        reasons += [f"held: the symptom changed outside the case (hold {h})" for h in holds]
+        decision = {"decision": "withheld", "after": "resume", "why": "; ".join(reasons)}
+    else:
+        decision = {"decision": "granted", "after": "resume",
+                    "why": "every in-flight intent is settled and the completed steps the "
+                           "case depends on still verify"}
+    redone = {r.intent_id for r in reports if r.action == "retried"}
+    decision.update(retained=point.retained(redone),
+                    recovery_point=point.chosen.step if point.chosen else None,
+                    at=_now(executor))
+    facts = {**point.to_dict(), "retained": point.retained(redone),
+             "redone": sorted(redone)}
+    with contextlib.suppress(LedgerError):
+        ledger.append_many(case.case_id, [
+            ("recovery_point", {"recovery_point": facts}, None),
+            (CONTINUATION, {"continuation": decision}, None)])
+    return {"recovery_point": facts, "continuation": decision}
 
 
 def _free_dead_sessions(executor: Executor, intent_ids: Sequence[str]) -> None:
@@ -353,6 +433,14 @@ def _load(verified: VerifiedCase, task: str | None) -> _Case:
     case = _Case(case_id, intents, order)
     for intent_id, state in intents.items():
         status = str(state.get("status"))
+        if status == "changed_outside_case" and symptoms.is_hold(state):
+            hold = Pending(case_id, intent_id, state, order.get(intent_id, 0))
+            case.parked.append(_report(hold, Classification.UNKNOWN, {
+                "rule": "the case's symptom changed outside the case; a person accepts the "
+                        f"new state or re-opens the case: `capgate case accept|reopen "
+                        f"{case_id} {intent_id} --by NAME --key FILE`",
+                "hold": state.get("symptom")}, "awaiting_person"))
+            continue
         if status in TERMINAL or status == "changed_outside_case":
             continue
         p = Pending(case_id, intent_id, state, order.get(intent_id, 0))
@@ -766,6 +854,11 @@ def resolve_escalation(executor: Executor, case_id: str, intent_id: str, *, by: 
         raise UsageError("say who decides: by=...")
     state = executor.ledger.intent(case_id, intent_id)
     status = str(state.get("status"))
+    if symptoms.is_hold(state):
+        raise UsageError(f"{intent_id} is a hold of case {case_id!r} (its symptom changed "
+                         "outside the case): a person signs the answer -- `capgate case "
+                         f"accept|reopen {case_id} {intent_id} --by NAME --key FILE`",
+                         case=case_id, intent_id=intent_id)
     if status == "changed_outside_case":
         if decision != "accepted":
             raise UsageError(f"intent {intent_id} changed outside the case: the decision is "

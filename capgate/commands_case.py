@@ -1,0 +1,326 @@
+"""``capgate case``, ``capgate gaps`` and ``capgate ledger stats`` (issue 17).
+
+The logic lives in :mod:`executor.cases`, :mod:`executor.symptoms`,
+:mod:`executor.gaps` and :mod:`executor.ledger.stats`; this module parses,
+calls, prints.  A person's decision (``decide``, ``accept``, ``reopen``) is
+signed with their approver key (``--key FILE`` or ``CAPGATE_APPROVER_KEY``),
+like an approval.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping
+from typing import Any
+
+from capgate.cli import caller, emit, parse_operation
+from registry.errors import EXIT_UNKNOWN, UsageError
+
+
+def register(sub: Any, common: argparse.ArgumentParser) -> None:
+    case = sub.add_parser("case", help="a case's claims, coordination decisions, symptoms "
+                                       "and holds")
+    csub = case.add_subparsers(dest="case_command", metavar="COMMAND", required=True)
+
+    def person(p: argparse.ArgumentParser, what: str) -> None:
+        p.add_argument("--by", required=True, help=f"the person who {what}")
+        p.add_argument("--key", default=None, metavar="FILE",
+                       help="their private key (default: env CAPGATE_APPROVER_KEY); its "
+                            "public half must be their approval_key in the grants")
+
+    p = csub.add_parser("show", parents=[common], help="what the case holds and waits for")
+    p.add_argument("case")
+    p.set_defaults(handler=cmd_show)
+
+    p = csub.add_parser("decide", parents=[common],
+                        help="a person's coordination decision for a case that asked for a "
+                             "held target",
+                        description="DECISION is the id a CG330 refusal named.  wait: the "
+                                    "asking case waits; hand_over: the holder is done, the "
+                                    "keys move to the asking case with a new fencing token; "
+                                    "override: the asking case goes ahead (needs --reason). "
+                                    "Recorded, signed, in both cases' ledgers.")
+    p.add_argument("case", help="the case that asked")
+    p.add_argument("decision_id", metavar="DECISION")
+    p.add_argument("--decision", required=True, choices=("wait", "hand_over", "override"))
+    p.add_argument("--reason", default="", help="why (required for override)")
+    person(p, "decides")
+    p.set_defaults(handler=cmd_decide)
+
+    for name, what in (("close", "close the case: give back every claim, drop its budget "
+                                 "slots"),
+                       ("release", "give back some (--impact-key) or all of the case's "
+                                   "claims")):
+        p = csub.add_parser(name, parents=[common], help=what)
+        p.add_argument("case")
+        p.add_argument("--as", dest="who", default=None,
+                       help="who does it: an identity that acted in the case (default: "
+                            "CAPGATE_AGENT or config `agent`), or a person with --key")
+        p.add_argument("--key", default=None, metavar="FILE",
+                       help="a person's private key, to act on a case they did not work in")
+        if name == "release":
+            p.add_argument("--impact-key", action="append", dest="keys", default=None,
+                           metavar="KEY", help="a key to give back (repeat; default: all)")
+        p.set_defaults(handler=cmd_close if name == "close" else cmd_release)
+
+    p = csub.add_parser("renew", parents=[common], help="extend the case's claims")
+    p.add_argument("case")
+    p.add_argument("--seconds", type=float, default=None,
+                   help="how long from now (default: the largest case_claim_seconds of the "
+                        "configured connectors)")
+    p.set_defaults(handler=cmd_renew)
+
+    p = csub.add_parser("symptom", parents=[common],
+                        help="register the symptom the case starts from (the row's symptom "
+                             "query), re-read before the fix and the send")
+    p.add_argument("case")
+    p.add_argument("operation", metavar="OPERATION[@VERSION]")
+    p.add_argument("--input", default="{}", help="the symptom's inputs as a JSON object")
+    p.add_argument("--as", dest="who", default=None, help="caller identity")
+    p.set_defaults(handler=cmd_symptom)
+
+    p = csub.add_parser("checkpoint", parents=[common],
+                        help="re-read the case's symptoms at a declared checkpoint (the send)")
+    p.add_argument("case")
+    p.add_argument("--name", default="send", help="the checkpoint's name (default: send)")
+    p.add_argument("--as", dest="who", default=None, help="caller identity")
+    p.set_defaults(handler=cmd_checkpoint)
+
+    for name, what in (("accept", "accept a changed symptom: the case continues from the "
+                                  "target as it is now"),
+                       ("reopen", "re-open the case from a changed symptom")):
+        p = csub.add_parser(name, parents=[common], help=what)
+        p.add_argument("case")
+        p.add_argument("hold", metavar="HOLD")
+        p.add_argument("--note", default="", help="why")
+        person(p, "decides")
+        p.set_defaults(handler=cmd_hold, decision="accepted" if name == "accept"
+                       else "reopened")
+
+    p = sub.add_parser("gaps", parents=[common],
+                       help="requests for operations no row declares (capability gaps)")
+    p.set_defaults(handler=cmd_gaps)
+
+
+def register_stats(lsub: Any, common: argparse.ArgumentParser) -> None:
+    """``capgate ledger stats`` (added to ``capgate ledger`` by its own module)."""
+    p = lsub.add_parser("stats", parents=[common],
+                        help="recovery accounting: attempts, useful final actions, "
+                             "re-execution overhead, validated actions retained",
+                        description="Counted from the verified chain of each case: total "
+                                    "attempts, useful final actions, re-execution overhead "
+                                    "and validated actions retained at recovery, with the "
+                                    "decision counts (retried, reconciled, escalated, "
+                                    "withheld).  A case that does not verify is reported and "
+                                    "counted nowhere.")
+    p.add_argument("case", nargs="?", metavar="CASE")
+    p.add_argument("--all", action="store_true", help="every case, and the totals")
+    p.set_defaults(handler=cmd_stats)
+
+
+def _executor(args: argparse.Namespace) -> Any:
+    from capgate.api import build_executor
+    from capgate.config import load_settings
+
+    return build_executor(load_settings(args.config))
+
+
+def _key(args: argparse.Namespace) -> Any:
+    from executor.approvals import load_signing_key
+
+    return load_signing_key(args.key)
+
+
+def _inputs(raw: str) -> dict[str, Any]:
+    from capgate.commands_exec import _inputs as parse
+
+    return parse(raw)
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from executor import cases
+
+    with _executor(args) as executor:
+        shown = cases.show(executor, args.case)
+    lines = [f"case {shown['case']}" + (" (closed)" if shown.get("closed") else "")]
+    for c in shown["claims"]:
+        lines.append(f"  holds {c['impact_key']} token {c['token']} "
+                     f"({float(c['expires_in']):.0f} s left; last {c['operation_id']})")
+    for d in shown["decisions"]:
+        other = d.get("holder_case") if d.get("role") == "asker" else d.get("asker_case")
+        lines.append(f"  decision {d['decision_id']} ({d.get('role')}, with {other}): "
+                     f"{d.get('status')}" + (f" {d.get('decision')} by {d.get('decided_by')}"
+                                             if d.get("decision") else "")
+                     + f" -- {', '.join(d.get('keys') or [])}")
+    for s in shown["symptoms"]:
+        lines.append(f"  symptom {s['impact_key']} via {s['operation_id']}@{s['version']}: "
+                     f"{s['digest']}")
+    for h in shown["holds"]:
+        lines.append(f"  HELD {h['hold']}: changed outside the case ({h.get('detected')}); "
+                     f"`capgate case accept|reopen {args.case} {h['hold']} --by NAME`")
+    if shown["open_intents"]:
+        lines.append(f"  open intents: {', '.join(shown['open_intents'])}")
+    emit(args, shown, "\n".join(lines))
+    return 0
+
+
+def cmd_decide(args: argparse.Namespace) -> int:
+    from executor import cases
+
+    key = _key(args)
+    with _executor(args) as executor:
+        done = cases.decide(executor, args.case, args.decision_id, decision=args.decision,
+                            by=args.by, key=key, reason=args.reason)
+    tokens = ", ".join(f"{k} token {v}" for k, v in done["tokens"].items())
+    emit(args, done, f"recorded in {done['case']} and {done['holder_case']}: "
+                     f"{done['decision']} by {done['by']}" + (f" ({tokens})" if tokens else ""))
+    return 0
+
+
+def _release(args: argparse.Namespace, closing: bool) -> int:
+    from executor import cases
+
+    who = caller(args, "acts")
+    key = _key(args) if args.key else None
+    with _executor(args) as executor:
+        if closing:
+            done = cases.close(executor, args.case, by=who, key=key)
+        else:
+            done = cases.release(executor, args.case, args.keys, by=who, key=key)
+    text = (f"{'closed' if closing else 'released'} {args.case}: gave back "
+            f"{len(done['released'])} claim(s)" + (f" {', '.join(done['released'])}"
+                                                   if done["released"] else ""))
+    if done["kept"]:
+        text += f"; kept {', '.join(done['kept'])} (claimed again meanwhile)"
+    emit(args, done, text)
+    return 0
+
+
+def cmd_close(args: argparse.Namespace) -> int:
+    return _release(args, True)
+
+
+def cmd_release(args: argparse.Namespace) -> int:
+    return _release(args, False)
+
+
+def cmd_renew(args: argparse.Namespace) -> int:
+    from executor import cases
+
+    with _executor(args) as executor:
+        seconds = args.seconds
+        if seconds is None:
+            seconds = max((executor.connectors.config(n).case_claim_seconds
+                           for n in executor.connectors.names()), default=0.0)
+        done = cases.renew(executor, args.case, float(seconds))
+    emit(args, done, f"renewed {len(done['renewed'])} claim(s) of {args.case} for "
+                     f"{done['seconds']:g} s")
+    return 0
+
+
+def cmd_symptom(args: argparse.Namespace) -> int:
+    from executor import symptoms
+
+    op, version = parse_operation(args.operation)
+    with _executor(args) as executor:
+        done = symptoms.register(executor.rt, args.case, op, _inputs(args.input),
+                                 who=caller(args, "registers the symptom"), version=version)
+    emit(args, done, f"registered the symptom of {done['impact_key']} for case {args.case}: "
+                     f"{done['digest']} ({len(done['reading']['rows'])} row(s))")
+    return 0
+
+
+def cmd_checkpoint(args: argparse.Namespace) -> int:
+    from executor import symptoms
+
+    with _executor(args) as executor:
+        done = symptoms.checkpoint(executor.rt, args.case, name=args.name,
+                                   who=caller(args, "checks"))
+    if done["held"]:
+        lines = [f"HELD {args.case} at checkpoint {args.name}: hold {done['hold']}"]
+        for c in done["changed"]:
+            actor = c.get("actor") or {}
+            who = (actor.get("declared") or {}).get("who") or \
+                (actor.get("capgate") or {}).get("case")
+            lines.append(f"  {c['impact_key']}: {c.get('before')} -> {c.get('after')}"
+                         + (f" by {who}" if who else "") + (f" ({c['error']})"
+                                                            if c.get("error") else ""))
+        emit(args, done, "\n".join(lines))
+        return EXIT_UNKNOWN
+    emit(args, done, f"ok: {args.case} at checkpoint {args.name}: "
+                     f"{len(done['digests'])} symptom(s) as registered")
+    return 0
+
+
+def cmd_hold(args: argparse.Namespace) -> int:
+    from executor import cases
+
+    key = _key(args)
+    with _executor(args) as executor:
+        done = cases.resolve_hold(executor, args.case, args.hold, decision=args.decision,
+                                  by=args.by, key=key, note=args.note)
+    emit(args, done, f"recorded: hold {args.hold} of {args.case} {args.decision} by "
+                     f"{args.by}; the case may continue")
+    return 0
+
+
+def cmd_gaps(args: argparse.Namespace) -> int:
+    from capgate.config import load_settings
+    from executor.gaps import list_gaps
+    from executor.ledger import open_ledger
+
+    with open_ledger(load_settings(args.config).ledger_url) as ledger:
+        gaps = list_gaps(ledger)
+    lines = [f"{len(gaps)} capability gap(s)"]
+    for g in gaps:
+        version = f"@{g['version']}" if g.get("version") is not None else ""
+        lines.append(f"  {g['recorded_at'][:19]}  {g.get('operation_id')}{version}  "
+                     f"by {g.get('requested_by')} in {g.get('case')} via {g.get('via')} "
+                     f"({g.get('refusal')})")
+    emit(args, gaps, "\n".join(lines))
+    return 0
+
+
+_COLUMNS = (("ATTEMPTS", "total_attempts"), ("USEFUL", "useful_final_actions"),
+            ("OVERHEAD", "re_execution_overhead"),
+            ("RETAINED", "validated_actions_retained_at_recovery"))
+_DECIDED = ("retried", "reconciled", "escalated", "withheld")
+
+
+def _row(name: str, d: Mapping[str, Any]) -> str:
+    decisions = d.get("decisions") or {}
+    return (f"{name[:24]:<24} " + " ".join(f"{d[k]:>8}" for _, k in _COLUMNS) + " "
+            + " ".join(f"{decisions.get(k, 0):>10}" for k in _DECIDED))
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    from capgate.config import load_settings
+    from executor.ledger import open_ledger
+    from executor.ledger.stats import ledger_stats
+
+    if bool(args.case) == bool(args.all):
+        raise UsageError("name one CASE, or --all for every case", field="case")
+    with open_ledger(load_settings(args.config).ledger_url) as ledger:
+        found = ledger_stats(ledger, None if args.all else [args.case])
+    body = found.to_dict(intents=not args.all)
+    head = (f"{'CASE':<24} " + " ".join(f"{h:>8}" for h, _ in _COLUMNS) + " "
+            + " ".join(f"{h.upper():>10}" for h in _DECIDED))
+    lines = [head] + [_row(c["case"], c) for c in body["cases"]]
+    if args.all:
+        lines.append(_row("total", body["total"]))
+    for c in body["cases"] if not args.all else []:
+        for r in c["recoveries"]:
+            point = str(r["recovery_point"] or "none")[:8]
+            lines.append(f"  recovery at seq {r['seq']}: retained {r['retained']}, recovery "
+                         f"point {point}"
+                         + (" (the latest recorded step)" if r.get("chosen_is_latest") else
+                            f" (the latest recorded, {str(r['latest_recorded'])[:8]}, is not "
+                            "eligible)" if r.get("latest_recorded") else ""))
+        for i in c.get("intents") or []:
+            lines.append(f"  {i['intent_id'][:8]} {i['operation_id']:<24} attempts "
+                         f"{i['attempts']}  {i['final']:<11} {i['outcome']} ({i['status']})  "
+                         f"overhead {i['re_execution_overhead']}")
+    for u in body["unverified"]:
+        lines.append(f"NOT COUNTED {u['case']}: {u['message']}")
+    emit(args, body, "\n".join(lines))
+    return 1 if body["unverified"] else 0
