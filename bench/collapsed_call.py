@@ -35,6 +35,7 @@ from executor.call import Executor  # noqa: E402
 from executor.connectors import ConnectorConfig, Connectors  # noqa: E402
 from executor.grants import Grants  # noqa: E402
 from executor.ledger import open_ledger  # noqa: E402
+from executor.target import install_at  # noqa: E402
 from registry.loader import validate_texts  # noqa: E402
 from registry.registry import Registry  # noqa: E402
 
@@ -83,6 +84,10 @@ def setup(dsn: str, schema: str) -> None:
                      " balance bigint NOT NULL)")
         conn.execute(f"INSERT INTO {schema}.bench_account SELECT g, 1000 FROM"
                      f" generate_series(1, {ACCOUNTS}) g")
+    # capgate's own tables in the target, installed once as `capgate target install` does
+    # (a call never runs DDL: without them every call is refused with CG305)
+    url = sa.engine.make_url(schema_dsn(dsn, schema)).set(drivername="postgresql+psycopg")
+    install_at(url.render_as_string(hide_password=False))
 
 
 def schema_dsn(dsn: str, schema: str) -> str:

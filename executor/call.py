@@ -354,8 +354,11 @@ class Executor:
                 "is part of the reviewed contract (a row may declare accepts_caller_key: "
                 "true); nothing was recorded", operation_id=row.operation_id,
                 version=row.version)
-        if not caller_key or len(caller_key) > 200:
-            raise InputInvalid("a caller key must be 1 to 200 characters", field="key")
+        if not caller_key or len(caller_key) > 200 or "|" in caller_key:
+            # "|" separates the key's parts: a caller key could otherwise pose as one
+            # (say, the mark of a simulation's execute step)
+            raise InputInvalid("a caller key must be 1 to 200 characters, without '|'",
+                               field="key")
         return f"{reviewed}|caller:{caller_key}"
 
     def _owner_soon(self, idem: str, ctx: CallContext) -> IdempotencyRecord | None:

@@ -40,6 +40,7 @@ from executor.simulation.records import (
     simulation_key,
     simulation_of,
 )
+from registry.canonical import canonical_hash
 from registry.errors import UnknownIntent
 from registry.model import Row
 from registry.simulation_errors import (
@@ -165,13 +166,21 @@ def _check_role(rt: Runtime, ctx: CallContext) -> None:
 
 
 def _simulation_step(rt: Runtime, ctx: CallContext, simulation_id: str) -> None:
-    """A simulation's execute call: only for a simulation recorded in the case, at its step."""
+    """A simulation's execute call: only for a simulation recorded in the case, at its step.
+
+    Exactly the call the simulation would make is admitted: its row version, its
+    connector *and venue* (the logical connector has one name on every venue, so
+    the name alone would let a prod write pass as a qa simulation's step), its
+    requester and its very inputs.
+    """
     snapshot = rt.ledger.verified_snapshot(ctx.case_id) or {}
     summary = ((snapshot.get("case") or {}).get(simulation_key(simulation_id)))
     expected = {"row_hash": ctx.row.row_hash, "connector": ctx.connector.name,
-                "who": ctx.who, "step": EXECUTING_STEP}
+                "environment": ctx.connector.environment, "who": ctx.who,
+                "step": EXECUTING_STEP}
     if not isinstance(summary, Mapping) or any(summary.get(k) != v
-                                               for k, v in expected.items()):
+                                               for k, v in expected.items()) \
+            or canonical_hash(summary.get("inputs")) != canonical_hash(dict(ctx.inputs)):
         raise SimulationStateConflict(
             f"no simulation {simulation_id!r} of {ctx.row.ref} awaits its execute step in "
             f"case {ctx.case_id!r} on {ctx.connector.name!r}: a write marked as a simulation "

@@ -13,6 +13,7 @@ every instance works too.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import threading
 from collections.abc import Callable
@@ -311,3 +312,45 @@ url = "sqlite:///{tmp_path / 'qa.db'}"
         ["CLM-2024-001", "CLM-2024-500"]
     assert [r[2] for r in table_dump(f"sqlite:///{tmp_path / 'qa.db'}", "claim")] == \
         ["CLM-2024-001"]
+
+
+def test_a_simulation_waiting_for_its_execute_step_lets_nothing_else_through(
+        pair: Pair, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Adversarial: a simulation on qa stopped at its execute step does not let a write
+    on prod -- nor one with other inputs on qa -- pass as that step.  Only the very call
+    the simulation would make (its venue, its inputs, its requester) is admitted."""
+    import executor.simulation.cycle as sim_cycle
+
+    qa, prod = pair
+
+    def unreachable(self: Any) -> None:
+        raise ConnectionError("the simulating process died before its execute step")
+
+    monkeypatch.setattr(sim_cycle._Cycle, "execute", unreachable)
+    with pytest.raises(ConnectionError):
+        simulate(qa, "claim.open", NEW_CLAIM, case="P-STEP", who="agent")
+    monkeypatch.undo()
+    state = qa.ledger.verified_snapshot("P-STEP") or {}
+    (summary,) = [v for k, v in state["case"].items() if k.startswith("simulation:")]
+    assert summary["step"] == "baseline"
+    sid = summary["simulation_id"]
+    target = prod.connectors.get("insurance").engine
+    with recording(target) as seen, pytest.raises(serr.SimulationStateConflict):
+        prod.call("claim.open", NEW_CLAIM, case="P-STEP", who="agent", simulation=sid)
+    assert seen.seen == [], "the prod target saw nothing"
+    other = {**NEW_CLAIM, "claim_ref": "CLM-2024-999"}
+    with pytest.raises(serr.SimulationStateConflict):
+        qa.call("claim.open", other, case="P-STEP", who="agent", simulation=sid)
+    assert claims(prod, NEW_CLAIM["claim_ref"]) == 0
+    assert claims(qa, other["claim_ref"]) == 0
+
+
+def test_a_caller_key_cannot_pass_for_a_simulation_step(pair: Pair) -> None:
+    """A caller key may not carry the simulation mark (it would select the step check)."""
+    from executor.simulation.records import IDEM_MARK
+
+    _, prod = pair
+    row, _ = prod.resolve("claim.open")
+    with pytest.raises((errors.InputInvalid, errors.CallerKeyRefused)):
+        prod._key_for(dataclasses.replace(row, accepts_caller_key=True), NEW_CLAIM, "P-KEY",
+                      f"x{IDEM_MARK}deadbeef")
