@@ -45,17 +45,33 @@ def record_gap(ledger: Ledger, *, case: str | None, who: str, operation_id: str,
     The inputs are not recorded whole (they may be large, or sensitive): their
     field names and a digest say what was asked.
     """
-    gap = {"operation_id": cut(str(operation_id), 200), "version": version,
-           "requested_by": cut(str(who), 200), "case": case, "via": via or channel.current(),
-           "refusal": refusal.code, "message": cut(refusal.message, 500),
-           "input_fields": sorted(str(k) for k in (inputs or {}))[:50],
-           "inputs_digest": canonical_hash(dict(inputs)) if inputs else None,
+    gap = {"operation_id": _text(operation_id, 200), "version": version,
+           "requested_by": _text(who, 200), "case": _text(case, 200) if case else None,
+           "via": via or channel.current(),
+           "refusal": refusal.code, "message": _text(refusal.message, 500),
+           "input_fields": sorted(_text(k, 80) for k in (inputs or {}))[:50],
+           "inputs_digest": _digest(inputs) if inputs else None,
            "at": datetime.now(UTC).isoformat()}
     with contextlib.suppress(LedgerError, CapgateError):
         if case and case != GAPS_CASE:
             ledger.append(case, KIND, {"gap": gap})
         ledger.append(GAPS_CASE, KIND, {"gap": gap})
     return gap
+
+
+def _text(value: Any, limit: int) -> str:
+    """Recordable text whatever was asked: a lone surrogate escaped, never refused."""
+    return cut(str(value).encode("utf-8", "backslashreplace").decode("utf-8"), limit)
+
+
+def _digest(inputs: Mapping[str, Any]) -> str | None:
+    """The inputs' canonical digest; None for inputs no ledger can hold exactly (an
+    integer beyond 2^53, a lone surrogate, nesting too deep): an unknown operation's
+    inputs were never checked against any contract, and asking stays a refusal."""
+    try:
+        return canonical_hash(dict(inputs))
+    except (ValueError, TypeError, RecursionError):  # rfc8785's errors are ValueErrors
+        return None
 
 
 def list_gaps(ledger: Ledger) -> list[dict[str, Any]]:

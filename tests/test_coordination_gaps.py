@@ -95,3 +95,32 @@ def test_gaps_from_the_command_line_and_the_mcp_server(sqlite_url: URL, tmp_path
     assert "2 capability gap(s)" in text and "sql.execute" in text and "via mcp" in text
     with open_ledger(url_text(f"sqlite:///{tmp_path / 'ledger.db'}")) as ledger:
         assert [e.kind for e in ledger.events("G-MCP")] == ["capability_gap"]
+
+
+def test_an_unknown_operation_with_inputs_no_ledger_can_hold_is_still_a_coded_refusal(
+        gate: Callable[..., Executor], sqlite_url: URL, tmp_path: Path) -> None:
+    """Inputs beyond what the ledger records exactly (2^53, a lone surrogate, deep nesting)
+    never turn the refusal of an unknown operation into an internal error; the gap is
+    recorded with the field names (escaped) and no digest."""
+    ex = gate(sqlite_url)
+    deep: dict[str, Any] = {}
+    inner = deep
+    for _ in range(5000):
+        inner["n"] = {}
+        inner = inner["n"]
+    for inputs in ({"x": 2**64}, {"x\ud800": "\ud800"}, deep):
+        with pytest.raises(errors.UnknownOperation):
+            ex.call("policy.no_such_thing", inputs, case="G-LIMITS", who="agent")
+    gaps = list_gaps(ex.ledger)
+    assert [g["inputs_digest"] for g in gaps] == [None, None, None]
+    assert gaps[1]["input_fields"] == ["x\\ud800"]
+    config = tmp_path / "capgate.toml"
+    config.write_text(f'[capgate]\nledger = "sqlite:///{tmp_path / "l.db"}"\n'
+                      f'capabilities = ["{ROOT / "capabilities"}"]\n'
+                      'agent = "agent"\n', "utf-8")
+    proc = subprocess.run([sys.executable, "-m", "capgate", "call", "policy.no_such_thing",
+                           "--input", '{"x": 99999999999999999999}', "--case", "G-CLI",
+                           "--json", "--config", str(config)], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=120, check=False)
+    assert proc.returncode == 1, (proc.stdout, proc.stderr)
+    assert json.loads(proc.stdout)["code"] == "CG140"
