@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from capgate.api import open as open_executor
-from capgate.commands import ddl
+from capgate.commands import ddl as ddl_commands
 from capgate.handlers.console import caller, emit, parse_operation
 from ddl.catalog import ObjectRef
 from ddl.errors import MergeRequired, StaleExtract
@@ -154,7 +154,7 @@ def _service(args: argparse.Namespace) -> Iterator[DdlService]:
     bar = ProgressBar()
     with open_executor(args.config) as gate:
         try:
-            yield ddl.service(gate, progress=bar)
+            yield ddl_commands.service(gate, progress=bar)
         finally:
             bar.close()
 
@@ -403,9 +403,10 @@ def cmd_compensate(args: argparse.Namespace) -> int:
 def cmd_recover(args: argparse.Namespace) -> int:
     with _service(args) as svc:
         if args.dry_run:
-            result = ddl.recover(svc, args.case, args.intent, dry_run=True)
+            result = ddl_commands.recover(svc, args.case, args.intent, dry_run=True)
         else:
-            result = ddl.recover(svc, args.case, args.intent, who=caller(args, "is acting"))
+            result = ddl_commands.recover(svc, args.case, args.intent,
+                                          who=caller(args, "is acting"))
     ev = result.get("evidence") or {}
     lines = [f"{result['classification'] or 'closed'}: intent {args.intent} -> "
              f"{result['action']}"]
@@ -438,7 +439,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_prohibitions(args: argparse.Namespace) -> int:
-    rows = ddl.prohibitions()
+    rows = ddl_commands.prohibitions()
     lines = [f"{p['code']}  {p['name']:<28} {p['summary']}" for p in rows]
     emit(args, rows, "\n".join(lines))
     return EXIT_OK
