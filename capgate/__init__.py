@@ -1,7 +1,10 @@
 """capgate: a connector capability registry and a gated database-write executor.
 
 The public Python API.  ``registry``, ``executor`` and ``ddl`` carry the
-logic; this package re-exports what a caller needs.
+logic; this package re-exports what a caller needs: :func:`open` for an
+executor (``plan``, ``approve``, ``call``), and the command functions of
+:mod:`capgate.commands` that the command line and the MCP server call too
+(``validate``, ``init_project``, ``rehearse``, ``resume``, ``simulate``, ...).
 
 The names are imported on first use (PEP 562): ``capgate.cli`` lives in this
 package, and a command line that imported SQLAlchemy and the executor just to
@@ -15,6 +18,16 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from capgate.api import build_executor, open
+    from capgate.commands.agents import rehearse
+    from capgate.commands.capabilities import validate
+    from capgate.commands.project import init_project
+    from capgate.commands.resume import resume
+    from capgate.commands.simulation import (
+        SimulationReport,
+        abandon_simulation,
+        continue_simulation,
+        simulate,
+    )
     from capgate.config import Settings, load_settings
     from executor.bindings import call_bound
     from executor.call import Executor
@@ -24,12 +37,6 @@ if TYPE_CHECKING:
     from executor.outcome import Outcome
     from executor.plan import Plan
     from executor.returned import Binding
-    from executor.simulation.cycle import (
-        SimulationReport,
-        abandon_simulation,
-        continue_simulation,
-        simulate,
-    )
     from registry.errors import CapgateError, lookup
     from registry.loader import load_registry, validate_paths
     from registry.model import Row
@@ -48,10 +55,14 @@ _WHERE = {
     "load_registry": "registry.loader", "validate_paths": "registry.loader",
     "Row": "registry.model",
     "Registry": "registry.registry",
+    # the command functions the command line and the MCP server call too
+    "validate": "capgate.commands.capabilities", "init_project": "capgate.commands.project",
+    "rehearse": "capgate.commands.agents", "resume": "capgate.commands.resume",
     # simulation first (issue 16)
-    "simulate": "executor.simulation.cycle", "continue_simulation": "executor.simulation.cycle",
-    "abandon_simulation": "executor.simulation.cycle",
-    "SimulationReport": "executor.simulation.cycle",
+    "simulate": "capgate.commands.simulation",
+    "continue_simulation": "capgate.commands.simulation",
+    "abandon_simulation": "capgate.commands.simulation",
+    "SimulationReport": "capgate.commands.simulation",
     "call_bound": "executor.bindings", "Binding": "executor.returned",
 }
 
@@ -73,12 +84,16 @@ __all__ = [
     "build_executor",
     "call_bound",
     "continue_simulation",
+    "init_project",
     "load_registry",
     "load_settings",
     "lookup",
     "open",
     "open_ledger",
+    "rehearse",
+    "resume",
     "simulate",
+    "validate",
     "validate_paths",
 ]
 

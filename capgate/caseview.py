@@ -1,4 +1,4 @@
-"""Reading a case: ``capgate cases``, ``capgate ledger show`` and its HTML view.
+"""Reading a case: ``capgate cases``, ``capgate ledger show`` and its HTML view, ``resume``.
 
 The ledger stores each boundary of a call as a hash-chained event with a JSON
 payload made for machines.  A person asks other questions -- what is this
@@ -11,7 +11,9 @@ decide -- so this module turns events into
 * a self-contained HTML page (:func:`render_html`): the intents and their
   attempts on a timeline, approvals, evidence, reconciliation decisions and
   DDL signatures before and after -- one file with its style inline and no
-  script, that any browser opens offline.
+  script, that any browser opens offline;
+* ``capgate resume``'s report (:func:`resume_lines`): per in-flight intent
+  what was found, the evidence that decided, strongest first, and the action.
 
 Every value shown comes from the events as recorded; nothing here talks to a
 target.  All text is escaped: inputs are user data.
@@ -691,3 +693,102 @@ def render_html(case_id: str, events: Sequence[Event], snapshot: Mapping[str, An
          for x, e in zip(entries, events, strict=True)], "events"))
     parts.append("</section></body></html>")
     return "\n".join(parts)
+
+
+# --- the resume report -----------------------------------------------------------------
+
+
+def _text(value: Any) -> str:
+    """A value for a person: strings as they are, everything else as JSON -- never a repr."""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False, default=str, sort_keys=True)
+
+
+#: evidence keys in the order they weigh (strongest first), with how to say each
+_EVIDENCE_ORDER = ("marker", "marker_row", "commit_outcome", "commit_outcome_detail",
+                   "server_identity", "server_now", "terminated_session", "session",
+                   "write_lock", "probe", "unreachable")
+
+
+def evidence_line(evidence: Mapping[str, Any]) -> str:
+    """The evidence that decided, strongest first, on one line of ``key: value`` parts."""
+    parts: list[str] = []
+    marker = evidence.get("marker")
+    if marker == "present":
+        row = evidence.get("marker_row") or {}
+        parts.append(f"marker present (attempt {_text(row.get('attempt'))}, landed "
+                     f"{_text(row.get('landed_at'))})")
+    elif marker is not None:
+        parts.append(f"marker {_text(marker)}")
+    detail = evidence.get("commit_outcome_detail")
+    if isinstance(detail, Mapping) and detail.get("probe"):
+        xid = f"({_text(detail['xid'])})" if detail.get("xid") else ""
+        parts.append(f"{_text(detail['probe'])}{xid} = "
+                     f"{_text(evidence.get('commit_outcome') or 'no answer')}")
+    elif evidence.get("commit_outcome"):
+        parts.append(f"commit outcome {_text(evidence['commit_outcome'])}")
+    identity = evidence.get("server_identity")
+    server = evidence.get("server_now")
+    if identity in ("same", "changed"):
+        said = "same server" if identity == "same" else "server CHANGED"
+        parts.append(said + (f" {_text(server)}" if isinstance(server, Mapping) else ""))
+    for key in ("terminated_session", "session", "write_lock", "probe", "unreachable"):
+        if evidence.get(key) not in (None, "", {}, []):
+            parts.append(f"{key.replace('_', ' ')}: {_text(evidence[key])}")
+    for key, value in evidence.items():  # what a newer executor adds is shown too
+        if key not in _EVIDENCE_ORDER and key not in ("rule", "finished", "attempt") \
+                and value not in (None, "", {}, []):
+            parts.append(f"{key.replace('_', ' ')}: {_text(value)}")
+    return "; ".join(parts)
+
+
+def resume_lines(report: Mapping[str, Any]) -> list[str]:
+    """``capgate resume``'s report for a person, from its JSON form (one intent a paragraph)."""
+    case = report.get("case")
+    intents = list(report.get("intents") or [])
+    several = not isinstance(case, str)
+    where = case if isinstance(case, str) else f"{len(case or [])} cases"
+    out = [f"resume {where}: {len(intents)} in-flight intent(s)"
+           + (" (dry run: nothing recorded or retried)" if report.get("dry_run") else "")]
+    for i in intents:
+        op = f"{i.get('operation_id')}@{i.get('version')}" if i.get("operation_id") else "?"
+        in_case = f" case {i.get('case')}," if several else ""
+        out.append(f"  intent {i.get('intent_id')}{in_case} {op}, attempt {i.get('attempt')}, "
+                   f"found {i.get('status_found')}")
+        evidence = i.get("evidence") or {}
+        out.append(f"    {i.get('classification')}: {_text(evidence.get('rule', ''))}")
+        brief = evidence_line(evidence)
+        if brief:
+            out.append(f"    evidence: {brief}")
+        out.append(f"    action: {i.get('action')}"
+                   + (f" -> {i.get('outcome')}" if i.get("outcome") else "")
+                   + (f" ({_text(i.get('detail'))})" if i.get("detail") else ""))
+    for c in report.get("changed_outside_case") or []:
+        failed = [ch.get("name") for ch in c.get("checks", []) if not ch.get("ok")]
+        out.append(f"  CHANGED OUTSIDE THE CASE: intent {c.get('intent_id')} "
+                   f"{c.get('operation_id')}@{c.get('version')} ({_text(c.get('impact_key'))}): "
+                   + (f"check(s) {', '.join(map(str, failed))} no longer hold" if failed
+                      else f"cannot re-check: {_text(c.get('error'))}"))
+    for case_id, rec in (report.get("recovery") or {}).items():
+        point = rec.get("recovery_point") or {}
+        chosen = point.get("chosen") or {}
+        latest = point.get("latest_recorded") or {}
+        cont = rec.get("continuation") or {}
+        head = f"  {case_id}: " if several else "  "
+        out.append(f"{head}recovery point: "
+                   + (f"{chosen.get('operation_id')} intent {chosen.get('step')}" if chosen
+                      else "none (no eligible step)")
+                   + ("" if point.get("chosen_is_latest") or not latest else
+                      f" (latest recorded {latest.get('operation_id')} intent "
+                      f"{latest.get('step')} is not eligible: {_text(latest.get('why'))})")
+                   + f"; continuation {cont.get('decision')}")
+    if report.get("resolved"):
+        out.append(f"ok: every intent resolved; {where} may continue")
+    else:
+        open_ = [i for i in intents if not i.get("resolved")]
+        changed = report.get("changed_outside_case") or []
+        out.append(f"NOT RESOLVED: {len(open_)} intent(s) open"
+                   + (f", {len(changed)} target(s) changed outside the case" if changed else "")
+                   + "; the case may not continue (see `capgate ledger show`)")
+    return out

@@ -1,16 +1,20 @@
-"""``capgate``: a thin command line over the libraries.
+"""``capgate``: the command line, read top down.
 
-One function per command, each a few lines that call ``registry``,
-``executor`` or ``ddl`` and print the result.  Every command takes ``--json``.
-A ``CapgateError`` prints ``FAILED: CODE: message`` (or its JSON form) and maps
-to its exit code: 0 ok, 1 refused or invalid, 2 usage or configuration,
-3 outcome unknown or reconciliation required, 4 approval required, 5 an
-internal error (a bug: ``CG999``, which says whether an intent was left open).
+:data:`COMMANDS` lists every command with the handler module that registers
+it (:mod:`capgate.handlers`); a handler parses its arguments, calls one
+library-level command function (:mod:`capgate.commands`, which the MCP server
+and the Python API share) and prints the answer.  Every command takes
+``--json``.  A ``CapgateError`` -- the one root every refusal has -- prints
+``FAILED: CODE: message`` (or its JSON form) and maps to its exit code: 0 ok,
+1 refused or invalid, 2 usage or configuration, 3 outcome unknown or
+reconciliation required, 4 approval required, 5 an internal error (a bug:
+``CG999``, which says whether an intent was left open); ``--traceback`` shows
+the rest.
 
-Start-up is lazy: :data:`COMMANDS` names each command's module and one-line
-help, so ``capgate --help`` imports no command module at all and ``capgate
-call`` imports only the modules that ``call`` needs.  An agent that calls
-through the CLI pays the start-up on every call.
+Start-up is lazy: the table names each command's module and one-line help,
+so ``capgate --help`` imports no command module at all and ``capgate call``
+imports only the modules that ``call`` needs.  An agent that calls through
+the CLI pays the start-up on every call.
 """
 
 from __future__ import annotations
@@ -23,77 +27,59 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from capgate.handlers.console import emit  # capgate.doctor's handler imports it from here
 from capgate.internal import internal_error
-from registry.errors import CapgateError, RegistryError, UsageError
+from registry.errors import CapgateError, RegistryError
+
+__all__ = ["COMMANDS", "build_parser", "did_you_mean", "emit", "main", "version"]
 
 Handler = Callable[[argparse.Namespace], int]
 
-#: command -> (the module whose ``register(sub, common)`` adds it, its one-line help).
-#: A module registers all of its commands; ``tests/test_cli_registry.py`` checks
-#: that this table and the modules agree.
+#: command -> (the handler module whose ``register(sub, common)`` adds it, its one-line
+#: help).  A module registers exactly the commands the table gives it
+#: (:func:`build_parser` checks).
 COMMANDS: dict[str, tuple[str, str]] = {
-    "init": ("capgate.init", "scaffold a working project: config, grants, capabilities, target"),
-    "demo": ("capgate.demo", "run the demo on the packaged examples (SQLite, no server)"),
+    "init": ("capgate.handlers.project",
+             "scaffold a working project: config, grants, capabilities, target"),
+    "demo": ("capgate.handlers.demo", "run the demo on the packaged examples (SQLite, no server)"),
+    # capgate.doctor still registers its own command (its handler moves to
+    # capgate.handlers once the engine-name work on doctor.py has landed)
     "doctor": ("capgate.doctor",
                "check configuration, grants and every connector's live access"),
-    "validate": ("capgate.commands", "validate capability files"),
-    "lock": ("capgate.commands", "pin every row's hash in capabilities.lock"),
-    "list": ("capgate.commands", "list the registered rows"),
-    "show": ("capgate.commands", "a row's review card"),
-    "diff": ("capgate.commands", "Markdown review of the changes between OLD and NEW"),
-    "bump": ("capgate.commands", "write the next version of a row, after the current one"),
-    "explain": ("capgate.commands", "what an error code means"),
-    "plan": ("capgate.commands_exec", "render a call's plan; runs no DML"),
-    "approve": ("capgate.commands_exec", "approve a recorded plan"),
-    "approver": ("capgate.commands_exec", "approvers' signing keys"),
-    "call": ("capgate.commands_exec", "call a declared operation"),
-    "ledger": ("capgate.commands_exec", "the hash-chained ledger"),
-    "cases": ("capgate.commands_exec", "list cases with their state and last outcome"),
-    "mcp": ("capgate.commands_agent",
+    "validate": ("capgate.handlers.capabilities", "validate capability files"),
+    "lock": ("capgate.handlers.capabilities", "pin every row's hash in capabilities.lock"),
+    "list": ("capgate.handlers.capabilities", "list the registered rows"),
+    "show": ("capgate.handlers.capabilities", "a row's review card"),
+    "diff": ("capgate.handlers.capabilities",
+             "Markdown review of the changes between OLD and NEW"),
+    "bump": ("capgate.handlers.capabilities",
+             "write the next version of a row, after the current one"),
+    "explain": ("capgate.handlers.codes", "what an error code means"),
+    "plan": ("capgate.handlers.calls", "render a call's plan; runs no DML"),
+    "approve": ("capgate.handlers.calls", "approve a recorded plan"),
+    "approver": ("capgate.handlers.calls", "approvers' signing keys"),
+    "call": ("capgate.handlers.calls", "call a declared operation"),
+    "ledger": ("capgate.handlers.ledger", "the hash-chained ledger"),
+    "cases": ("capgate.handlers.ledger", "list cases with their state and last outcome"),
+    "mcp": ("capgate.handlers.agents",
             "serve the declared operations as MCP tools (stdio, or --http)"),
-    "rehearse": ("capgate.commands_agent",
+    "rehearse": ("capgate.handlers.agents",
                  "run every row's examples in write-and-rollback against a connector"),
-    "simulate": ("capgate.commands_simulate",
+    "simulate": ("capgate.handlers.simulation",
                  "simulate a change on a lower venue: baseline, execute, observe, tear down, "
                  "verify restoration"),
-    "reconcile": ("capgate.commands_simulate",
+    "reconcile": ("capgate.handlers.simulation",
                   "run a production simulation's reconciliation query; --due lists what is "
                   "due"),
-    "resume": ("capgate.commands_resume",
+    "resume": ("capgate.handlers.resume",
                "after a fault: classify each in-flight intent from evidence, then continue"),
-    "case": ("capgate.commands_case",
+    "case": ("capgate.handlers.cases",
              "a case's claims, coordination decisions, symptoms and holds"),
-    "gaps": ("capgate.commands_case",
+    "gaps": ("capgate.handlers.ledger",
              "requests for operations no row declares (capability gaps)"),
-    "ddl": ("capgate.commands_ddl", "the DDL loop for stored code"),
-    "target": ("capgate.commands_target", "capgate's own tables in a target database"),
+    "ddl": ("capgate.handlers.ddl", "the DDL loop for stored code"),
+    "target": ("capgate.handlers.target", "capgate's own tables in a target database"),
 }
-
-
-def emit(args: argparse.Namespace, payload: Any, text: str | None = None) -> None:
-    """Print JSON with ``--json``, else the human text."""
-    if getattr(args, "json", False):
-        print(json.dumps(payload, indent=2, ensure_ascii=False, default=str))
-    elif text is not None:
-        print(text)
-
-
-def parse_operation(spec: str) -> tuple[str, int | None]:
-    """``OPERATION[@VERSION]`` -> (operation, version or None)."""
-    op, _, ver = spec.partition("@")
-    if ver and not ver.isdigit():
-        raise UsageError(f"version must be an integer, got {ver!r}")
-    return op, int(ver) if ver else None
-
-
-def caller(args: argparse.Namespace, doing: str = "is calling") -> str:
-    """The acting identity: ``--as``, else ``CAPGATE_AGENT`` or the config's ``agent``."""
-    from capgate.config import load_settings
-
-    who = args.who or load_settings(args.config).agent
-    if not who:
-        raise UsageError(f"say who {doing}: --as WHO (or CAPGATE_AGENT)")
-    return str(who)
 
 
 def _common() -> argparse.ArgumentParser:
@@ -133,8 +119,12 @@ class _VersionAction(argparse.Action):
         parser.exit()
 
 
-def _parser(loaded: Sequence[str]) -> argparse.ArgumentParser:
-    """The parser with the real commands of the modules in ``loaded``, the rest as names."""
+def _parser(loaded: Sequence[str], *, check: bool = False) -> argparse.ArgumentParser:
+    """The parser with the real commands of the modules in ``loaded``, the rest as names.
+
+    ``check``: refuse a module that registers other commands than :data:`COMMANDS`
+    gives it (a command only some code paths could reach).
+    """
     parser = argparse.ArgumentParser(
         prog="capgate",
         description="Connector capability registry and gated database-write executor.",
@@ -148,16 +138,26 @@ def _parser(loaded: Sequence[str]) -> argparse.ArgumentParser:
         if module not in loaded:
             sub.add_parser(name, help=help_text, add_help=False)
     for module in dict.fromkeys(loaded):
+        before = set(sub.choices)
         importlib.import_module(module).register(sub, common)
+        if check:
+            _check_registered(module, set(sub.choices) - before)
     # list the commands in the table's order, whoever registered them
     order = list(COMMANDS)
     sub._choices_actions.sort(key=lambda a: order.index(a.dest) if a.dest in order else 99)
     return parser
 
 
+def _check_registered(module: str, registered: set[str]) -> None:
+    expected = {name for name, (owner, _) in COMMANDS.items() if owner == module}
+    if registered != expected:
+        raise AssertionError(f"{module} registers {sorted(registered)}; COMMANDS gives it "
+                             f"{sorted(expected)}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The full parser, every command module imported (tests and documentation)."""
-    return _parser([module for module, _ in COMMANDS.values()])
+    return _parser([module for module, _ in COMMANDS.values()], check=True)
 
 
 def _command_word(argv: Sequence[str]) -> str | None:

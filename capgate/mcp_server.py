@@ -83,6 +83,7 @@ from mcp.server.models import InitializationOptions
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
 from mcp.shared.exceptions import MCPError
 
+from capgate.commands import calls
 from capgate.config import Settings
 from capgate.exposure import exposure
 from capgate.internal import internal_error
@@ -442,8 +443,8 @@ class GateServer:
                                "executed", operation_id=row.operation_id, version=row.version)
             return result(refusal(row, case, refused), is_error=True)
         arguments = dict(params.arguments or {})
-        call = partial(self._call_via_mcp, row.operation_id, arguments, case=case, who=who,
-                       version=row.version)
+        call = partial(calls.call, self.executor, row.operation_id, arguments, case=case,
+                       who=who, version=row.version, via="mcp")
         try:
             outcome = await anyio.to_thread.run_sync(call)
         except CapgateError as exc:
@@ -455,13 +456,6 @@ class GateServer:
                            "version": row.version, "intent_id": None,
                            "error": bug.to_dict()}, is_error=True)
         return result(outcome.to_dict(), is_error=outcome.status not in (APPLIED, READ_OK))
-
-    def _call_via_mcp(self, operation_id: str, arguments: dict[str, Any], **kw: Any) -> Any:
-        """``Executor.call`` in the worker thread, its records saying it came through MCP."""
-        from executor import channel
-
-        with channel.via("mcp"):
-            return self.executor.call(operation_id, arguments, **kw)
 
     def _record_gap(self, ctx: ServerRequestContext[Any, Any], who: str,
                     params: types.CallToolRequestParams) -> None:

@@ -23,8 +23,8 @@ import sqlalchemy as sa
 
 from executor import boundaries
 from executor import outcome as oc
-from executor.checks import CheckResult
 from executor.context import CallContext
+from executor.expectations import CheckResult
 from executor.outcome import Outcome
 from executor.runtime import Runtime
 from executor.transaction import run_checks, run_statements, run_transaction

@@ -17,8 +17,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from executor.checks import evaluate
 from executor.context import CallContext
+from executor.expectations import evaluate
 from executor.outcome import jsonable
 from executor.plan import binds_for
 from registry.excerpt import cut

@@ -25,11 +25,11 @@ import sqlalchemy as sa
 
 from executor import boundaries, context
 from executor import outcome as oc
-from executor.checks import CheckResult, evaluate
 from executor.context import CallContext, Rollback
 from executor.dialects import TxIdentity
 from executor.dialects.base import MARKER_TABLE, TARGET_TABLES
 from executor.effects import record_survivors
+from executor.expectations import CheckResult, evaluate
 from executor.ledger import KeyAlreadyClaimed
 from executor.outcome import Outcome, jsonable
 from executor.plan import binds_for

@@ -18,8 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from capgate.caseview import clip, compact
-from capgate.commands_resume import resume_lines
+from capgate.caseview import clip, compact, resume_lines
 from executor.recovery.resume import IntentReport, ResumeReport
 from tests.test_init import capgate, clean_env
 

@@ -21,7 +21,7 @@ import pytest
 from sqlalchemy.engine import URL
 
 from capgate.api import open as open_executor
-from capgate.commands_ddl import ProgressBar
+from capgate.handlers.ddl import ProgressBar
 from ddl.catalog import ObjectRef
 from ddl.errors import MergeRequired, ObjectOutOfScope
 from ddl.results import SmokeCall

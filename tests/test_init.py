@@ -21,7 +21,7 @@ import sqlalchemy as sa
 from mcp import ClientSession, StdioServerParameters, stdio_client
 from sqlalchemy.engine import URL
 
-from capgate.init import init_project
+from capgate.commands.project import init_project
 from registry.errors import ConnectorUnavailable, ProjectExists
 
 ROOT = Path(__file__).resolve().parent.parent

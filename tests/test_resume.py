@@ -509,7 +509,7 @@ def test_cli_resume_json_and_exit_codes(sqlite_crash: Crash, tmp_path: Path) -> 
 
 def test_crash_and_resume_demo(sqlite_url: URL, tmp_path: Path,
                                gate: Callable[..., Executor]) -> None:
-    from capgate.commands_resume import crash_and_resume_demo
+    from capgate.commands.demo import crash_and_resume_demo
 
     ledger = f"sqlite:///{tmp_path / 'ledger.db'}"
     gate(sqlite_url, ledger)  # the example schema on the target

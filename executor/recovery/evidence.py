@@ -33,10 +33,10 @@ from typing import Any
 import sqlalchemy as sa
 
 from executor.call import Executor
-from executor.checks import evaluate
 from executor.connectors import Connector
 from executor.dialects import SessionTag
 from executor.dialects.base import MARKER_TABLE, vendor_code
+from executor.expectations import evaluate
 from executor.outcome import jsonable
 from executor.plan import binds_for
 from registry.errors import CapgateError

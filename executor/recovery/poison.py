@@ -23,8 +23,8 @@ import sqlalchemy as sa
 
 from executor import outcome as oc
 from executor.call import Executor
-from executor.checks import evaluate
 from executor.dialects import SessionTag
+from executor.expectations import evaluate
 from executor.plan import binds_for, impact_keys
 from registry.errors import CapgateError
 from registry.model import Row

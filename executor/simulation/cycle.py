@@ -48,10 +48,10 @@ import sqlalchemy as sa
 from executor import boundaries, gates
 from executor import outcome as oc
 from executor.call import Executor
-from executor.checks import evaluate
 from executor.connectors import Connector
 from executor.context import TERMINAL, CallContext, validate_input
 from executor.dialects import SessionTag
+from executor.expectations import evaluate
 from executor.ledger.store import Guard
 from executor.outcome import Outcome, jsonable
 from executor.plan import Plan, binds_for, fingerprint, idempotency_key, render

@@ -34,9 +34,9 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from executor.checks import evaluate
 from executor.connectors import Connector, venue_rank
 from executor.dialects import SessionTag
+from executor.expectations import evaluate
 from executor.outcome import jsonable
 from executor.plan import binds_for
 from executor.runtime import Runtime

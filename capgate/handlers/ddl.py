@@ -1,9 +1,10 @@
-"""DDL commands: ``capgate ddl capture | plan | apply | verify | compensate | recover |
-snapshots | export | prohibitions``.
+"""``capgate ddl capture | plan | apply | verify | compensate | recover | snapshots | export |
+prohibitions``: the DDL loop for stored code.
 
-The logic lives in ``ddl.service`` (the gates, the ledger) and ``ddl.loop``
-(the catalog work); these handlers parse, wire and print.  Sweeps over many
-objects draw a progress bar on stderr when it is a terminal.
+Each handler parses its arguments, calls the DDL service
+(:mod:`capgate.commands.ddl`) on an executor opened from the configuration and
+prints the answer.  Sweeps over many objects draw a progress bar on stderr
+when it is a terminal.
 """
 
 from __future__ import annotations
@@ -18,10 +19,10 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from capgate.api import open as open_executor
-from capgate.cli import caller, emit, parse_operation
+from capgate.commands import ddl as ddl_commands
+from capgate.handlers.console import caller, emit, parse_operation
 from ddl.catalog import ObjectRef
 from ddl.errors import MergeRequired, StaleExtract
-from ddl.prohibitions import PROHIBITIONS
 from ddl.results import SmokeCall, VerifyReport
 from ddl.service import DdlService
 from ddl.snapshots import Snapshot
@@ -151,20 +152,11 @@ class ProgressBar:
 @contextmanager
 def _service(args: argparse.Namespace) -> Iterator[DdlService]:
     bar = ProgressBar()
-    with open_executor(args.config) as executor:
+    with open_executor(args.config) as gate:
         try:
-            yield DdlService(executor, progress=bar)
+            yield ddl_commands.service(gate, progress=bar)
         finally:
             bar.close()
-
-
-
-
-def _short(value: str | None, n: int = 12) -> str:
-    if not value:
-        return "-"
-    head, _, tail = value.rpartition(":")
-    return f"{head}:{tail[:n]}" if head else value[:n]
 
 
 # --- handlers ------------------------------------------------------------------------------------
@@ -409,17 +401,12 @@ def cmd_compensate(args: argparse.Namespace) -> int:
 
 
 def cmd_recover(args: argparse.Namespace) -> int:
-    from ddl.service import settle_ddl_intent
-
     with _service(args) as svc:
         if args.dry_run:
-            classification, evidence = svc.classify(args.case, args.intent)
-            result: dict[str, Any] = {"case": args.case, "intent_id": args.intent,
-                                      "classification": classification, "evidence": evidence,
-                                      "action": "none", "resolved": False}
+            result = ddl_commands.recover(svc, args.case, args.intent, dry_run=True)
         else:
-            result = settle_ddl_intent(svc.executor, args.case, args.intent,
-                                       who=caller(args, "is acting"))
+            result = ddl_commands.recover(svc, args.case, args.intent,
+                                          who=caller(args, "is acting"))
     ev = result.get("evidence") or {}
     lines = [f"{result['classification'] or 'closed'}: intent {args.intent} -> "
              f"{result['action']}"]
@@ -452,7 +439,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_prohibitions(args: argparse.Namespace) -> int:
-    rows = [p.to_dict() for p in PROHIBITIONS]
+    rows = ddl_commands.prohibitions()
     lines = [f"{p['code']}  {p['name']:<28} {p['summary']}" for p in rows]
     emit(args, rows, "\n".join(lines))
     return EXIT_OK

@@ -1,20 +1,24 @@
-"""``capgate case``, ``capgate gaps`` and ``capgate ledger stats`` (issue 17).
+"""``capgate case show | decide | close | release | renew | symptom | checkpoint | accept |
+reopen``: a case's claims, coordination decisions, symptoms and holds (issue 17).
 
-The logic lives in :mod:`executor.cases`, :mod:`executor.symptoms`,
-:mod:`executor.gaps` and :mod:`executor.ledger.stats`; this module parses,
-calls, prints.  A person's decision (``decide``, ``accept``, ``reopen``) is
-signed with their approver key (``--key FILE`` or ``CAPGATE_APPROVER_KEY``),
-like an approval.
+Each handler parses its arguments, calls :mod:`capgate.commands.cases` on an
+executor opened from the configuration and prints the answer.  A person's
+decision (``decide``, ``accept``, ``reopen``) is signed with their approver key
+(``--key FILE`` or ``CAPGATE_APPROVER_KEY``), like an approval.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from capgate.cli import caller, emit, parse_operation
-from registry.errors import EXIT_UNKNOWN, UsageError
+from capgate.api import open as open_executor
+from capgate.commands import cases
+from capgate.handlers.console import caller, emit, parse_operation, read_inputs
+from registry.errors import EXIT_UNKNOWN
+
+if TYPE_CHECKING:
+    from executor.approvals import SigningKey
 
 
 def register(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -97,51 +101,16 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         p.set_defaults(handler=cmd_hold, decision="accepted" if name == "accept"
                        else "reopened")
 
-    p = sub.add_parser("gaps", parents=[common],
-                       help="requests for operations no row declares (capability gaps)")
-    p.set_defaults(handler=cmd_gaps)
 
-
-def register_stats(lsub: Any, common: argparse.ArgumentParser) -> None:
-    """``capgate ledger stats`` (added to ``capgate ledger`` by its own module)."""
-    p = lsub.add_parser("stats", parents=[common],
-                        help="recovery accounting: attempts, useful final actions, "
-                             "re-execution overhead, validated actions retained",
-                        description="Counted from the verified chain of each case: total "
-                                    "attempts, useful final actions, re-execution overhead "
-                                    "and validated actions retained at recovery, with the "
-                                    "decision counts (retried, reconciled, escalated, "
-                                    "withheld).  A case that does not verify is reported and "
-                                    "counted nowhere.")
-    p.add_argument("case", nargs="?", metavar="CASE")
-    p.add_argument("--all", action="store_true", help="every case, and the totals")
-    p.set_defaults(handler=cmd_stats)
-
-
-def _executor(args: argparse.Namespace) -> Any:
-    from capgate.api import build_executor
-    from capgate.config import load_settings
-
-    return build_executor(load_settings(args.config))
-
-
-def _key(args: argparse.Namespace) -> Any:
+def _key(args: argparse.Namespace) -> SigningKey:
     from executor.approvals import load_signing_key
 
     return load_signing_key(args.key)
 
 
-def _inputs(raw: str) -> dict[str, Any]:
-    from capgate.commands_exec import _inputs as parse
-
-    return parse(raw)
-
-
 def cmd_show(args: argparse.Namespace) -> int:
-    from executor import cases
-
-    with _executor(args) as executor:
-        shown = cases.show(executor, args.case)
+    with open_executor(args.config) as gate:
+        shown = cases.show(gate, args.case)
     lines = [f"case {shown['case']}" + (" (closed)" if shown.get("closed") else "")]
     for c in shown["claims"]:
         lines.append(f"  holds {c['impact_key']} token {c['token']} "
@@ -165,11 +134,9 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_decide(args: argparse.Namespace) -> int:
-    from executor import cases
-
     key = _key(args)
-    with _executor(args) as executor:
-        done = cases.decide(executor, args.case, args.decision_id, decision=args.decision,
+    with open_executor(args.config) as gate:
+        done = cases.decide(gate, args.case, args.decision_id, decision=args.decision,
                             by=args.by, key=key, reason=args.reason)
     tokens = ", ".join(f"{k} token {v}" for k, v in done["tokens"].items())
     emit(args, done, f"recorded in {done['case']} and {done['holder_case']}: "
@@ -178,15 +145,13 @@ def cmd_decide(args: argparse.Namespace) -> int:
 
 
 def _release(args: argparse.Namespace, closing: bool) -> int:
-    from executor import cases
-
     who = caller(args, "acts")
     key = _key(args) if args.key else None
-    with _executor(args) as executor:
+    with open_executor(args.config) as gate:
         if closing:
-            done = cases.close(executor, args.case, by=who, key=key)
+            done = cases.close(gate, args.case, by=who, key=key)
         else:
-            done = cases.release(executor, args.case, args.keys, by=who, key=key)
+            done = cases.release(gate, args.case, args.keys, by=who, key=key)
     text = (f"{'closed' if closing else 'released'} {args.case}: gave back "
             f"{len(done['released'])} claim(s)" + (f" {', '.join(done['released'])}"
                                                    if done["released"] else ""))
@@ -205,37 +170,26 @@ def cmd_release(args: argparse.Namespace) -> int:
 
 
 def cmd_renew(args: argparse.Namespace) -> int:
-    from executor import cases
-
-    with _executor(args) as executor:
-        seconds = args.seconds
-        if seconds is None:
-            seconds = max((executor.connectors.config(n).case_claim_seconds
-                           for n in executor.connectors.names()), default=0.0)
-        done = cases.renew(executor, args.case, float(seconds))
+    with open_executor(args.config) as gate:
+        done = cases.renew(gate, args.case, args.seconds)
     emit(args, done, f"renewed {len(done['renewed'])} claim(s) of {args.case} for "
                      f"{done['seconds']:g} s")
     return 0
 
 
 def cmd_symptom(args: argparse.Namespace) -> int:
-    from executor import symptoms
-
     op, version = parse_operation(args.operation)
-    with _executor(args) as executor:
-        done = symptoms.register(executor.rt, args.case, op, _inputs(args.input),
-                                 who=caller(args, "registers the symptom"), version=version)
+    with open_executor(args.config) as gate:
+        done = cases.symptom(gate, args.case, op, read_inputs(args.input),
+                             who=caller(args, "registers the symptom"), version=version)
     emit(args, done, f"registered the symptom of {done['impact_key']} for case {args.case}: "
                      f"{done['digest']} ({len(done['reading']['rows'])} row(s))")
     return 0
 
 
 def cmd_checkpoint(args: argparse.Namespace) -> int:
-    from executor import symptoms
-
-    with _executor(args) as executor:
-        done = symptoms.checkpoint(executor.rt, args.case, name=args.name,
-                                   who=caller(args, "checks"))
+    with open_executor(args.config) as gate:
+        done = cases.checkpoint(gate, args.case, name=args.name, who=caller(args, "checks"))
     if done["held"]:
         lines = [f"HELD {args.case} at checkpoint {args.name}: hold {done['hold']}"]
         for c in done["changed"]:
@@ -253,74 +207,10 @@ def cmd_checkpoint(args: argparse.Namespace) -> int:
 
 
 def cmd_hold(args: argparse.Namespace) -> int:
-    from executor import cases
-
     key = _key(args)
-    with _executor(args) as executor:
-        done = cases.resolve_hold(executor, args.case, args.hold, decision=args.decision,
+    with open_executor(args.config) as gate:
+        done = cases.resolve_hold(gate, args.case, args.hold, decision=args.decision,
                                   by=args.by, key=key, note=args.note)
     emit(args, done, f"recorded: hold {args.hold} of {args.case} {args.decision} by "
                      f"{args.by}; the case may continue")
     return 0
-
-
-def cmd_gaps(args: argparse.Namespace) -> int:
-    from capgate.config import load_settings
-    from executor.gaps import list_gaps
-    from executor.ledger import open_ledger
-
-    with open_ledger(load_settings(args.config).ledger_url) as ledger:
-        gaps = list_gaps(ledger)
-    lines = [f"{len(gaps)} capability gap(s)"]
-    for g in gaps:
-        version = f"@{g['version']}" if g.get("version") is not None else ""
-        lines.append(f"  {g['recorded_at'][:19]}  {g.get('operation_id')}{version}  "
-                     f"by {g.get('requested_by')} in {g.get('case')} via {g.get('via')} "
-                     f"({g.get('refusal')})")
-    emit(args, gaps, "\n".join(lines))
-    return 0
-
-
-_COLUMNS = (("ATTEMPTS", "total_attempts"), ("USEFUL", "useful_final_actions"),
-            ("OVERHEAD", "re_execution_overhead"),
-            ("RETAINED", "validated_actions_retained_at_recovery"))
-_DECIDED = ("retried", "reconciled", "escalated", "withheld")
-
-
-def _row(name: str, d: Mapping[str, Any]) -> str:
-    decisions = d.get("decisions") or {}
-    return (f"{name[:24]:<24} " + " ".join(f"{d[k]:>8}" for _, k in _COLUMNS) + " "
-            + " ".join(f"{decisions.get(k, 0):>10}" for k in _DECIDED))
-
-
-def cmd_stats(args: argparse.Namespace) -> int:
-    from capgate.config import load_settings
-    from executor.ledger import open_ledger
-    from executor.ledger.stats import ledger_stats
-
-    if bool(args.case) == bool(args.all):
-        raise UsageError("name one CASE, or --all for every case", field="case")
-    with open_ledger(load_settings(args.config).ledger_url) as ledger:
-        found = ledger_stats(ledger, None if args.all else [args.case])
-    body = found.to_dict(intents=not args.all)
-    head = (f"{'CASE':<24} " + " ".join(f"{h:>8}" for h, _ in _COLUMNS) + " "
-            + " ".join(f"{h.upper():>10}" for h in _DECIDED))
-    lines = [head] + [_row(c["case"], c) for c in body["cases"]]
-    if args.all:
-        lines.append(_row("total", body["total"]))
-    for c in body["cases"] if not args.all else []:
-        for r in c["recoveries"]:
-            point = str(r["recovery_point"] or "none")[:8]
-            lines.append(f"  recovery at seq {r['seq']}: retained {r['retained']}, recovery "
-                         f"point {point}"
-                         + (" (the latest recorded step)" if r.get("chosen_is_latest") else
-                            f" (the latest recorded, {str(r['latest_recorded'])[:8]}, is not "
-                            "eligible)" if r.get("latest_recorded") else ""))
-        for i in c.get("intents") or []:
-            lines.append(f"  {i['intent_id'][:8]} {i['operation_id']:<24} attempts "
-                         f"{i['attempts']}  {i['final']:<11} {i['outcome']} ({i['status']})  "
-                         f"overhead {i['re_execution_overhead']}")
-    for u in body["unverified"]:
-        lines.append(f"NOT COUNTED {u['case']}: {u['message']}")
-    emit(args, body, "\n".join(lines))
-    return 1 if body["unverified"] else 0

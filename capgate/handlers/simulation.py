@@ -1,9 +1,10 @@
-"""Simulation-first commands (issue 16): ``simulate`` and ``reconcile``.
+"""``capgate simulate`` and ``capgate reconcile``: simulation first (issue 16).
 
-Thin: each parses its arguments, calls :mod:`executor.simulation` and prints
-what it returned (``--json``: the whole report).  ``simulate`` exits 0 when
-the baseline was restored (or, with ``--dry-run``, once planned), 1 when the
-write rolled back, 3 when it escalated.
+Each handler parses its arguments, calls :mod:`capgate.commands.simulation` on
+an executor opened from the configuration and prints what it returned
+(``--json``: the whole report).  ``simulate`` exits 0 when the baseline was
+restored (or, with ``--dry-run``, once planned), 1 when the write rolled back,
+3 when it escalated.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import datetime as dt
 import json
 from typing import Any
 
-from capgate.cli import caller, emit, parse_operation
+from capgate.handlers.console import caller, emit, parse_operation, read_inputs
 from registry.errors import UsageError
 
 
@@ -127,34 +128,34 @@ def _text(report: Any) -> str:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from capgate.commands_exec import _executor, _inputs
-    from executor.simulation.cycle import abandon_simulation, continue_simulation, simulate
+    from capgate.api import open as open_executor
+    from capgate.commands import simulation
 
     who = caller(args, "is simulating")
-    with _executor(args) as executor:
+    with open_executor(args.config) as gate:
         if args.resume is not None:
-            report = continue_simulation(executor, args.case, args.resume, who=who)
+            report = simulation.continue_simulation(gate, args.case, args.resume, who=who)
         elif args.abandon is not None:
-            report = abandon_simulation(executor, args.case, args.abandon, who=who)
+            report = simulation.abandon_simulation(gate, args.case, args.abandon, who=who)
         else:
             if not args.operation:
                 raise UsageError("say which operation to simulate (or --continue SIMULATION)")
             op, version = parse_operation(args.operation)
-            report = simulate(executor, op, _inputs(args.input), case=args.case, who=who,
-                              version=version, venue=args.venue,
-                              customer_informed=customer_informed(args.customer_informed),
-                              data_dependency=args.data_dependency, dry_run=args.dry_run)
+            report = simulation.simulate(
+                gate, op, read_inputs(args.input), case=args.case, who=who, version=version,
+                venue=args.venue, customer_informed=customer_informed(args.customer_informed),
+                data_dependency=args.data_dependency, dry_run=args.dry_run)
     emit(args, report.to_dict(), _text(report))
     return report.exit_code
 
 
 def cmd_reconcile(args: argparse.Namespace) -> int:
-    from capgate.commands_exec import _executor
-    from executor.simulation.production import due, reconcile
+    from capgate.api import open as open_executor
+    from capgate.commands import simulation
 
-    with _executor(args) as executor:
+    with open_executor(args.config) as gate:
         if args.due:
-            found = due(executor.rt, case=args.case)
+            found = simulation.due(gate, case=args.case)
             emit(args, found, "\n".join(
                 f"{d['state']:<8} {d['case']}  simulation {d['simulation_id']} "
                 f"{d['operation_id']}: {d['reconciliation']} due by {d['due_by']}"
@@ -162,8 +163,8 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
             return 1 if any(d["state"] == "overdue" for d in found) else 0
         if not args.case or not args.simulation:
             raise UsageError("reconcile CASE SIMULATION (or --due)")
-        record = reconcile(executor.rt, args.case, args.simulation,
-                           caller(args, "is reconciling"))
+        record = simulation.reconcile(gate, args.case, args.simulation,
+                                      caller(args, "is reconciling"))
     emit(args, record, f"reconciliation {record['name']}: {'ok' if record['ok'] else 'FAILED'}"
                        f"{'' if record['on_time'] else ' (late: after the business day)'}")
     return 0 if record["ok"] else 1

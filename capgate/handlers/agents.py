@@ -1,7 +1,8 @@
-"""Agent and CI commands: ``capgate mcp`` and ``capgate rehearse``.
+"""``capgate mcp`` and ``capgate rehearse``: the faces for agents and CI.
 
-The logic lives in ``capgate.mcp_server`` and ``executor.rehearse``; these
-handlers parse, wire and print.
+Each handler parses its arguments and calls :mod:`capgate.commands.agents`
+with the settings; ``rehearse`` prints the table (``--junit FILE``: also JUnit
+XML) and exits 0 when every example passed, 1 otherwise.
 """
 
 from __future__ import annotations
@@ -10,11 +11,10 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from capgate.api import build_executor
-from capgate.cli import emit
+from capgate.commands import agents
 from capgate.config import load_settings
-from registry.errors import EXIT_OK, EXIT_REFUSED, UsageError
-from registry.loader import load_registry
+from capgate.handlers.console import emit
+from registry.errors import EXIT_OK, EXIT_REFUSED
 
 
 def register(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -60,42 +60,15 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
 
 
 def cmd_mcp(args: argparse.Namespace) -> int:
-    from capgate import mcp_server
-
-    settings = load_settings(args.config)
-    if args.poll <= 0:
-        raise UsageError("--poll must be a positive number of seconds")
-    if args.http is not None and args.who is not None:
-        raise UsageError("over HTTP the identity comes from the bearer token; drop --as")
-    executor = build_executor(settings)
-    try:
-        mcp_server.serve(settings, executor, who=args.who or settings.agent, http=args.http,
-                         tokens_path=args.tokens, default_case=args.case,
-                         poll_seconds=args.poll)
-    finally:
-        executor.connectors.dispose()
-        executor.ledger.close()
+    agents.serve_mcp(load_settings(args.config), who=args.who, http=args.http,
+                     tokens=args.tokens, case=args.case, poll_seconds=args.poll)
     return EXIT_OK
 
 
 def cmd_rehearse(args: argparse.Namespace) -> int:
-    from executor.rehearse import rehearse
-
-    settings = load_settings(args.config)
-    who = args.who or settings.agent
-    if not who:
-        raise UsageError("say who rehearses: --as WHO (or CAPGATE_AGENT / config `agent`)")
-    paths = list(args.paths) or list(settings.capabilities)
-    # The lock is `validate`'s business; a rehearsal tests behaviour, also before a bump.
-    registry = load_registry(paths, check_lock=False)
-    # every rehearsal is recorded in the configured ledger (who, rows, counts, outcomes)
-    executor = build_executor(settings, registry=registry)
-    try:
-        report = rehearse(executor, who=str(who), connectors=args.connector,
-                          operations=args.operation, case=args.case)
-    finally:
-        executor.connectors.dispose()
-        executor.ledger.close()
+    report = agents.rehearse(load_settings(args.config), args.paths, who=args.who,
+                             connectors=args.connector, operations=args.operation,
+                             case=args.case)
     if args.junit:
         Path(args.junit).write_bytes(report.junit_xml())
     emit(args, report.to_dict(), report.table())

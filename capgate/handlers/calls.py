@@ -1,0 +1,159 @@
+"""``capgate plan | approve | approver keygen | call``: a call, its plan and its approval.
+
+Each handler parses its arguments, calls :mod:`capgate.commands.calls` on an
+executor opened from the configuration (:func:`capgate.api.open`, as a Python
+caller opens one) and prints the answer.  ``capgate call`` pays for every
+import here on each call: what only one command needs is imported inside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from capgate.api import open as open_executor
+from capgate.commands import calls
+from capgate.handlers.console import caller, emit, parse_operation, parse_ttl, read_inputs
+
+
+def register(sub: Any, common: argparse.ArgumentParser) -> None:
+    def call_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument("operation", metavar="OPERATION[@VERSION]")
+        p.add_argument("--input", default="{}", help="inputs as a JSON object (or @file.json)")
+        p.add_argument("--case", required=True, help="the case this call belongs to")
+        p.add_argument("--as", dest="who", default=None,
+                       help="caller identity (default: CAPGATE_AGENT or config `agent`)")
+        p.add_argument("--venue", default=None, metavar="ENV",
+                       help="the connector's instance in ENV, when one configuration names "
+                            "several (default: the connector's own environment)")
+
+    p = sub.add_parser("plan", parents=[common], help="render a call's plan; runs no DML")
+    call_args(p)
+    p.add_argument("--dry-run", action="store_true",
+                   help="record nothing either (by default the plan is recorded in the "
+                        "ledger so that an approver can find it by its hash)")
+    p.set_defaults(handler=cmd_plan)
+
+    p = sub.add_parser("approve", parents=[common], help="approve a recorded plan")
+    p.add_argument("plan_hash", metavar="PLAN_HASH")
+    p.add_argument("--by", required=True, help="the approver")
+    p.add_argument("--role", required=True, help="the role the approver acts in")
+    p.add_argument("--key", default=None, metavar="FILE",
+                   help="the approver's private key (default: env CAPGATE_APPROVER_KEY); "
+                        "its public half must be the approver's approval_key in the grants")
+    p.add_argument("--ttl", default=None, help="lifetime, e.g. 30m, 2h, 900s (default: row's)")
+    p.set_defaults(handler=cmd_approve)
+
+    approver = sub.add_parser("approver", help="approvers' signing keys")
+    asub = approver.add_subparsers(dest="approver_command", metavar="COMMAND", required=True)
+    p = asub.add_parser("keygen", parents=[common],
+                        help="make an approver's key pair; prints the grants line")
+    p.add_argument("--out", required=True, metavar="FILE",
+                   help="where the private key goes (mode 0600; keep it where agents cannot "
+                        "read it)")
+    p.add_argument("--force", action="store_true", help="replace an existing key file")
+    p.set_defaults(handler=cmd_approver_keygen)
+
+    p = sub.add_parser("call", parents=[common], help="call a declared operation")
+    call_args(p)
+    p.add_argument("--key", default=None, help="idempotency key (default: the row's template)")
+    p.add_argument("--task", default=None, help="the task this case was opened for")
+    p.add_argument("--plan", dest="plan_hash", default=None,
+                   help="the approved plan hash this call must match")
+    p.add_argument("--bind", action="append", default=[], metavar="INPUT=SOURCE.NAME",
+                   help="bind INPUT to the value an earlier intent of the case returned as "
+                        "NAME (SOURCE: its intent id, or its operation id), read from the "
+                        "ledger; repeatable")
+    p.set_defaults(handler=cmd_call)
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    op, version = parse_operation(args.operation)
+    with open_executor(args.config) as gate:
+        plan = calls.plan(gate, op, read_inputs(args.input), case=args.case, who=caller(args),
+                          version=version, venue=args.venue, record=not args.dry_run,
+                          via="cli")
+    body = plan.to_dict()
+    lines = [f"plan {plan.plan_hash}",
+             f"  {body['operation_id']}@{body['version']} on {body['connector']} "
+             f"({body['environment']}), {body['effect_class']}"
+             f"{'/' + body['shape'] if body['shape'] else ''}",
+             f"  target: {json.dumps(body['target'])}",
+             f"  impact keys: {', '.join(body['impact_keys']) or '-'}"]
+    for i, st in enumerate(body["statements"] + body["steps"]):
+        sql = " ".join((st.get("sql") or st.get("check", {}).get("sql", "")).split())
+        lines.append(f"  [{i + 1}] {sql}")
+        lines.append(f"      binds {json.dumps(st.get('binds', {}))}; "
+                     f"expect {st.get('expect_rows')}")
+    for check in body["verify"]:
+        lines.append(f"  verify {check['name']}: expect {json.dumps(check['expect'])}")
+    auth = body["authorization"]
+    if auth["kind"] == "gate":
+        lines.append(f"  approval needed from: {', '.join(auth['approver_roles'])}"
+                     f"{' (four eyes)' if auth['four_eyes'] else ''}")
+    lines.extend(_promotion_lines(body.get("promotion")))
+    emit(args, body, "\n".join(lines))
+    return 0
+
+
+def _promotion_lines(section: dict[str, Any] | None) -> list[str]:
+    """Issue 16: what the plan of a promotion carries, for its approver."""
+    if not section:
+        return []
+    if section.get("evidence"):
+        ev = section["evidence"]
+        return [f"  promotion to {section['environment']}: simulation {ev['simulation_id']} on "
+                f"{ev['environment']} ({ev['completed_at']}), baseline restored "
+                f"{ev['baseline_digest']}"]
+    exemption = section.get("exemption") or {}
+    head = (f"  promotion to {section['environment']}: no simulation evidence "
+            f"({section.get('missing')}); exemption test: "
+            f"{'exempt' if exemption.get('exempt') else 'not exempt: the call is refused'}")
+    return [head, *(f"    ({p['point']}) {p['name']}: {'holds' if p['holds'] else 'fails'} "
+                    f"[{p['how']}] {p['why']}" for p in exemption.get("points", ()))]
+
+
+def cmd_approve(args: argparse.Namespace) -> int:
+    from executor.approvals import load_signing_key
+
+    key = load_signing_key(args.key)
+    with open_executor(args.config) as gate:
+        record = calls.approve(gate, args.plan_hash, by=args.by, role=args.role, key=key,
+                               ttl_seconds=parse_ttl(args.ttl))
+    emit(args, record, f"approved {record['plan_hash']} by {record['by']} as {record['role']}, "
+                       f"single use, expires {record['expires_at']}")
+    return 0
+
+
+def cmd_approver_keygen(args: argparse.Namespace) -> int:
+    made = calls.make_approver_key(args.out, force=args.force)
+    emit(args, made,
+         f"private key written to {args.out} (mode 0600): keep it where only you can read it\n"
+         f"add to your principal in the grants file:\n  approval_key = "
+         f"\"{made['approval_key']}\"")
+    return 0
+
+
+def cmd_call(args: argparse.Namespace) -> int:
+    op, version = parse_operation(args.operation)
+    with open_executor(args.config) as gate:
+        inputs = read_inputs(args.input)
+        bindings = []
+        if args.bind:  # issue 16: inputs bound to earlier intents' returned values
+            from executor.returned import parse_binding
+
+            bindings = [parse_binding(b) for b in args.bind]
+        outcome = calls.call(gate, op, inputs, case=args.case, who=caller(args),
+                             version=version, key=args.key, task=args.task,
+                             plan_hash=args.plan_hash, venue=args.venue, bindings=bindings,
+                             via="cli")
+    payload = outcome.to_dict()
+    replayed = " (recorded outcome, nothing executed)" if outcome.replayed else ""
+    text = [f"{outcome.status}: {outcome.operation_id}@{outcome.version} intent "
+            f"{outcome.intent_id}{replayed}"]
+    if outcome.reason:
+        text.append(f"  reason: {json.dumps(outcome.reason, default=str)}")
+    text.append(f"  evidence: {json.dumps(outcome.evidence, default=str)}")
+    emit(args, payload, "\n".join(text))
+    return outcome.exit_code
