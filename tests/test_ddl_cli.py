@@ -290,6 +290,13 @@ def test_pg_capture_plan_approve_apply_verify_compensate(pg_cli: tuple[Cli, URL,
                     "dunning_total()": "plpgsql_check"}
     assert all(p["passed"] for p in plan["prohibitions"])
     assert scalar(url, "SELECT premium_due_total(9)") == before_due  # no DDL committed
+    # the approver's text names the changed blocks with their lines, never a bare count
+    from capgate.handlers.ddl import _plan_text
+
+    text = _plan_text(plan)
+    first = obj["changed_blocks"][0]
+    assert f"#{first['block']} lines {first['lines'][0]}-{first['lines'][1]}" in text, text
+    assert "(blocks: none changed)" not in text
 
     # no approval yet: refused with exit 4, nothing recorded for an intent
     refused = cli("ddl", "apply", h, "--case", "CHG-1", "--as", "agent", rc=4)

@@ -230,12 +230,16 @@ def _plan_text(plan: dict[str, Any]) -> str:
              f"({plan['environment']}), {plan['dialect']}"
              f"{', transactional DDL' if plan['transactional_ddl'] else ', DDL commits'}"]
     for o in plan["objects"]:
-        blocks = ", ".join(str(b["block"]) for b in o.get("changed_blocks") or []) or "-"
+        changed = o.get("changed_blocks") or []
+        # the block numbers and their lines, never a bare "0" that reads as "none changed"
+        blocks = (f"{len(changed)} changed: " + ", ".join(
+            f"#{b['block']} lines {b['lines'][0]}-{b['lines'][1]}" for b in changed[:8])
+            + (", ..." if len(changed) > 8 else "")) if changed else "none changed"
         lines.append(f"  {o['change']:<7} {o['key']}")
         lines.append(f"          base {o['base_snapshot_id']}")
         lines.append(f"          {o['base_signature']} -> "
                      f"{o.get('expected_signature') or o['new_signature']}"
-                     f"  (blocks changed: {blocks})")
+                     f"  (blocks: {blocks})")
         diff = o.get("diff") or []
         if diff:
             lines.append("          source diff against the base:")
