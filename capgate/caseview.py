@@ -374,12 +374,15 @@ def timeline(events: Sequence[Event]) -> list[Entry]:
 
 
 def timeline_text(case_id: str, entries: Sequence[Entry], width: int = 100) -> str:
+    # the event column as wide as the widest kind shown (coordination_requested, ...)
+    kind = max([18, *(len(e.kind) for e in entries)])
     lines = [f"case {case_id}: {len(entries)} event(s)",
-             f"{'SEQ':>4}  {'TIME (UTC)':<19}  {'ACTOR':<14} {'EVENT':<18} {'INTENT':<8}  SUMMARY"]
+             f"{'SEQ':>4}  {'TIME (UTC)':<19}  {'ACTOR':<14} {'EVENT':<{kind}} {'INTENT':<8}  "
+             "SUMMARY"]
     for e in entries:
         at = e.at.replace("T", " ")[:19]
         intent = (e.intent_id or "-")[:8]
-        lines.append(f"{e.seq:>4}  {at:<19}  {clip(e.actor, 14):<14} {e.kind:<18} "
+        lines.append(f"{e.seq:>4}  {at:<19}  {clip(e.actor, 14):<14} {e.kind:<{kind}} "
                      f"{intent:<8}  {clip(e.summary, width)}")
     lines.append("(intent ids are shown by their first 8 characters; --json has every field)")
     return "\n".join(lines)

@@ -245,3 +245,16 @@ def test_the_html_view_shows_ddl_signatures_before_and_after(tmp_path: Path) -> 
     assert len(sigs) == 2 and sigs[0] != sigs[1]
     assert sigs[0] in before_sig  # before: the captured snapshot's signature
     assert "applied_verified" in table
+
+
+def test_the_timeline_columns_hold_every_event_kind() -> None:
+    """A long event kind (coordination_requested, simulation_escalated) keeps its column."""
+    from capgate.caseview import Entry, timeline_text
+
+    entries = [Entry(0, "2026-12-01T10:00:00Z", "agent", "prepared", "a" * 32, "one"),
+               Entry(1, "2026-12-01T10:00:01Z", "bob", "coordination_requested", None, "two")]
+    lines = timeline_text("C", entries).splitlines()
+    starts = {line.index(" one") if " one" in line else line.index(" two")
+              for line in lines[2:4]}
+    assert len(starts) == 1, lines  # the summaries line up
+    assert lines[1].index("INTENT") == lines[2].index("aaaaaaaa")
