@@ -70,7 +70,7 @@ def cmd_target_install(args: argparse.Namespace) -> int:
     else:
         config = _connector(args)
         url = normalise_url(config.url)
-    dialect = dialect_for(url.get_backend_name())
+    dialect = dialect_for(url)
     if args.sql:
         script = install_script(dialect, grant_to=args.grant_to)
         emit(args, {"connector": args.connector, "dialect": dialect.name, "sql": script},
@@ -103,7 +103,7 @@ def cmd_target_install(args: argparse.Namespace) -> int:
 def cmd_target_check(args: argparse.Namespace) -> int:
     config = _connector(args)
     url = normalise_url(config.url)
-    dialect = dialect_for(url.get_backend_name())
+    dialect = dialect_for(url)
     engine = connector_engine(config, dialect, poolclass=sa.pool.NullPool)
     try:
         with engine.connect() as conn:
