@@ -18,13 +18,17 @@ with one.  A name in a docstring, a message, a URL or a record is not a branch.
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, ClassVar
 
 import pytest
 
 from ddl.catalog import BaseAdapter, adapter_for, registered_dialects
 from executor.dialects import Dialect, dialect_classes, dialect_for, engine_name, normalise_url
+from executor.dialects.registration import Implementations, Registered
 from executor.ledger.backends import backend_for, backend_named
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -181,3 +185,32 @@ def test_the_ledger_uses_the_same_normaliser() -> None:
     assert backend.name == "postgresql" and url.drivername == "postgresql+psycopg"
     backend, url = backend_for("sqlite:///x.db")
     assert backend.name == "sqlite" and url.drivername == "sqlite"
+
+
+def test_registration_refuses_two_implementations_of_one_dialect() -> None:
+    class Layer(Registered):
+        implementations: ClassVar[Implementations[Any]] = Implementations("test layer")
+
+    class One(Layer, name="x", aliases=("ex",)):
+        pass
+
+    class Shared(Layer):  # no name: a shared intermediate registers nothing
+        pass
+
+    assert Layer.implementations.get("EX") is One and One.name == "x"
+    assert Layer.implementations.get("y") is None
+    with pytest.raises(TypeError, match="both register dialect 'x'"):
+        class Two(Shared, name="x"):
+            pass
+    assert Layer.implementations.names() == ["x"]
+
+
+def test_a_lookup_imports_that_engine_s_module_only() -> None:
+    """A SQLite call loads the SQLite dialect, not every engine's module."""
+    probe = ("import sys\nfrom executor.dialects import dialect_for, normalise_url\n"
+             "dialect_for(normalise_url('sqlite:///x.db'))\n"
+             "print(sorted(m for m in sys.modules if m.startswith('executor.dialects.')))")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True,
+                         text=True, check=True).stdout.strip()
+    assert out == str(["executor.dialects.base", "executor.dialects.registration",
+                       "executor.dialects.sqlite"]), out

@@ -55,9 +55,9 @@ class Implementations(Generic[T]):
         with self._lock:
             for key in (name, *aliases):
                 known = self._by_name.get(key)
-                if known is not None and known.__qualname__ != cls.__qualname__:
-                    raise TypeError(f"{self.layer}: {cls.__qualname__} and {known.__qualname__}"
-                                    f" both register dialect {key!r}")
+                if known is not None and _path(known) != _path(cls):  # (a reload is no clash)
+                    raise TypeError(f"{self.layer}: {_path(cls)} and {_path(known)} both "
+                                    f"register dialect {key!r}")
                 self._by_name[key] = cls
             self._canonical[name] = cls
 
@@ -92,6 +92,10 @@ class Implementations(Generic[T]):
         for module in self._modules():
             importlib.import_module(module)
         self._loaded = True
+
+
+def _path(cls: type[Any]) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 def package_modules(package: str, prefix: str = "") -> Callable[[], list[str]]:
