@@ -111,10 +111,12 @@ def _tables(sql: str) -> tuple[str | None, str | None, set[str]]:
     import sqlglot
     from sqlglot import exp
 
+    from registry.dialect_checks import GRAMMARS
+
     kind: str | None = None
     target: str | None = None
     names: set[str] = set()
-    for dialect in (None, "postgres", "mysql", "oracle", "sqlite"):
+    for dialect in (None, *(grammar.sqlglot for grammar in GRAMMARS.values())):
         try:
             trees = [t for t in sqlglot.parse(sql, read=dialect) if t is not None]
         except sqlglot.errors.SqlglotError:
