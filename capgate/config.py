@@ -118,12 +118,17 @@ class ConfigProblem:
 
 
 def _resolve_sqlite(url: str, base: Path) -> str:
-    """A relative SQLite file resolved against the config's folder (nothing created)."""
+    """A relative database file (SQLite's) resolved against the config's folder (nothing
+    created); a server's URL as it is."""
     from sqlalchemy.engine import make_url
 
+    from executor.dialects import dialect_class
+
     parsed = make_url(url)
-    if parsed.get_backend_name() == "sqlite" and parsed.database and parsed.database != ":memory:":
-        db = Path(parsed.database).expanduser()
+    dialect = dialect_class(parsed)
+    database = dialect.database_file(parsed) if dialect is not None else None
+    if database:
+        db = Path(database).expanduser()
         if not db.is_absolute():
             db = base / db
         return parsed.set(database=str(db)).render_as_string(hide_password=False)
@@ -479,14 +484,17 @@ def _driver_settings(spec: Mapping[str, Any], url: str | None,
     from sqlalchemy.engine import make_url
 
     from executor.connectors import secret_query_keys
-    from executor.dialects import SECRET_KEY
+    from executor.dialects import SECRET_KEY, dialect_class, dialect_classes
     from registry.errors import SecretInUrl
 
     ok = True
     backend = None
+    takes: frozenset[str] = frozenset()
     if url:
         try:
             backend = make_url(url).get_backend_name()
+            found = dialect_class(backend)
+            takes = found.connector_settings if found is not None else frozenset()
             secrets = secret_query_keys(url)
         except Exception:
             secrets = []
@@ -536,8 +544,9 @@ def _driver_settings(spec: Mapping[str, Any], url: str | None,
         problem("current_schema", f"must be a schema name, got {schema!r}")
         ok = False
     for key, given in (("thick_mode", bool(thick)), ("current_schema", schema is not None)):
-        if given and backend is not None and backend != "oracle":
-            problem(key, f"is an Oracle setting; this connector's URL is {backend}")
+        if given and backend is not None and key not in takes:
+            owners = " or ".join(c.title for c in dialect_classes() if key in c.connector_settings)
+            problem(key, f"is an {owners} setting; this connector's URL is {backend}")
             ok = False
     if not ok:
         return None
@@ -547,10 +556,20 @@ def _driver_settings(spec: Mapping[str, Any], url: str | None,
 
 def _driver_modes(connectors: Mapping[str, ConnectorConfig], problem: Any) -> None:
     """Every Oracle connector of one configuration asks for the same python-oracledb mode."""
+    from executor.dialects import dialect_class
     from registry.errors import DriverModeConflict
 
+    def takes_driver_mode(url: str) -> bool:
+        from sqlalchemy.exc import ArgumentError
+
+        try:
+            found = dialect_class(url)
+        except ArgumentError:  # an unparseable URL is reported on its own
+            return False
+        return found is not None and "thick_mode" in found.connector_settings
+
     modes = {name: c.thick_mode for name, c in connectors.items()
-             if c.url.startswith("oracle")}
+             if takes_driver_mode(c.url)}
     kinds = {repr(bool(m)) + repr(sorted(m.items()) if isinstance(m, Mapping) else "")
              for m in modes.values()}
     if len(kinds) > 1:

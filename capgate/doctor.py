@@ -20,13 +20,14 @@ Each finding has a severity (``error``, ``warning``, ``ok``) and a code --
 the ``CapgateError`` code of the refusal the problem would cause, which
 ``capgate explain`` describes, or ``OK``.  Exit 1 when there is an error.
 
-The live probes are read-only catalog queries, one set per dialect
-(:data:`_PROBES`).  The Oracle probes follow Oracle's documented views
-(``ALL_SERVICES.COMMIT_OUTCOME``, ``USER_RESOURCE_LIMITS``, ``SESSION_PRIVS``,
-``ALL_TAB_PRIVS``, ``GV$SESSION``, ``DBA_2PC_PENDING``) and report the driver's
-version and mode and whether the session has an LTXID; they run only where an
-Oracle answers (``tests/test_oracle_executor.py``), and every query parses with
-sqlglot's Oracle dialect (``tests/test_oracle_offline.py``).
+The live probes are read-only catalog queries, each dialect's own
+(``Dialect.describe_server`` and ``Dialect.diagnose`` in ``executor/dialects``),
+reported through :class:`ConnectorDiagnosis`.  The Oracle probes follow Oracle's
+documented views (``ALL_SERVICES.COMMIT_OUTCOME``, ``USER_RESOURCE_LIMITS``,
+``SESSION_PRIVS``, ``ALL_TAB_PRIVS``, ``GV$SESSION``, ``DBA_2PC_PENDING``) and
+report the driver's version and mode and whether the session has an LTXID; they
+run only where an Oracle answers (``tests/test_oracle_executor.py``), and every
+query parses with sqlglot's Oracle dialect (``tests/test_oracle_offline.py``).
 """
 
 from __future__ import annotations
@@ -110,10 +111,12 @@ def _tables(sql: str) -> tuple[str | None, str | None, set[str]]:
     import sqlglot
     from sqlglot import exp
 
+    from registry.dialect_checks import GRAMMARS
+
     kind: str | None = None
     target: str | None = None
     names: set[str] = set()
-    for dialect in (None, "postgres", "mysql", "oracle", "sqlite"):
+    for dialect in (None, *(grammar.sqlglot for grammar in GRAMMARS.values())):
         try:
             trees = [t for t in sqlglot.parse(sql, read=dialect) if t is not None]
         except sqlglot.errors.SqlglotError:
@@ -331,11 +334,11 @@ def _check_connector(report: Report, config: Any, needs: Needs) -> None:
 
     subject = f"connector {config.name}"
     url = normalise_url(config.url)
-    backend = url.get_backend_name()
-    dialect = dialect_for(backend)
-    if backend == "sqlite" and url.database and not Path(url.database).exists():
+    dialect = dialect_for(url)
+    database = dialect.database_file(url)
+    if database and not Path(database).exists():
         report.add(ERROR, ConnectorUnavailable.code, subject,
-                   f"the SQLite file {url.database} does not exist")
+                   f"the {dialect.title} file {database} does not exist")
         return
     from executor.connectors import connector_engine
     from registry.errors import CapgateError
@@ -347,8 +350,7 @@ def _check_connector(report: Report, config: Any, needs: Needs) -> None:
         return
     try:
         with engine.connect() as conn:
-            probes = _PROBES.get(backend)
-            identity = probes.identity(conn) if probes else backend
+            identity = dialect.describe_server(conn)
             report.add(OK, "OK", subject, f"reachable ({config.safe_url}); server: {identity}; "
                        f"environment label {config.environment!r}")
             states = table_states(conn, dialect)
@@ -363,8 +365,7 @@ def _check_connector(report: Report, config: Any, needs: Needs) -> None:
                                f"install {config.name} --sql --grant-to USER` prints")
             if all(s.state == "ok" for s in states):
                 report.add(OK, "OK", subject, "capgate's tables are installed and usable")
-            if probes is not None:
-                probes.check(report, subject, conn, config, needs)
+            dialect.diagnose(conn, ConnectorDiagnosis(report, subject, config, needs))
             conn.rollback()
     except sa.exc.DBAPIError as exc:
         report.add(ERROR, ConnectorUnavailable.code, subject,
@@ -373,22 +374,45 @@ def _check_connector(report: Report, config: Any, needs: Needs) -> None:
         engine.dispose()
 
 
-@dataclass(frozen=True)
-class Probes:
-    """The read-only catalog queries of one dialect."""
+@dataclass
+class ConnectorDiagnosis:
+    """The doctor's side of ``executor.dialects.base.Diagnosis``: one connector's findings.
 
-    identity: Callable[[Any], str]
-    check: Callable[[Report, str, Any, Any, Needs], None]
+    A dialect's ``diagnose`` asks its own catalog and reports here; the severity,
+    the subject and the comparison with the connector's budgets are the doctor's.
+    """
 
+    report: Report
+    subject: str
+    config: Any
+    needs: Needs
 
-def _text(sql: str) -> Any:
-    import sqlalchemy as sa
+    @property
+    def writes(self) -> bool:
+        return self.needs.writes
 
-    return sa.text(sql)
+    @property
+    def ddl_rows(self) -> list[str]:
+        return self.needs.ddl_rows
 
+    @property
+    def leased_rows(self) -> list[str]:
+        return self.needs.leased_rows
 
-def _scalar(conn: Any, sql: str, **binds: Any) -> Any:
-    return conn.execute(_text(sql), binds).scalar()
+    def ok(self, message: str, **details: Any) -> None:
+        self.report.add(OK, "OK", self.subject, message, **details)
+
+    def warning(self, code: str, message: str, **details: Any) -> None:
+        self.report.add(WARNING, code, self.subject, message, **details)
+
+    def error(self, code: str, message: str, **details: Any) -> None:
+        self.report.add(ERROR, code, self.subject, message, **details)
+
+    def privileges(self, has: Callable[[str, str], bool | None]) -> None:
+        _privilege_findings(self.report, self.subject, self.needs, has)
+
+    def session_limit(self, limit: int | None, what: str, reserve: int = 0) -> None:
+        _budget_finding(self.report, self.subject, self.config, limit, what, reserve)
 
 
 def _privilege_findings(report: Report, subject: str, needs: Needs,
@@ -436,291 +460,6 @@ def _budget_finding(report: Report, subject: str, config: Any, limit: int | None
     else:
         report.add(OK, "OK", subject, f"{what} allows {limit} session(s); session_budget "
                    f"{config.session_budget} fits")
-
-
-# PostgreSQL
-
-
-def _pg_identity(conn: Any) -> str:
-    version = _scalar(conn, "SHOW server_version")
-    system = _scalar(conn, "SELECT system_identifier FROM pg_control_system()")
-    where = conn.execute(_text("SELECT current_database(), current_user")).one()
-    return f"PostgreSQL {version}, system {system}, database {where[0]}, user {where[1]}"
-
-
-def _pg_check(report: Report, subject: str, conn: Any, config: Any, needs: Needs) -> None:
-    from registry.errors import ExtensionMissing, PrivilegeMissing
-
-    def has(table: str, privilege: str) -> bool | None:
-        if _scalar(conn, "SELECT to_regclass(:t) IS NOT NULL", t=table) is not True:
-            return None
-        return bool(_scalar(conn, "SELECT has_table_privilege(:t, :p)", t=table, p=privilege))
-
-    _privilege_findings(report, subject, needs, has)
-    # ending a session: resume terminates exactly the recorded backend, which runs as the
-    # connector's own role -- allowed for the same role, for pg_signal_backend, superusers
-    if needs.writes:
-        report.add(OK, "OK", subject, "resume may end the account's own sessions "
-                   "(pg_terminate_backend on a backend of the same role)")
-    limits = conn.execute(_text(
-        "SELECT r.rolconnlimit, d.datconnlimit, current_setting('max_connections')::int "
-        "- current_setting('superuser_reserved_connections')::int, r.rolsuper "
-        "FROM pg_roles r, pg_database d WHERE r.rolname = current_user "
-        "AND d.datname = current_database()")).one()
-    _budget_finding(report, subject, config, int(limits[0]), "the role's CONNECTION LIMIT")
-    _budget_finding(report, subject, config, int(limits[1]), "the database's CONNECTION LIMIT")
-    _budget_finding(report, subject, config, int(limits[2]),
-                    "max_connections (less superuser_reserved_connections)")
-    if needs.ddl_rows:
-        installed = _scalar(conn, "SELECT extversion FROM pg_extension "
-                                  "WHERE extname = 'plpgsql_check'")
-        if installed is None:
-            available = _scalar(conn, "SELECT count(*) FROM pg_available_extensions "
-                                      "WHERE name = 'plpgsql_check'")
-            report.add(ERROR, ExtensionMissing.code, subject,
-                       f"the DDL rows ({', '.join(needs.ddl_rows)}) need plpgsql_check: "
-                       + ("run CREATE EXTENSION plpgsql_check" if available else
-                          "install its package (postgresql-NN-plpgsql-check), then "
-                          "CREATE EXTENSION plpgsql_check"))
-        else:
-            report.add(OK, "OK", subject, f"plpgsql_check {installed} is installed (DDL rows)")
-        create = _scalar(conn, "SELECT has_schema_privilege(current_schema(), 'CREATE') "
-                               "OR (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)")
-        if not create:
-            report.add(ERROR, PrivilegeMissing.code, subject,
-                       "the DDL rows need CREATE on the schema (to replace stored code); "
-                       f"the account lacks it on {_scalar(conn, 'SELECT current_schema()')}")
-        else:
-            report.add(OK, "OK", subject, "DDL capture (pg_proc, pg_views) and apply (CREATE "
-                       "on the schema) are allowed")
-
-
-# MariaDB
-
-
-def _my_identity(conn: Any) -> str:
-    return (f"MariaDB/MySQL {_scalar(conn, 'SELECT VERSION()')}, server_id "
-            f"{_scalar(conn, 'SELECT @@server_id')}, database {_scalar(conn, 'SELECT DATABASE()')},"
-            f" user {_scalar(conn, 'SELECT CURRENT_USER()')}")
-
-
-def _my_grantee(conn: Any) -> str:
-    user, _, host = str(_scalar(conn, "SELECT CURRENT_USER()")).rpartition("@")
-    return f"'{user}'@'{host}'"
-
-
-def _my_check(report: Report, subject: str, conn: Any, config: Any, needs: Needs) -> None:
-    from registry.errors import PrivilegeMissing
-
-    grantee = _my_grantee(conn)
-    schema = _scalar(conn, "SELECT DATABASE()")
-
-    def held(privilege: str, table: str | None = None) -> bool:
-        if _scalar(conn, "SELECT count(*) FROM information_schema.USER_PRIVILEGES WHERE "
-                         "GRANTEE = :g AND PRIVILEGE_TYPE = :p", g=grantee, p=privilege):
-            return True
-        if _scalar(conn, "SELECT count(*) FROM information_schema.SCHEMA_PRIVILEGES WHERE "
-                         "GRANTEE = :g AND TABLE_SCHEMA = :s AND PRIVILEGE_TYPE = :p",
-                   g=grantee, s=schema, p=privilege):
-            return True
-        return table is not None and bool(_scalar(
-            conn, "SELECT count(*) FROM information_schema.TABLE_PRIVILEGES WHERE GRANTEE = :g "
-                  "AND TABLE_SCHEMA = :s AND TABLE_NAME = :t AND PRIVILEGE_TYPE = :p",
-            g=grantee, s=schema, t=table, p=privilege))
-
-    def has(table: str, privilege: str) -> bool | None:
-        if not _scalar(conn, "SELECT count(*) FROM information_schema.TABLES WHERE "
-                             "TABLE_SCHEMA = DATABASE() AND TABLE_NAME = :t", t=table):
-            return None
-        return held(privilege, table)
-
-    _privilege_findings(report, subject, needs, has)
-    if needs.writes:
-        report.add(OK, "OK", subject, "resume may end the account's own connections "
-                   "(KILL needs no privilege for one's own threads)")
-    per_user = _scalar(conn, "SELECT @@max_user_connections")
-    _budget_finding(report, subject, config, int(per_user) or None, "max_user_connections")
-    try:
-        row_limit = _scalar(conn, "SELECT max_user_connections FROM mysql.user WHERE "
-                                  "CONCAT(User, '@', Host) = CURRENT_USER()")
-    except Exception:  # mysql.user is not readable by a least-privilege account
-        conn.rollback()
-        row_limit = None
-    if row_limit:
-        _budget_finding(report, subject, config, int(row_limit),
-                        "the account's MAX_USER_CONNECTIONS")
-    _budget_finding(report, subject, config, int(_scalar(conn, "SELECT @@max_connections")),
-                    "max_connections")
-    if needs.ddl_rows:
-        lacking = [p for p in ("CREATE ROUTINE", "ALTER ROUTINE") if not held(p)]
-        if lacking:
-            report.add(ERROR, PrivilegeMissing.code, subject,
-                       f"the DDL rows need {' and '.join(lacking)} on {schema}")
-        else:
-            report.add(OK, "OK", subject, "DDL capture (SHOW CREATE) and apply (CREATE/ALTER "
-                       "ROUTINE) are allowed")
-
-
-# SQLite
-
-
-def _lite_identity(conn: Any) -> str:
-    return f"SQLite {_scalar(conn, 'SELECT sqlite_version()')}"
-
-
-def _lite_check(report: Report, subject: str, conn: Any, config: Any, needs: Needs) -> None:
-    from registry.errors import PrivilegeMissing
-
-    database = conn.engine.url.database or ""
-
-    def has(table: str, privilege: str) -> bool | None:
-        if not _scalar(conn, "SELECT count(*) FROM sqlite_master WHERE type IN "
-                             "('table', 'view') AND lower(name) = :t", t=table):
-            return None
-        return privilege == "SELECT" or os.access(database, os.W_OK)
-
-    _privilege_findings(report, subject, needs, has)
-    if needs.writes and not os.access(Path(database).parent, os.W_OK):
-        report.add(ERROR, PrivilegeMissing.code, subject,
-                   f"the folder of {database} is not writable: SQLite cannot keep its journal")
-
-
-# Oracle (written against Oracle's documentation; run wherever an Oracle answers)
-
-ORA_IDENTITY = ("SELECT SYS_CONTEXT('USERENV', 'DB_UNIQUE_NAME'), SYS_CONTEXT('USERENV', "
-                "'SERVICE_NAME'), SYS_CONTEXT('USERENV', 'INSTANCE_NAME'), USER FROM dual")
-ORA_PRIVS = "SELECT privilege FROM session_privs"
-ORA_OWNER = ("SELECT owner FROM all_objects WHERE object_name = UPPER(:t) "
-             "AND object_type IN ('TABLE', 'VIEW', 'SYNONYM') AND ROWNUM = 1")
-ORA_TAB_PRIV = "SELECT count(*) FROM all_tab_privs WHERE table_name = UPPER(:t) AND privilege = :p"
-ORA_SESSIONS_PER_USER = ('SELECT "LIMIT" FROM user_resource_limits '
-                         "WHERE resource_name = 'SESSIONS_PER_USER'")
-ORA_COMMIT_OUTCOME = ("SELECT commit_outcome FROM all_services "
-                      "WHERE name = SYS_CONTEXT('USERENV', 'SERVICE_NAME')")
-ORA_APP_CONT = ("SELECT count(*) FROM all_objects WHERE owner = 'SYS' "
-                "AND object_name = 'DBMS_APP_CONT' AND object_type = 'PACKAGE'")
-ORA_GV_SESSION = "SELECT count(*) FROM gv$session WHERE ROWNUM = 1"
-ORA_2PC_PENDING = "SELECT count(*) FROM dba_2pc_pending WHERE ROWNUM = 1"
-ORA_QUERIES = {"identity": ORA_IDENTITY, "privs": ORA_PRIVS, "owner": ORA_OWNER,
-               "tab_priv": ORA_TAB_PRIV, "sessions_per_user": ORA_SESSIONS_PER_USER,
-               "commit_outcome": ORA_COMMIT_OUTCOME, "app_cont": ORA_APP_CONT,
-               "gv_session": ORA_GV_SESSION, "2pc_pending": ORA_2PC_PENDING}
-"""Every query the Oracle checks send (the offline tests parse each with sqlglot)."""
-
-
-def _ora_identity(conn: Any) -> str:
-    db, service, instance, user = conn.execute(_text(ORA_IDENTITY)).one()
-    raw = conn.connection.driver_connection
-    return f"Oracle {raw.version}, database {db}, service {service}, instance {instance}, " \
-           f"user {user}"
-
-
-def _ora_readable(conn: Any, sql: str) -> bool:
-    """Whether the account may read a view (ORA-00942 / ORA-01031 when not)."""
-    import sqlalchemy as sa
-
-    try:
-        conn.execute(_text(sql)).scalar()
-        return True
-    except sa.exc.DatabaseError:
-        conn.rollback()
-        return False
-
-
-def _ora_check(report: Report, subject: str, conn: Any, config: Any, needs: Needs) -> None:
-    from executor.dialects.oracle import driver
-    from registry.errors import (
-        CommitOutcomeUnavailable,
-        LeaseNotEnforceable,
-        PrivilegeMissing,
-    )
-
-    raw = conn.connection.driver_connection
-    mode = "Thin" if raw.thin else "Thick"
-    report.add(OK, "OK", subject, f"python-oracledb {driver().__version__}, {mode} mode",
-               driver=driver().__version__, mode=mode.lower())
-    privs = {r[0] for r in conn.execute(_text(ORA_PRIVS))}
-    user = conn.execute(_text("SELECT USER FROM dual")).scalar()
-
-    def has(table: str, privilege: str) -> bool | None:
-        owner = _scalar(conn, ORA_OWNER, t=table)
-        if owner is None:
-            return None
-        if owner == user or f"{privilege} ANY TABLE" in privs:
-            return True
-        return bool(_scalar(conn, ORA_TAB_PRIV, t=table, p=privilege))
-
-    _privilege_findings(report, subject, needs, has)
-    if needs.leased_rows:
-        report.add(WARNING, LeaseNotEnforceable.code, subject,
-                   f"leased rows are refused on Oracle (nothing ends a hung executor's "
-                   f"transaction at its deadline): {', '.join(sorted(needs.leased_rows))}",
-                   rows=sorted(needs.leased_rows))
-    # liveness: GV$SESSION (every RAC instance) sees whether the recorded session is
-    # still ours and in a transaction; without it resume proves it privilege-free
-    if needs.writes:
-        if _ora_readable(conn, ORA_GV_SESSION):
-            report.add(OK, "OK", subject, "GV$SESSION is readable: resume sees the recorded "
-                       "session on its instance, its CLIENT_INFO tag and its transaction")
-        else:
-            report.add(WARNING, PrivilegeMissing.code, subject,
-                       "GV$SESSION is not readable (GRANT SELECT ON SYS.GV_$SESSION): resume "
-                       "falls back on DBMS_SESSION.IS_SESSION_ALIVE and a rolled-back insert "
-                       "of the marker's key, and cannot end a session that may still commit")
-        if "ALTER SYSTEM" in privs:
-            report.add(OK, "OK", subject, "resume may end a recorded session "
-                       "(ALTER SYSTEM KILL SESSION, on its own instance)")
-        else:
-            report.add(WARNING, PrivilegeMissing.code, subject,
-                       "without ALTER SYSTEM, resume cannot end a recorded session that may "
-                       "still commit; it waits, and answers unknown while the session lives")
-        if not _ora_readable(conn, ORA_2PC_PENDING):
-            report.add(WARNING, PrivilegeMissing.code, subject,
-                       "DBA_2PC_PENDING is not readable: an in-doubt distributed commit "
-                       "(ORA-02050/ORA-02054) stays unknown until a person resolves it")
-    limit = _scalar(conn, ORA_SESSIONS_PER_USER)
-    if limit is not None and str(limit).isdigit():
-        # ORA-02391 counts every session of the user in the database: resume's two
-        # evidence sessions (never refused by a budget) must fit beside the budget
-        _budget_finding(report, subject, config, int(limit), "the profile's SESSIONS_PER_USER",
-                        reserve=2)
-    else:
-        report.add(OK, "OK", subject, f"the profile's SESSIONS_PER_USER is {limit or 'unknown'}")
-    ltxid = bytes(raw.ltxid or b"")
-    try:
-        outcome = _scalar(conn, ORA_COMMIT_OUTCOME)
-    except Exception:  # ALL_SERVICES not readable: the driver's LTXID still tells
-        conn.rollback()
-        outcome = None
-    executes = _scalar(conn, ORA_APP_CONT)
-    if not ltxid:
-        report.add(WARNING, CommitOutcomeUnavailable.code, subject,
-                   "the service does not record commit outcomes: no LTXID on this session "
-                   f"(COMMIT_OUTCOME is {outcome or 'not readable'}); enable it with "
-                   "DBMS_SERVICE.MODIFY_SERVICE(..., commit_outcome => TRUE) or connect to a "
-                   "service that has it", commit_outcome=outcome)
-    elif not executes:
-        report.add(WARNING, CommitOutcomeUnavailable.code, subject,
-                   "the service records commit outcomes but the account may not read them: "
-                   "GRANT EXECUTE ON DBMS_APP_CONT")
-    else:
-        report.add(OK, "OK", subject, "Transaction Guard records commit outcomes (LTXID on "
-                   "the session, EXECUTE on DBMS_APP_CONT)")
-    if needs.ddl_rows:
-        if not ({"CREATE PROCEDURE", "CREATE ANY PROCEDURE"} & privs):
-            report.add(ERROR, PrivilegeMissing.code, subject,
-                       "the DDL rows need CREATE PROCEDURE (or CREATE ANY PROCEDURE)")
-        else:
-            report.add(OK, "OK", subject, "DDL apply (CREATE PROCEDURE) is allowed")
-
-
-_PROBES: dict[str, Probes] = {
-    "postgresql": Probes(_pg_identity, _pg_check),
-    "mysql": Probes(_my_identity, _my_check),
-    "mariadb": Probes(_my_identity, _my_check),
-    "sqlite": Probes(_lite_identity, _lite_check),
-    "oracle": Probes(_ora_identity, _ora_check),
-}
 
 
 # --- the command --------------------------------------------------------------------------

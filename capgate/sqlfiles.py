@@ -83,9 +83,10 @@ def statements(text: str) -> list[str]:
 
 
 def schema_file(dialect: str) -> Path:
-    """The example schema for a SQLAlchemy dialect name (``mysql`` is MariaDB's)."""
-    name = {"mysql": "mariadb"}.get(dialect, dialect)
-    return examples_dir() / "schema" / f"{name}.sql"
+    """The example schema for a dialect name or alias (SQLAlchemy's ``mysql`` is MariaDB)."""
+    from executor.dialects import engine_name
+
+    return examples_dir() / "schema" / f"{engine_name(dialect)}.sql"
 
 
 def apply_schema(engine: sa.Engine, path: Path | None = None) -> int:

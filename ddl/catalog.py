@@ -1,18 +1,20 @@
 """Stored-code objects, and the one small protocol every catalog adapter implements.
 
 One module per dialect (``catalog_postgresql``, ``catalog_mariadb``,
-``catalog_oracle``, ``catalog_sqlite``) holds that dialect's quirks; the loop
-talks only to ``CatalogAdapter``.  ``adapter_for("postgresql")`` (or a URL)
-returns the registered adapter.  Flags such as ``transactional_ddl`` tell the
-loop which path to take; capability questions take ``check=`` (with
-``check=True`` a missing feature raises ``FeatureNotSupported`` or a more
-specific error naming what was found and what is needed).
+``catalog_oracle``, ``catalog_sqlite``) holds that dialect's quirks -- its
+identifier rules included; the loop talks only to ``CatalogAdapter``.  An
+adapter registers itself by naming its dialect (``class PostgresqlAdapter(
+BaseAdapter, name="postgresql")``, :mod:`executor.dialects.registration`), and
+``adapter_for("postgresql")`` (an alias, or a URL) returns it.  Flags such as
+``transactional_ddl`` tell the loop which path to take; capability questions
+take ``check=`` (with ``check=True`` a missing feature raises
+``FeatureNotSupported`` or a more specific error naming what was found and what
+is needed).
 """
 
 from __future__ import annotations
 
 import hashlib
-import importlib
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
@@ -20,11 +22,13 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import sqlalchemy as sa
-from sqlalchemy.engine import URL, Connection, Engine, make_url
+from sqlalchemy.engine import URL, Connection, Engine
 
 from ddl import signature as sigmod
 from ddl import sqltext
 from ddl.errors import ApplyFailed, FeatureNotSupported, UnsupportedObjectType
+from executor.dialects import engine_name
+from executor.dialects.registration import Implementations, Registered, package_modules
 
 KINDS = (
     "aggregate",
@@ -406,24 +410,60 @@ class CatalogAdapter(Protocol):
 # --- a base with the shared behaviour -----------------------------------------------------------
 
 
-class BaseAdapter:
+class BaseAdapter(Registered):
     """Shared behaviour of the adapters; each dialect overrides what differs."""
 
+    implementations: ClassVar[Implementations[BaseAdapter]] = Implementations(
+        "DDL catalog adapter", module_of=lambda name: f"ddl.catalog_{name}",
+        modules=package_modules("ddl", "catalog_"))
     dialect: ClassVar[str] = ""
+    """The dialect's name (:attr:`name`, under the name the DDL loop's records use)."""
     transactional_ddl: ClassVar[bool] = False
+    plain_identifier: ClassVar[re.Pattern[str]] = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+    """A name that may be interpolated into SQL text unquoted-safe (then quoted)."""
+    identifier_quote: ClassVar[str] = '"'
+    """How an identifier is quoted (MariaDB: a backtick)."""
+    apply_replaces_existing: ClassVar[bool] = False
+    """An apply replaces an existing object whatever the source's CREATE says (SQLite drops
+    it first); elsewhere a ``CREATE`` without ``OR REPLACE`` of an existing object fails."""
     kinds: ClassVar[frozenset[str]] = frozenset()
     fold: ClassVar[str | None] = None
     """How bare identifiers fold: ``lower`` (PostgreSQL), ``upper`` (Oracle) or None."""
     keep_semicolon: ClassVar[bool] = False
     """Oracle PL/SQL keeps its final ``;``; other dialects drop it as a terminator."""
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.dialect = cls.name
+
     def __init__(self, scope: Sequence[str] | None = None) -> None:
         self.scope: tuple[str, ...] | None = tuple(scope) if scope else None
         """Schemas searched for callers and dependents; None means the object's own schema."""
 
+    # -- identifiers
+    @classmethod
+    def check_identifier(cls, name: str, what: str = "identifier") -> str:
+        """``name`` if it is a plain identifier here; else InvalidObjectName.
+
+        Only names that pass are ever interpolated into SQL text; values always
+        travel as binds.
+        """
+        return sqltext.check_identifier(name, cls.plain_identifier, cls.name, what)
+
+    @classmethod
+    def quote(cls, name: str, what: str = "identifier") -> str:
+        """Validate ``name`` and quote it for this dialect."""
+        cls.check_identifier(name, what)
+        return f"{cls.identifier_quote}{name}{cls.identifier_quote}"
+
     # -- engines and transactions
     def engine(self, url: str | URL, **options: Any) -> Engine:
         return sa.create_engine(url, poolclass=sa.pool.NullPool, **options)
+
+    def lock_session(self, engine: Engine) -> Connection:
+        """The connection the DDL loop's session-scoped locks are taken on (autocommit:
+        a lock must outlive the DDL's own commits)."""
+        return engine.connect().execution_options(isolation_level="AUTOCOMMIT")
 
     def begin(self, conn: Connection) -> None:
         return None
@@ -701,40 +741,15 @@ def lock_key(dialect: str, ref: ObjectRef) -> str:
 
 # --- the registry -------------------------------------------------------------------------------
 
-_ADAPTERS: dict[str, type[BaseAdapter]] = {}
-_MODULES = {
-    "postgresql": "ddl.catalog_postgresql",
-    "mariadb": "ddl.catalog_mariadb",
-    "oracle": "ddl.catalog_oracle",
-    "sqlite": "ddl.catalog_sqlite",
-}
-_ALIASES = {"mysql": "mariadb", "postgres": "postgresql"}
-
-
-def register(cls: type[BaseAdapter]) -> type[BaseAdapter]:
-    """Class decorator: register an adapter under its ``dialect`` name."""
-    _ADAPTERS[cls.dialect] = cls
-    return cls
-
-
-def dialect_name(name_or_url: str | URL) -> str:
-    """``postgresql`` / ``mariadb`` / ``oracle`` / ``sqlite`` for a dialect name or a URL."""
-    if isinstance(name_or_url, URL) or "://" in str(name_or_url):
-        name = make_url(name_or_url).get_backend_name()
-    else:
-        name = str(name_or_url).lower()
-    return _ALIASES.get(name, name)
-
 
 def adapter_for(name_or_url: str | URL, scope: Sequence[str] | None = None) -> BaseAdapter:
-    """The catalog adapter for a dialect name or a database URL."""
-    name = dialect_name(name_or_url)
-    if name not in _ADAPTERS and name in _MODULES:
-        importlib.import_module(_MODULES[name])
-    cls = _ADAPTERS.get(name)
+    """The catalog adapter for a dialect name (or alias) or a database URL."""
+    name = engine_name(name_or_url)
+    cls = BaseAdapter.implementations.get(name)
     if cls is None:
         raise FeatureNotSupported(
-            f"no DDL catalog adapter for dialect {name!r}; known: {', '.join(sorted(_MODULES))}",
+            f"no DDL catalog adapter for dialect {name!r}; known: "
+            f"{', '.join(registered_dialects())}",
             feature="catalog adapter",
             dialect=name,
         )
@@ -742,4 +757,4 @@ def adapter_for(name_or_url: str | URL, scope: Sequence[str] | None = None) -> B
 
 
 def registered_dialects() -> list[str]:
-    return sorted(_MODULES)
+    return BaseAdapter.implementations.names()

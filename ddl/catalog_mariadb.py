@@ -69,7 +69,6 @@ from ddl.catalog import (
     ObjectStatus,
     Progress,
     first_line,
-    register,
 )
 from ddl.errors import (
     DefinerCannotBeKept,
@@ -90,7 +89,7 @@ _CASE_INSENSITIVE = {"package", "package_body", "procedure", "function"}
 
 
 def _q(name: str, what: str = "identifier") -> str:
-    return sqltext.quote(name, "mariadb", what)
+    return MariadbAdapter.quote(name, what)
 
 
 _DEFINER_CLAUSE = re.compile(r"\bDEFINER\s*=\s*(" + sqltext._DEFINER_PART + r"(?:\s*@\s*"
@@ -120,9 +119,9 @@ def _quoted_definer(definer: str) -> str:
     return f"`{user}`@`{host}`"
 
 
-@register
-class MariadbAdapter(BaseAdapter):
-    dialect = "mariadb"
+class MariadbAdapter(BaseAdapter, name="mariadb"):
+    plain_identifier = re.compile(r"^[A-Za-z0-9_$]{1,64}$")
+    identifier_quote = "`"
     transactional_ddl = False
     kinds = frozenset({"package", "package_body", "procedure", "function", "view", "trigger"})
     fold = None
@@ -248,8 +247,8 @@ class MariadbAdapter(BaseAdapter):
     def resolve(self, conn: Connection, ref: ObjectRef) -> ObjectRef:
         self.check_kind(ref)
         schema = ref.schema or self._database(conn)
-        sqltext.check_identifier(schema, "mariadb", "schema")
-        sqltext.check_identifier(ref.name, "mariadb", "object name")
+        self.check_identifier(schema, "schema")
+        self.check_identifier(ref.name, "object name")
         name = self._stored_name(conn, ref, schema) or ref.name
         return ObjectRef(ref.kind, name, schema)
 

@@ -69,7 +69,6 @@ from ddl.catalog import (
     ObjectStatus,
     Progress,
     first_line,
-    register,
 )
 from ddl.errors import ApplyFailed, FeatureNotSupported, InvalidObjectName, LockNotAcquired
 
@@ -97,7 +96,7 @@ _COMPILE = {
 
 
 def _q(name: str, what: str = "identifier") -> str:
-    return sqltext.quote(name, "oracle", what)
+    return OracleAdapter.quote(name, what)
 
 
 SQL = {
@@ -180,9 +179,8 @@ def compile_settings_clause(attributes: Mapping[str, str]) -> str:
     return " ".join(parts)
 
 
-@register
-class OracleAdapter(BaseAdapter):
-    dialect = "oracle"
+class OracleAdapter(BaseAdapter, name="oracle"):
+    plain_identifier = re.compile(r"^[A-Za-z][A-Za-z0-9_$#]{0,127}$")
     transactional_ddl = False
     kinds = frozenset(OBJECT_TYPE)
     fold = "upper"
@@ -218,8 +216,8 @@ class OracleAdapter(BaseAdapter):
                 schema = schema if schema != schema.lower() else upper_schema
         else:
             name = ref.name
-        sqltext.check_identifier(schema, "oracle", "owner")
-        sqltext.check_identifier(name, "oracle", "object name")
+        self.check_identifier(schema, "owner")
+        self.check_identifier(name, "object name")
         return ObjectRef(ref.kind, name, schema, link=ref.link)
 
     # -- reading ---------------------------------------------------------------------------------

@@ -59,7 +59,6 @@ from ddl.catalog import (
     Probe,
     Progress,
     first_line,
-    register,
 )
 from ddl.errors import (
     ApplyFailed,
@@ -130,9 +129,8 @@ _PG_DEPEND_EDGES = (
 )
 
 
-@register
-class PostgresqlAdapter(BaseAdapter):
-    dialect = "postgresql"
+class PostgresqlAdapter(BaseAdapter, name="postgresql"):
+    plain_identifier = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]{0,62}$")
     transactional_ddl = True
     kinds = frozenset({"function", "procedure", "aggregate", "view", "trigger"})
     fold = "lower"

@@ -38,19 +38,18 @@ from ddl.catalog import (
     ObjectStatus,
     Progress,
     first_line,
-    register,
 )
 from ddl.errors import FeatureNotSupported
 
 
 def _q(name: str) -> str:
-    return sqltext.quote(name, "sqlite")
+    return SqliteAdapter.quote(name)
 
 
-@register
-class SqliteAdapter(BaseAdapter):
-    dialect = "sqlite"
+class SqliteAdapter(BaseAdapter, name="sqlite"):
+    plain_identifier = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]{0,127}$")
     transactional_ddl = True
+    apply_replaces_existing = True  # no OR REPLACE here: the apply drops, then creates
     kinds = frozenset({"view", "trigger"})
 
     def engine(self, url: str | URL, **options: Any) -> Engine:
@@ -81,6 +80,9 @@ class SqliteAdapter(BaseAdapter):
             )
         return False
 
+    def lock_session(self, engine: Engine) -> Connection:
+        return engine.connect()  # no lock is taken on it (see acquire_lock)
+
     def acquire_lock(self, conn: Connection, name: str, timeout: float) -> bool:
         return True  # the apply's BEGIN IMMEDIATE serialises writers
 
@@ -90,7 +92,7 @@ class SqliteAdapter(BaseAdapter):
     # -- identity and reading -------------------------------------------------------------------
     def resolve(self, conn: Connection, ref: ObjectRef) -> ObjectRef:
         self.check_kind(ref)
-        sqltext.check_identifier(ref.name, "sqlite", "object name")
+        self.check_identifier(ref.name, "object name")
         stored = conn.execute(
             text("SELECT name FROM sqlite_master WHERE type = :t AND name = :n COLLATE NOCASE"),
             {"t": ref.kind, "n": ref.name},

@@ -293,9 +293,7 @@ class DdlLoop:
     def _locked(self, refs: Sequence[ObjectRef]) -> Iterator[None]:
         """Session-scoped locks on every object, taken on a connection of their own."""
         names = sorted({lock_key(self.dialect, r) for r in refs})
-        conn = self.engine.connect()
-        if self.dialect != "sqlite":
-            conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+        conn = self.adapter.lock_session(self.engine)
         held: list[str] = []
         try:
             for name in names:
@@ -563,7 +561,7 @@ class DdlLoop:
         if live is None:
             return
         m = sqltext.header_match(source)
-        if m is not None and not m.group("replace") and self.dialect != "sqlite":
+        if m is not None and not m.group("replace") and not self.adapter.apply_replaces_existing:
             raise SourceDoesNotParse(
                 f"{ref.key} exists, and the source creates it without OR REPLACE: the apply "
                 "would fail -- write CREATE OR REPLACE", object=ref.key)

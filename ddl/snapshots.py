@@ -29,6 +29,7 @@ from sqlalchemy.engine import URL, Engine
 from ddl.catalog import ObjectRef
 from ddl.errors import ObjectNotFound, SnapshotOverwrite, SnapshotTampered
 from ddl.signature import Signature
+from executor.ledger.backends import backend_named
 from registry.canonical import canonical_hash
 
 
@@ -194,19 +195,6 @@ baselines_table = sa.Table(
 dependents'), so that ``ddl verify OBJECT`` later judges a dependent that was already
 invalid then exactly as that apply did -- a warning, not a failure."""
 
-_IMMUTABLE_SQLITE = (
-    "CREATE TRIGGER IF NOT EXISTS cg_ddl_snapshots_no_update BEFORE UPDATE ON cg_ddl_snapshots "
-    "BEGIN SELECT RAISE(ABORT, 'cg_ddl_snapshots rows are immutable'); END",
-    "CREATE TRIGGER IF NOT EXISTS cg_ddl_snapshots_no_delete BEFORE DELETE ON cg_ddl_snapshots "
-    "BEGIN SELECT RAISE(ABORT, 'cg_ddl_snapshots rows are immutable'); END",
-)
-_IMMUTABLE_PG = (
-    "CREATE OR REPLACE FUNCTION cg_ddl_snapshots_immutable() RETURNS trigger LANGUAGE plpgsql "
-    "AS $f$ BEGIN RAISE EXCEPTION 'cg_ddl_snapshots rows are immutable'; END $f$",
-    "CREATE OR REPLACE TRIGGER cg_ddl_snapshots_immutable BEFORE UPDATE OR DELETE "
-    "ON cg_ddl_snapshots FOR EACH ROW EXECUTE FUNCTION cg_ddl_snapshots_immutable()",
-)
-
 
 def _row_to_snapshot(row: Any) -> Snapshot:
     """A stored row as a snapshot, refused (SnapshotTampered) unless it is what its id says.
@@ -256,18 +244,12 @@ class SqlSnapshotStore:
         if self._ready:
             return
         with self.engine.begin() as conn:
-            name = conn.dialect.name
-            if name == "postgresql":  # many executor processes may start at once
-                conn.execute(sa.text("SELECT pg_advisory_xact_lock(hashtext('cg_ddl_snapshots'))"))
+            backend = backend_named(conn.dialect.name)
+            if backend is not None:
+                backend.lock_setup(conn, snapshots_table.name)
             _metadata.create_all(conn, checkfirst=True)
-            statements: tuple[str, ...] = ()
-            if name == "sqlite":
-                statements = _IMMUTABLE_SQLITE
-            elif name == "postgresql" and not conn.execute(sa.text(
-                "SELECT 1 FROM pg_trigger WHERE tgname = 'cg_ddl_snapshots_immutable' "
-                "AND tgrelid = to_regclass('cg_ddl_snapshots')"
-            )).first():
-                statements = _IMMUTABLE_PG
+            statements = () if backend is None else backend.append_only_sql(
+                conn, snapshots_table.name)
             for stmt in statements:
                 conn.exec_driver_sql(stmt, execution_options={"no_parameters": True})
         self._ready = True

@@ -14,24 +14,17 @@ from dataclasses import dataclass
 from ddl.errors import InvalidObjectName, UnsupportedObjectType
 
 # --- identifiers ----------------------------------------------------------------
-
-_PLAIN_IDENT = {
-    "postgresql": re.compile(r"^[A-Za-z_][A-Za-z0-9_$]{0,62}$"),
-    "mariadb": re.compile(r"^[A-Za-z0-9_$]{1,64}$"),
-    "oracle": re.compile(r"^[A-Za-z][A-Za-z0-9_$#]{0,127}$"),
-    "sqlite": re.compile(r"^[A-Za-z_][A-Za-z0-9_$]{0,127}$"),
-}
+# (each dialect's rule is its catalog adapter's: ``BaseAdapter.plain_identifier``)
 
 
-def check_identifier(name: str, dialect: str, what: str = "identifier") -> str:
-    """Return ``name`` if it is a plain identifier of ``dialect``; else raise InvalidObjectName.
+def check_identifier(name: str, pattern: re.Pattern[str], dialect: str,
+                     what: str = "identifier") -> str:
+    """Return ``name`` if it matches ``dialect``'s plain-identifier ``pattern``; else raise
+    InvalidObjectName.
 
     Only names that pass are ever interpolated into SQL text; values always
     travel as binds.
     """
-    pattern = _PLAIN_IDENT.get(dialect)
-    if pattern is None:
-        raise InvalidObjectName(f"unknown dialect {dialect!r} for {what} {name!r}", name=name)
     if not isinstance(name, str) or not pattern.match(name):
         raise InvalidObjectName(
             f"{what} {name!r} is not a plain {dialect} identifier; expected letters, digits "
@@ -40,14 +33,6 @@ def check_identifier(name: str, dialect: str, what: str = "identifier") -> str:
             dialect=dialect,
         )
     return name
-
-
-def quote(name: str, dialect: str, what: str = "identifier") -> str:
-    """Validate ``name`` and quote it for ``dialect``."""
-    check_identifier(name, dialect, what)
-    if dialect == "mariadb":
-        return f"`{name}`"
-    return f'"{name}"'
 
 
 # --- comments and strings -----------------------------------------------------------

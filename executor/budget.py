@@ -534,8 +534,7 @@ def holding(owner: HasHooks, connector: Connector, count: int,
                 conns.append(budgets.open_session(connector, None, connector.engine.connect))
             else:
                 conns.append(budgets.open_for_case(connector, case_id))
-            probe = "SELECT 1 FROM dual" if connector.dialect.name == "oracle" else "SELECT 1"
-            conns[-1].execute(sa.text(probe))
+            conns[-1].execute(sa.text(connector.dialect.ping_sql))
             conns[-1].rollback()
         yield conns
     finally:

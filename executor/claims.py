@@ -694,28 +694,9 @@ def claims_enabled(owner: HasHooks) -> bool:
 
 
 # --- the target's fence row -------------------------------------------------------------
+# One statement per key moves the fence row to our token, or leaves a newer one alone: the
+# dialect's upsert (``Dialect.move_fence``; ``executor.dialects.base.FENCE_UPSERT``).
 
-_FENCE_VALUES = "(key_hash, impact_key, token, intent_id) VALUES (:h, :k, :t, :i)"
-# One statement per key moves the fence row to our token, or leaves a newer one alone.
-# Upserts, not UPDATE-then-INSERT: on InnoDB an UPDATE of a missing row takes a gap
-# lock, and two first-time writers of different keys would deadlock on their INSERTs.
-_FENCE_UPSERT = {
-    "postgresql": f"INSERT INTO {FENCE_TABLE} {_FENCE_VALUES} ON CONFLICT (key_hash) DO UPDATE"
-                  f" SET token = excluded.token, intent_id = excluded.intent_id"
-                  f" WHERE {FENCE_TABLE}.token <= excluded.token RETURNING token",
-    # MariaDB evaluates the assignments left to right: intent_id first, on the old token
-    "mariadb": f"INSERT INTO {FENCE_TABLE} {_FENCE_VALUES} ON DUPLICATE KEY UPDATE"
-               " intent_id = IF(token <= VALUES(token), VALUES(intent_id), intent_id),"
-               " token = GREATEST(token, VALUES(token))",
-    "oracle": f"MERGE INTO {FENCE_TABLE} f USING (SELECT :h AS key_hash, :k AS impact_key,"
-              " :t AS token, :i AS intent_id FROM dual) s ON (f.key_hash = s.key_hash)"
-              " WHEN MATCHED THEN UPDATE SET f.token = s.token, f.intent_id = s.intent_id"
-              " WHERE f.token <= s.token"
-              " WHEN NOT MATCHED THEN INSERT (key_hash, impact_key, token, intent_id)"
-              " VALUES (s.key_hash, s.impact_key, s.token, s.intent_id)",
-}
-_FENCE_UPSERT["sqlite"] = _FENCE_UPSERT["postgresql"]
-_FENCE_READ = f"SELECT token, intent_id FROM {FENCE_TABLE} WHERE key_hash = :h"
 
 def key_hash(key: str) -> str:
     return hashlib.sha256(key.encode("utf-8")).hexdigest()
@@ -729,23 +710,10 @@ def target_fence(ctx: CallContext, conn: Connection, claim: HeldClaim,
     tokens are only comparable within the ledger that issued them.
     """
     dialect = ctx.connector.dialect
-    upsert = _FENCE_UPSERT.get(dialect.name, _FENCE_UPSERT["postgresql"])
     for key, token in sorted(claim.tokens.items()):
         binds = {"h": key_hash(f"{namespace}\n{key}" if namespace else key), "k": key[:400],
                  "t": token, "i": ctx.intent_id}
-        result = dialect.execute(conn, upsert, binds, ctx.tag)
-        if dialect.name in ("postgresql", "sqlite"):
-            moved = result.fetchone() is not None
-            found = None if moved else dialect.execute(
-                conn, _FENCE_READ, {"h": binds["h"]}, ctx.tag).fetchone()
-        elif dialect.name == "oracle":
-            moved = result.rowcount == 1
-            found = None if moved else dialect.execute(
-                conn, _FENCE_READ, {"h": binds["h"]}, ctx.tag).fetchone()
-        else:  # the row is ours now (locked by the upsert): is the token ours too?
-            found = dialect.execute(conn, _FENCE_READ, {"h": binds["h"]}, ctx.tag).fetchone()
-            moved = found is not None and int(found[0]) == token \
-                and str(found[1]) == ctx.intent_id
+        moved, found = dialect.move_fence(conn, binds, ctx.tag)
         if moved:
             continue
         return {"impact_key": key, "token": token,

@@ -17,7 +17,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, make_url
 
-from executor.dialects import SECRET_KEY, Dialect, dialect_for
+from executor.dialects import SECRET_KEY, Dialect, dialect_class, dialect_for
 from executor.dialects import normalise_url as normalise_url  # the one URL normaliser
 from executor.dialects import safe_url as safe_url  # the one redaction of a URL
 from executor.dialects.base import rearm_before_statement
@@ -25,7 +25,6 @@ from registry.errors import (
     ConfigError,
     ConnectorUnavailable,
     DatabaseSessionLimit,
-    DriverModeConflict,
     UnknownConnector,
 )
 
@@ -175,16 +174,12 @@ class Connector:
 
     @classmethod
     def open(cls, config: ConnectorConfig) -> Connector:
-        url = normalise_url(config.url)
-        dialect = dialect_for(url.get_backend_name())
-        options: dict[str, Any] = dialect.engine_options()
-        if url.get_backend_name() != "sqlite" and config.db_user_budget is not None:
-            # --- session budgets (executor/budget.py): an idle pooled session still counts
-            # against the database user's cap at the server, so keep none
-            options["poolclass"] = sa.pool.NullPool  # --- end session budgets
-        elif url.get_backend_name() != "sqlite":
-            options.setdefault("pool_size", config.session_budget)
-            options.setdefault("max_overflow", 0)
+        dialect = dialect_for(normalise_url(config.url))
+        options: dict[str, Any] = {
+            # session budgets (executor/budget.py): the pool never holds more sessions than
+            # the budget, and none at all where the server counts idle ones against a cap
+            **dialect.pool_options(config.session_budget, config.db_user_budget),
+            **dialect.engine_options()}
         engine = connector_engine(config, dialect, **options)
         sa.event.listen(engine, "before_cursor_execute", rearm_before_statement)
         return cls(config=config, engine=engine, dialect=dialect)
@@ -253,19 +248,10 @@ def driver_options(config: ConnectorConfig, *, credentials: bool = True) -> dict
     args = resolve_connect_args(config.name, config.connect_args)
     if not credentials:
         args = {k: v for k, v in args.items() if k not in ("user", "password")}
-    if config.thick_mode and config.url.startswith("oracle"):
-        from executor.dialects.oracle import check_driver, enable_thick
-
-        # the mode is the whole process's: a Thin connector in a process another
-        # connector made Thick runs Thick (the dialect reads the mode from each connection)
-        if check_driver() == "thin":
-            try:
-                enable_thick(config.thick_mode)
-            except Exception as exc:  # the driver refuses once a Thin connection exists
-                raise DriverModeConflict(
-                    f"connector {config.name!r} asks for python-oracledb Thick mode, but the "
-                    f"process could not switch: {str(exc).splitlines()[0]}",
-                    connector=config.name) from None
+    if config.thick_mode:
+        dialect = dialect_class(config.url)
+        if dialect is not None:
+            dialect.prepare_driver(config.name, {"thick_mode": config.thick_mode})
     return {"connect_args": args} if args else {}
 
 
@@ -280,7 +266,7 @@ def connector_engine(config: ConnectorConfig, dialect: Dialect | None = None, *,
     the credentials in ``connect_args`` are left out).
     """
     target = normalise_url(url if url is not None else config.url)
-    dialect = dialect or dialect_for(target.get_backend_name())
+    dialect = dialect or dialect_for(target)
     dialect.configure({"current_schema": config.current_schema})
     extra = driver_options(config, credentials=url is None)
     if "connect_args" in extra:

@@ -12,12 +12,13 @@ The deadline is the row's ``timeout.seconds``, counted from the moment the
 transaction is open, and it is enforced three times:
 
 1. **The executor's watchdog** (one thread per process).  At the deadline it
-   cancels the running statement -- psycopg ``Connection.cancel_safe()``,
-   MariaDB ``KILL QUERY <id>`` from a side connection, python-oracledb
-   ``Connection.cancel()``, SQLite ``interrupt()`` -- and the lease rolls back
-   before the next step.  A step stuck in Python (a registered function that
-   does not return) cannot be cancelled; :data:`ESCALATE_AFTER_SECONDS` later
-   the watchdog terminates the session itself (PostgreSQL
+   cancels the running statement (``Dialect.cancel_statement``: psycopg
+   ``Connection.cancel_safe()``, MariaDB ``KILL QUERY <id>`` from a side
+   connection, python-oracledb ``Connection.cancel()``, SQLite ``interrupt()``)
+   and the lease rolls back before the next step.  A step stuck in Python (a
+   registered function that does not return) cannot be cancelled;
+   :data:`ESCALATE_AFTER_SECONDS` later the watchdog terminates the session
+   itself (``Dialect.terminate_lease_session``: PostgreSQL
    ``pg_terminate_backend`` on the lease's pid and label, MariaDB ``KILL
    CONNECTION``), so its locks go with it.
 2. **The server.**  As for every write (``executor.dialects.base``): the
@@ -168,7 +169,7 @@ class Lease:
     def __init__(self, ctx: CallContext, conn: sa.Connection) -> None:
         self.ctx = ctx
         self.connector = ctx.connector
-        self.dialect = ctx.connector.dialect.name
+        self.dialect = ctx.connector.dialect
         self.timeout = float(ctx.row.timeout.seconds)
         self.started_wall = time.time()
         self.started = time.monotonic()
@@ -186,10 +187,7 @@ class Lease:
         self._raw = raw
         self._session: int | None = None
         try:
-            if self.dialect == "postgresql":
-                self._session = int(raw.info.backend_pid)
-            elif self.dialect == "mariadb":
-                self._session = int(raw.thread_id())
+            self._session = self.dialect.session_id(raw)
         except Exception:  # no id: the watchdog can still cancel in-band
             self._session = None
 
@@ -259,35 +257,14 @@ class Lease:
                 self.errors.append(f"terminate: {type(exc).__name__}: {exc}")
 
     def _cancel(self) -> None:
-        if self.dialect == "postgresql":
-            cancel = getattr(self._raw, "cancel_safe", None) or self._raw.cancel
-            cancel()
-        elif self.dialect == "mariadb":
-            if self._session is not None:
-                with _side_engine(self.connector).connect() as side:
-                    side.exec_driver_sql("KILL QUERY %s", (self._session,))
-        elif self.dialect in ("oracle",):
-            self._raw.cancel()
-        elif self.dialect == "sqlite":
-            self._raw.interrupt()
+        self.dialect.cancel_statement(self._raw, self._session,
+                                      lambda: _side_engine(self.connector).connect())
 
     def _terminate(self) -> bool:
         if self._session is None:
             return False
         with _side_engine(self.connector).connect() as side:
-            if self.dialect == "postgresql":
-                return bool(side.execute(sa.text(
-                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                    " WHERE pid = :pid AND application_name = :app"),
-                    {"pid": self._session, "app": self.ctx.tag.text()}).scalar())
-            if self.dialect == "mariadb":
-                alive = side.execute(sa.text(
-                    "SELECT count(*) FROM information_schema.PROCESSLIST WHERE ID = :id"),
-                    {"id": self._session}).scalar()
-                if alive:
-                    side.exec_driver_sql("KILL CONNECTION %s", (self._session,))
-                return bool(alive)
-        return False
+            return self.dialect.terminate_lease_session(side, self._session, self.ctx.tag)
 
     # -- what it says
 

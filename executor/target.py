@@ -20,11 +20,11 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
 from executor.dialects import Dialect, dialect_for, normalise_url
-from executor.dialects.base import TARGET_TABLES
+from executor.dialects.base import TARGET_TABLES, first_line
 from registry.errors import TargetNotInstalled, TargetPrivilegeMissing
 
-__all__ = ["TARGET_TABLES", "TableState", "install", "install_at", "install_script",
-           "missing_tables", "refuse_missing", "table_states"]
+__all__ = ["TARGET_TABLES", "TableState", "first_line", "install", "install_at",
+           "install_script", "missing_tables", "refuse_missing", "table_states"]
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,7 @@ def install_script(dialect: Dialect, *, grant_to: str | None = None) -> str:
 def install_at(url: str | URL, *, grant_to: str | None = None) -> list[str]:
     """:func:`install` in the database at ``url`` (a privileged account's URL)."""
     parsed = normalise_url(url)
-    dialect = dialect_for(parsed.get_backend_name())
+    dialect = dialect_for(parsed)
     engine = sa.create_engine(parsed, poolclass=sa.pool.NullPool)
     dialect.prepare_engine(engine)
     try:
@@ -126,10 +126,3 @@ def install(engine: sa.Engine, dialect: Dialect, *, grant_to: str | None = None)
             for grant in dialect.target_grants(grant_to):
                 conn.execute(sa.text(grant))
     return created
-
-
-def first_line(exc: BaseException) -> str:
-    """The driver's own message, first line only (no SQL text, no parameters)."""
-    orig = getattr(exc, "orig", None) or exc
-    lines = str(orig).strip().splitlines()
-    return lines[0] if lines else type(orig).__name__

@@ -31,16 +31,62 @@ from __future__ import annotations
 import functools
 import logging
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from registry.checks import RowContext, _sql_sites, binds_of
 from registry.errors import Problem
 from registry.yamlpos import Path
 
-SQLGLOT_NAME = {"postgresql": "postgres", "mariadb": "mysql", "oracle": "oracle",
-                "sqlite": "sqlite"}
-"""capgate's dialect names -> sqlglot's."""
+
+@dataclass(frozen=True)
+class Grammar:
+    """What validation knows of one engine's SQL, as flags and rules.
+
+    ``registry`` is the lowest layer: it cannot ask the executor's dialects, so
+    the facts about each engine's SQL that validation needs live in one table
+    here (:data:`GRAMMARS`) and the checks below only read its flags.
+    """
+
+    sqlglot: str
+    """sqlglot's name for the dialect (its parser and tokenizer)."""
+    plsql_blocks: bool = False
+    """An anonymous PL/SQL block (``BEGIN ... END;``) is accepted as written: it is not
+    SQL, and sqlglot cannot read it."""
+    rules: Callable[[Any], str | None] | None = None
+    """The engine's rules a parse does not enforce: why a parsed statement does not run
+    there, or None."""
+    dates_as_text: bool = False
+    """A string bound to a DATE is converted through a session setting (``NLS_DATE_FORMAT``):
+    an input that takes ISO dates should declare ``format: date`` (CG172)."""
+    refuses_leases: bool = False
+    """Leased rows are refused at call time here (CG173)."""
+
+
+def oracle_reason(tree: Any) -> str | None:
+    """Oracle's rules a parse does not enforce (before 23ai), or None."""
+    from sqlglot import exp
+
+    for select in tree.find_all(exp.Select):
+        if select.args.get("from") is None and select.args.get("from_") is None:
+            return "a query without FROM needs Oracle 23ai (write FROM dual, or select " \
+                   "from a derived table that every declared dialect accepts)"
+    if tree.find(exp.Limit) is not None or tree.find(exp.Offset) is not None:
+        return "Oracle has no LIMIT/OFFSET (FETCH FIRST n ROWS ONLY)"
+    if tree.find(exp.Boolean) is not None:
+        return "SQL TRUE/FALSE literals need Oracle 23ai (compare with 1/0)"
+    return None
+
+
+GRAMMARS: Mapping[str, Grammar] = {
+    "postgresql": Grammar("postgres"),
+    "mariadb": Grammar("mysql"),
+    "oracle": Grammar("oracle", plsql_blocks=True, rules=oracle_reason, dates_as_text=True,
+                      refuses_leases=True),
+    "sqlite": Grammar("sqlite"),
+}
+"""capgate's dialect names (a connector's declared ``dialects``) -> what validation knows."""
 
 CONTROL_FIRST_WORDS = frozenset({
     "CREATE", "DROP", "ALTER", "TRUNCATE", "GRANT", "REVOKE", "RENAME", "COMMENT", "ANALYZE",
@@ -98,7 +144,7 @@ def _write_sites(row: Mapping[str, Any]) -> Iterator[tuple[Path, str]]:
 def _tokens(sql: str, dialects: Sequence[str]) -> list[Any] | None:
     import sqlglot
 
-    for name in [*(SQLGLOT_NAME[d] for d in dialects if d in SQLGLOT_NAME), None]:
+    for name in [*(GRAMMARS[d].sqlglot for d in dialects if d in GRAMMARS), None]:
         try:
             return list(sqlglot.Dialect.get_or_raise(name).tokenize(sql))
         except Exception:  # a TokenError: another dialect's quoting may read it
@@ -165,41 +211,26 @@ def transaction_control_problems(ctx: RowContext, dialects: Sequence[str] = ()
     return out
 
 
-def oracle_reason(tree: Any) -> str | None:
-    """Oracle's rules a parse does not enforce (before 23ai), or None."""
-    from sqlglot import exp
-
-    for select in tree.find_all(exp.Select):
-        if select.args.get("from") is None and select.args.get("from_") is None:
-            return "a query without FROM needs Oracle 23ai (write FROM dual, or select " \
-                   "from a derived table that every declared dialect accepts)"
-    if tree.find(exp.Limit) is not None or tree.find(exp.Offset) is not None:
-        return "Oracle has no LIMIT/OFFSET (FETCH FIRST n ROWS ONLY)"
-    if tree.find(exp.Boolean) is not None:
-        return "SQL TRUE/FALSE literals need Oracle 23ai (compare with 1/0)"
-    return None
-
-
 @functools.lru_cache(maxsize=16384)
 def dialect_reason(sql: str, dialect: str) -> str | None:
     """Why ``sql`` does not fit ``dialect`` (a capgate dialect name), or None."""
     import sqlglot
 
-    if dialect == "oracle" and is_plsql_block(sql):
-        return None  # PL/SQL is not SQL: Oracle accepts it as written, sqlglot cannot read it
-    name = SQLGLOT_NAME.get(dialect)
-    if name is None:
+    grammar = GRAMMARS.get(dialect)
+    if grammar is None:
         return None
+    if grammar.plsql_blocks and is_plsql_block(sql):
+        return None  # PL/SQL is not SQL: accepted as written, sqlglot cannot read it
     try:
         with _QuietSqlglot():
-            trees = [t for t in sqlglot.parse(sql, read=name) if t is not None]
+            trees = [t for t in sqlglot.parse(sql, read=grammar.sqlglot) if t is not None]
     except sqlglot.errors.SqlglotError as exc:
         return f"does not parse as {dialect}: {str(exc).splitlines()[0]}"
     except RecursionError:
         return f"does not parse as {dialect}: nested too deeply"
-    if dialect == "oracle":
+    if grammar.rules is not None:
         for tree in trees:
-            reason = oracle_reason(tree)
+            reason = grammar.rules(tree)
             if reason:
                 return reason
     return None
@@ -233,14 +264,17 @@ def _admits_iso_dates(pattern: Any) -> bool:
 def dialect_warnings(ctx: RowContext, dialects: Sequence[str]) -> list[Problem]:
     """CG172 and CG173 for a (non-retired) row whose connector declares Oracle."""
     row = ctx.row
-    if "oracle" not in dialects or row.get("retired"):
+    declared = [GRAMMARS[d] for d in dialects if d in GRAMMARS]
+    dates = any(g.dates_as_text for g in declared)
+    leases = any(g.refuses_leases for g in declared)
+    if not (dates or leases) or row.get("retired"):
         return []
     out: list[Problem] = []
     props = row.get("input", {}).get("properties")
     used: set[str] = set()
     for _, sql, _ in _sql_sites(row):
         used |= binds_of(sql)
-    if isinstance(props, Mapping) and row.get("shape") != "leased":  # leased: CG173 says it
+    if dates and isinstance(props, Mapping) and row.get("shape") != "leased":  # CG173 says it
         for name, spec in props.items():
             if not isinstance(spec, Mapping) or name not in used:
                 continue
@@ -250,7 +284,7 @@ def dialect_warnings(ctx: RowContext, dialects: Sequence[str]) -> list[Problem]:
                                   f"input {name!r} takes ISO dates but is bound as text: on "
                                   "Oracle a DATE column meets it through NLS_DATE_FORMAT; "
                                   "declare `format: date` and capgate binds a DATE"))
-    if row.get("shape") == "leased":
+    if leases and row.get("shape") == "leased":
         out.append(ctx.at(("shape",), "CG173",
                           "a leased row is refused on Oracle (CG326): nothing there ends a "
                           "hung executor's transaction at the deadline"))

@@ -92,9 +92,9 @@ def test_strip_terminator_and_schema_wide_detection() -> None:
 @pytest.mark.parametrize("bad", ['x"; drop table t; --', "a b", "", "a.b", "x`y"])
 def test_identifiers_are_validated_before_interpolation(bad: str) -> None:
     with pytest.raises(InvalidObjectName):
-        sqltext.quote(bad, "mariadb")
-    assert sqltext.quote("billing", "mariadb") == "`billing`"
-    assert sqltext.quote("PKG", "oracle") == '"PKG"'
+        adapter_for("mariadb").quote(bad)
+    assert adapter_for("mariadb").quote("billing") == "`billing`"
+    assert adapter_for("oracle").quote("PKG") == '"PKG"'
 
 
 def test_every_ddl_error_has_a_unique_code_and_an_explanation() -> None:

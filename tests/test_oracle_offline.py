@@ -88,8 +88,7 @@ def plsql_statements(block: str) -> list[str]:
 
 
 def oracle_texts() -> dict[str, str]:
-    from capgate.doctor import ORA_QUERIES
-    from executor.claims import _FENCE_READ, _FENCE_UPSERT
+    from executor.dialects.base import FENCE_READ
     from executor.recovery.evidence import _BY_INTENT, _BY_KEY
     from executor.transaction import _MARKER_BY_KEY
 
@@ -98,13 +97,13 @@ def oracle_texts() -> dict[str, str]:
     texts.update({f"target.{k}": v for k, v in dialect.target_ddl().items()})
     texts.update({f"grant.{i}": g for i, g in enumerate(dialect.target_grants("app_user"))})
     texts.update({f"probe.{t}": dialect.probe_table_sql(t) for t in TARGET_TABLES})
-    texts.update({f"doctor.{k}": v for k, v in ORA_QUERIES.items()})
+    texts.update({f"doctor.{k}": v for k, v in ora.DOCTOR_QUERIES.items()})
     texts.update({"marker_insert": MARKER_INSERT, "marker_by_key": _MARKER_BY_KEY,
-                  "fence_merge": _FENCE_UPSERT["oracle"], "fence_read": _FENCE_READ,
+                  "fence_merge": dialect.fence_upsert, "fence_read": FENCE_READ,
                   "markers_by_intent": str(_BY_INTENT).replace("IN :ids", "IN (:ids)"),
                   "markers_by_key": str(_BY_KEY).replace("IN :keys", "IN (:keys)"),
                   "read_only": "SET TRANSACTION READ ONLY",
-                  "budget_probe": "SELECT 1 FROM dual"})
+                  "budget_probe": dialect.ping_sql})
     return texts
 
 

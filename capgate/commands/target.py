@@ -59,7 +59,7 @@ def install_sql(config_path: str | Path | None, connector: str, *, grant_to: str
                 admin_url: str | None = None) -> dict[str, Any]:
     """The install script for a DBA to run: ``connector``, ``dialect`` and ``sql``."""
     _, url = _target(config_path, connector, admin_url)
-    dialect = dialect_for(url.get_backend_name())
+    dialect = dialect_for(url)
     script = install_script(dialect, grant_to=grant_to)
     return {"connector": connector, "dialect": dialect.name, "sql": script}
 
@@ -87,7 +87,7 @@ def install(config_path: str | Path | None, connector: str, *, grant_to: str | N
     configuration is optional (``config_path`` names it; default: ``capgate.toml``).
     """
     config, url = _target(config_path, connector, admin_url)
-    dialect = dialect_for(url.get_backend_name())
+    dialect = dialect_for(url)
     try:
         # the connector's driver settings (connect_args, Oracle Thick mode); with
         # --admin-url its credentials are left out
@@ -130,7 +130,7 @@ def check(config_path: str | Path | None, connector: str) -> TablesChecked:
     """Whether ``connector``'s own account sees capgate's tables, and can use them."""
     config = _connector(config_path, connector)
     url = normalise_url(config.url)
-    dialect = dialect_for(url.get_backend_name())
+    dialect = dialect_for(url)
     engine = connector_engine(config, dialect, poolclass=sa.pool.NullPool)
     try:
         with engine.connect() as conn:

@@ -2,7 +2,10 @@
 
 Capabilities are questions with a ``check=`` switch (psycopg style): with
 ``check=True`` a missing feature raises ``NotSupported`` naming the dialect,
-so code that needs a commit-outcome probe says so instead of guessing.
+so code that needs one says so instead of guessing.  Everything else that
+differs by engine is a method here with the conservative default, overridden
+in the engine's own module: nothing outside ``executor/dialects`` asks which
+engine it is talking to (``tests/test_engine_boundaries.py``).
 """
 
 from __future__ import annotations
@@ -10,13 +13,15 @@ from __future__ import annotations
 import functools
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, make_url
 
+from executor.dialects.registration import Implementations, Registered, package_modules
 from registry.errors import CapgateError
 
 SECRET_KEY = re.compile(r"pass(word|wd)?|secret|token|credential", re.IGNORECASE)
@@ -42,6 +47,18 @@ MARKER_INSERT = (
     " operation_id, landed_at) VALUES (:intent_id, :idem_key, :fingerprint, :attempt,"
     " :case_id, :operation_id, :landed_at)"
 )
+FENCE_VALUES = "(key_hash, impact_key, token, intent_id) VALUES (:h, :k, :t, :i)"
+FENCE_UPSERT = (
+    f"INSERT INTO {FENCE_TABLE} {FENCE_VALUES} ON CONFLICT (key_hash) DO UPDATE"
+    f" SET token = excluded.token, intent_id = excluded.intent_id"
+    f" WHERE {FENCE_TABLE}.token <= excluded.token RETURNING token"
+)
+"""Move a key's fence row to our token, or leave a newer one alone (PostgreSQL, SQLite).
+
+One statement per key, an upsert rather than UPDATE-then-INSERT: on InnoDB an
+UPDATE of a missing row takes a gap lock, and two first-time writers of
+different keys would deadlock on their INSERTs."""
+FENCE_READ = f"SELECT token, intent_id FROM {FENCE_TABLE} WHERE key_hash = :h"
 
 
 DEADLINE_KEY = "capgate_deadline"
@@ -74,6 +91,25 @@ class TxDeadline:
 
     def left(self) -> float:
         return self.deadline - time.monotonic()
+
+
+POLL_SECONDS = 0.02
+"""Seconds between two looks at a session that is ending (resume's evidence)."""
+IN_LIST_CHUNK = 500
+"""Most values in one ``IN (...)`` list (Oracle allows 1,000)."""
+
+
+def chunks(values: Sequence[Any]) -> Iterator[list[Any]]:
+    """``values`` in lists of at most :data:`IN_LIST_CHUNK`, for ``IN (...)`` binds."""
+    for i in range(0, len(values), IN_LIST_CHUNK):
+        yield list(values[i:i + IN_LIST_CHUNK])
+
+
+def first_line(exc: BaseException) -> str:
+    """The driver's own message, first line only (no SQL text, no parameters)."""
+    orig = getattr(exc, "orig", None) or exc
+    lines = str(orig).strip().splitlines()
+    return lines[0] if lines else type(orig).__name__
 
 
 _NAMED = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
@@ -151,24 +187,87 @@ class TxIdentity:
         return {"dialect": self.dialect, **self.values}
 
 
-class Dialect:
-    """Defaults are the conservative answers: no probe, no server-side lease."""
+@dataclass(frozen=True)
+class Attempt:
+    """One recorded attempt, as resume asks the target about it (read from the ledger)."""
 
-    name: ClassVar[str] = "generic"
-    transactional_ddl: ClassVar[bool] = False
-    commit_outcome_probe: ClassVar[bool] = False
-    server_side_lease: ClassVar[bool] = False
+    intent_id: str
+    tx: Mapping[str, Any]
+    """The transaction's identity, recorded before COMMIT (:meth:`TxIdentity.to_dict`)."""
+    idem_key: str | None = None
+    """The landing marker's key; None when the row writes no marker."""
+    error: str | None = None
+    """The error recorded with the attempt (an in-doubt commit names itself in it)."""
 
-    def has_commit_outcome(self, *, check: bool = False) -> bool:
-        if not self.commit_outcome_probe and check:
-            raise NotSupported(f"{self.name} has no commit-outcome probe", dialect=self.name)
-        return self.commit_outcome_probe
 
-    def has_server_side_lease(self, *, check: bool = False) -> bool:
-        if not self.server_side_lease and check:
-            raise NotSupported(f"{self.name} cannot enforce a lease server-side",
-                               dialect=self.name)
-        return self.server_side_lease
+@dataclass
+class AttemptEvidence:
+    """What the target says about one attempt's transaction, before any conclusion."""
+
+    outcome: str | None = None
+    """``committed``, ``aborted``, ``in_progress``, ``committed_incomplete``; None: no answer."""
+    finished: bool | None = None
+    """True when the attempt's transaction can no longer commit; None when unknowable."""
+    identity: str = "unchecked"
+    """``same`` / ``changed`` server (incarnation, timeline), ``unrecorded``, ``unchecked``."""
+    notes: dict[str, Any] = field(default_factory=dict)
+    """What was asked and answered, for the operator (``session``, ``terminated_session`` ...)."""
+
+
+class Diagnosis(Protocol):
+    """Where a dialect's read-only checks of a live target report (``capgate doctor``).
+
+    The face implements it for one connector: the dialect asks its catalog what
+    the connector's rows need and says what it found, without knowing how the
+    findings are shown.
+    """
+
+    @property
+    def writes(self) -> bool:
+        """Whether any of the connector's rows writes (resume may need to end a session)."""
+        ...
+
+    @property
+    def ddl_rows(self) -> Sequence[str]:
+        """The connector's DDL rows."""
+        ...
+
+    @property
+    def leased_rows(self) -> Sequence[str]:
+        """The connector's leased rows."""
+        ...
+
+    def ok(self, message: str, **details: Any) -> None: ...
+
+    def warning(self, code: str, message: str, **details: Any) -> None: ...
+
+    def error(self, code: str, message: str, **details: Any) -> None: ...
+
+    def privileges(self, has: Callable[[str, str], bool | None]) -> None:
+        """Check every (table, privilege) the rows need; ``has`` answers None for no table."""
+        ...
+
+    def session_limit(self, limit: int | None, what: str, reserve: int = 0) -> None:
+        """Compare a limit on the account's sessions with the connector's budget."""
+        ...
+
+
+class Dialect(Registered):
+    """Defaults are the conservative answers: no probe, no server-side lease, no liveness."""
+
+    implementations: ClassVar[Implementations[Dialect]] = Implementations(
+        "dialect", module_of=lambda name: f"executor.dialects.{name}",
+        modules=package_modules("executor.dialects"))
+    title: ClassVar[str] = "generic"
+    """The engine's name as people write it (``PostgreSQL``), for messages."""
+    driver: ClassVar[str | None] = None
+    """The SQLAlchemy driver capgate pins for this engine (``postgresql+psycopg``)."""
+    url_schemes: ClassVar[frozenset[str]] = frozenset()
+    """The URL schemes a user may write that get :attr:`driver` (``postgres``, ``mariadb``)."""
+    connector_settings: ClassVar[frozenset[str]] = frozenset()
+    """Connector settings only this engine takes (Oracle ``thick_mode``, ``current_schema``)."""
+    ping_sql: ClassVar[str] = "SELECT 1"
+    """The cheapest statement that proves a session answers."""
 
     def check_lease(self) -> None:
         """Refuse a leased row (``LeaseNotEnforceable``) where nothing can end it on time.
@@ -223,6 +322,27 @@ class Dialect:
         # No pre-ping (a round trip per call): the executor retries the opening of a
         # transaction once on a connection that turns out to be dead instead.
         return {"pool_recycle": 1800}
+
+    def pool_options(self, session_budget: int, db_user_budget: int | None) -> dict[str, Any]:
+        """``create_engine`` pool options for a connector with these budgets.
+
+        A server counts an idle pooled session against the database user's cap, so a
+        connector with a ``db_user_budget`` keeps none (executor/budget.py); otherwise
+        the pool holds at most ``session_budget`` sessions.
+        """
+        if db_user_budget is not None:
+            return {"poolclass": sa.pool.NullPool}
+        return {"pool_size": session_budget, "max_overflow": 0}
+
+    @classmethod
+    def prepare_driver(cls, connector: str, settings: Mapping[str, Any]) -> None:
+        """Set the driver up for the whole process before its first connection, from the
+        connector's :attr:`connector_settings` (Oracle's ``thick_mode``).  Default: none."""
+
+    @classmethod
+    def database_file(cls, url: URL) -> str | None:
+        """The local file ``url``'s database lives in; None for a server's database."""
+        return None
 
     def prepare_engine(self, engine: sa.Engine) -> None:
         """Install event hooks (e.g. SQLite pragmas)."""
@@ -398,27 +518,72 @@ class Dialect:
             return None
         return f"{user}@{url.host or 'localhost'}:{url.port or ''}"
 
-    # --- recovery evidence ---------------------------------------------------
+    # --- the fence row (executor/claims.py) ---------------------------------
 
-    def commit_outcome(self, conn: sa.Connection, identity: dict[str, Any]) -> str | None:
-        """``committed``, ``aborted``, ``in_progress``, or None when unknowable."""
+    fence_upsert: ClassVar[str] = FENCE_UPSERT
+    """The statement that moves one key's fence row to ``:t`` unless a newer token holds it."""
+
+    def move_fence(self, conn: sa.Connection, binds: Mapping[str, Any],
+                   tag: SessionTag | None) -> tuple[bool, Any]:
+        """Move the fence row of ``binds["h"]`` to token ``binds["t"]`` in the write's
+        transaction: (moved, the row ``(token, intent_id)`` that kept it when not).
+
+        Default: the upsert returns the token when it moved the row (``RETURNING``);
+        only a refused move costs a second statement, to say who holds the key.
+        """
+        moved = self.execute(conn, self.fence_upsert, binds, tag).fetchone() is not None
+        found = None if moved else self.execute(
+            conn, FENCE_READ, {"h": binds["h"]}, tag).fetchone()
+        return moved, found
+
+    # --- ending a leased transaction (executor/lease.py) --------------------
+
+    def session_id(self, raw: Any) -> int | None:
+        """The server's id of the session on driver connection ``raw``, by which a side
+        connection can end it; None where there is none to use (no server, or none that
+        capgate may end)."""
         return None
 
-    def server_identity(self, conn: sa.Connection) -> dict[str, Any]:
-        """What identifies the server (to detect failover or restore)."""
-        return {}
+    def cancel_statement(self, raw: Any, session: int | None,
+                         side: Callable[[], AbstractContextManager[sa.Connection]]) -> None:
+        """Cancel the statement running on ``raw`` now, from another thread (the lease's
+        watchdog at the deadline).  ``session`` is :meth:`session_id`'s answer; ``side``
+        opens a connection of its own where the cancel must come from one.  Default:
+        nothing (the server's timeouts still hold)."""
 
-    def session_alive(self, conn: sa.Connection, identity: dict[str, Any]) -> bool | None:
-        """Whether the recorded session may still commit; None when unknowable."""
-        return None
-
-    def terminate_session(self, conn: sa.Connection, identity: dict[str, Any]) -> bool:
-        """Terminate exactly the recorded session; True if it was terminated."""
+    def terminate_lease_session(self, side: sa.Connection, session: int,
+                                tag: SessionTag) -> bool:
+        """End session ``session`` (its transaction and its locks with it) from ``side``,
+        while it is still the call labelled ``tag`` where the engine can tell; True if it
+        was ended, False when it was already gone."""
         return False
 
-    def cancel_statement(self, conn: sa.Connection, identity: dict[str, Any]) -> bool:
-        """Cancel the running statement of the recorded session from a side connection."""
-        return False
+    # --- recovery evidence (executor/recovery/evidence.py) ------------------
+
+    def attempt_evidence(self, engine: sa.Engine, attempts: Sequence[Attempt], *,
+                         terminate: bool, wait_seconds: float,
+                         probe_writes: bool = True) -> dict[str, AttemptEvidence]:
+        """What the target says about each attempt's transaction, by intent id.
+
+        Asked for attempts whose landing marker is not present: whether the
+        transaction committed (a commit-outcome probe), whether it is over (the
+        recorded session is gone, or holds nothing), on the same server it was
+        recorded on.  With ``terminate`` a session that may still commit is ended
+        -- exactly that session -- and asked again for up to ``wait_seconds``;
+        ``probe_writes`` allows a rolled-back insert of the marker's key where
+        nothing else can tell.  Default: nothing can be told (``unknown``).
+        """
+        return {a.intent_id: AttemptEvidence() for a in attempts}
+
+    # --- capgate doctor ------------------------------------------------------
+
+    def describe_server(self, conn: sa.Connection) -> str:
+        """One line saying which server, database and account ``conn`` reached."""
+        return self.name
+
+    def diagnose(self, conn: sa.Connection, diagnosis: Diagnosis) -> None:
+        """Read-only checks of what the connector's rows need here: privileges, session
+        limits, what resume relies on, extensions.  Default: none."""
 
 
 def sqlstate(exc: BaseException) -> str | None:

@@ -13,19 +13,31 @@ session may still be alive.
 from __future__ import annotations
 
 import math
+import time
 import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from typing import Any, ClassVar
 
 import sqlalchemy as sa
 
 from executor.dialects.base import (
+    FENCE_READ,
+    FENCE_TABLE,
+    FENCE_VALUES,
     MARKER_INSERT,
     REARM_AFTER_SECONDS,
+    Attempt,
+    AttemptEvidence,
+    Diagnosis,
     Dialect,
     SessionTag,
     TxIdentity,
+    chunks,
+    first_line,
     vendor_code,
 )
+from registry.errors import PrivilegeMissing
 
 _IDENTITY = sa.text(
     "SELECT CONNECTION_ID() AS connection_id, @@server_id AS server_id,"
@@ -35,12 +47,22 @@ _IDENTITY = sa.text(
 )
 
 
-class MariadbDialect(Dialect):
+_INNODB_TRX_REFRESH = 0.15
+"""MariaDB refreshes its ``INNODB_TRX`` cache only when nobody read it for 100 ms."""
+
+
+class MariadbDialect(Dialect, name="mariadb", aliases=("mysql",)):
+    title: ClassVar[str] = "MariaDB"
+    driver: ClassVar[str | None] = "mysql+pymysql"
+    url_schemes: ClassVar[frozenset[str]] = frozenset({"mysql", "mariadb", "mariadb+pymysql"})
     # INSERT ... RETURNING and DELETE ... RETURNING (10.5+); an UPDATE returns nothing
     returning_verbs: ClassVar[frozenset[str]] = frozenset({"INSERT", "DELETE"})
     driver_paramstyle: ClassVar[str] = "pyformat"
-    name: ClassVar[str] = "mariadb"
-    server_side_lease: ClassVar[bool] = True
+    # MariaDB evaluates the assignments left to right: intent_id first, on the old token
+    fence_upsert: ClassVar[str] = (
+        f"INSERT INTO {FENCE_TABLE} {FENCE_VALUES} ON DUPLICATE KEY UPDATE"
+        " intent_id = IF(token <= VALUES(token), VALUES(intent_id), intent_id),"
+        " token = GREATEST(token, VALUES(token))")
 
     def engine_options(self) -> dict[str, Any]:
         return {"pool_recycle": 1800}
@@ -112,37 +134,13 @@ class MariadbDialect(Dialect):
         return {"server_id": int(row["server_id"]), "hostname": str(row["hostname"]),
                 "server_started": int(row["server_started"])}
 
-    def _same_server(self, conn: sa.Connection, identity: dict[str, Any]) -> bool:
-        now = self.server_identity(conn)
-        started = identity.get("server_started")
-        return (
-            now["server_id"] == identity.get("server_id")
-            and now["hostname"] == identity.get("hostname")
-            and started is not None
-            and abs(now["server_started"] - int(started)) <= 2
-        )
-
-    def session_alive(self, conn: sa.Connection, identity: dict[str, Any]) -> bool | None:
-        cid = identity.get("connection_id")
-        if cid is None:
-            return None
-        if not self._same_server(conn, identity):
-            return False  # the server restarted: that session and its transaction are gone
-        found = conn.execute(sa.text(
-            "SELECT count(*) FROM information_schema.PROCESSLIST WHERE ID = :cid"
-        ), {"cid": int(cid)}).scalar_one()
-        return bool(found)
-
-    def open_transaction(self, conn: sa.Connection, identity: dict[str, Any]) -> bool:
-        """Whether the recorded connection still has an InnoDB transaction open."""
-        cid = identity.get("connection_id")
-        if cid is None or not self._same_server(conn, identity):
-            return False
-        found = conn.execute(sa.text(
-            "SELECT count(*) FROM information_schema.INNODB_TRX"
-            " WHERE trx_mysql_thread_id = :cid"
-        ), {"cid": int(cid)}).scalar_one()
-        return bool(found)
+    @staticmethod
+    def _same_incarnation(recorded: Mapping[str, Any], now: Mapping[str, Any]) -> bool:
+        """The server now is the one the attempt ran on, not restarted since (its start
+        time, derived from the uptime, within two seconds)."""
+        return (recorded.get("server_id") == now["server_id"]
+                and recorded.get("hostname") == now["hostname"]
+                and abs(int(recorded["server_started"]) - int(now["server_started"])) <= 2)
 
     def marker_key_state(self, conn: sa.Connection, idem_key: str) -> str:
         """Whether a transaction holds ``idem_key`` in ``capgate_landed``, asked without PROCESS.
@@ -173,14 +171,219 @@ class MariadbDialect(Dialect):
             conn.rollback()
             conn.exec_driver_sql("SET SESSION innodb_lock_wait_timeout = DEFAULT")
 
-    def terminate_session(self, conn: sa.Connection, identity: dict[str, Any]) -> bool:
-        if not self.session_alive(conn, identity):
-            return False
-        conn.exec_driver_sql("KILL CONNECTION %s", (int(identity["connection_id"]),))
-        return True
+    # --- the fence row ----------------------------------------------------------------
 
-    def cancel_statement(self, conn: sa.Connection, identity: dict[str, Any]) -> bool:
-        if not self.session_alive(conn, identity):
-            return False
-        conn.exec_driver_sql("KILL QUERY %s", (int(identity["connection_id"]),))
-        return True
+    def move_fence(self, conn: sa.Connection, binds: Mapping[str, Any],
+                   tag: SessionTag | None) -> tuple[bool, Any]:
+        """The upsert reports no row; the row is ours now (locked by it): is the token ours?"""
+        self.execute(conn, self.fence_upsert, binds, tag)
+        found = self.execute(conn, FENCE_READ, {"h": binds["h"]}, tag).fetchone()
+        moved = found is not None and int(found[0]) == binds["t"] \
+            and str(found[1]) == binds["i"]
+        return moved, found
+
+    # --- ending a leased transaction --------------------------------------------------
+
+    def session_id(self, raw: Any) -> int | None:
+        return int(raw.thread_id())
+
+    def cancel_statement(self, raw: Any, session: int | None,
+                         side: Callable[[], AbstractContextManager[sa.Connection]]) -> None:
+        """``KILL QUERY <id>`` from a side connection (the session itself is busy)."""
+        if session is not None:
+            with side() as conn:
+                conn.exec_driver_sql("KILL QUERY %s", (session,))
+
+    def terminate_lease_session(self, side: sa.Connection, session: int,
+                                tag: SessionTag) -> bool:
+        """``KILL CONNECTION <id>`` while the connection is still in ``PROCESSLIST``."""
+        alive = side.execute(sa.text(
+            "SELECT count(*) FROM information_schema.PROCESSLIST WHERE ID = :id"),
+            {"id": session}).scalar()
+        if alive:
+            side.exec_driver_sql("KILL CONNECTION %s", (session,))
+        return bool(alive)
+
+    # --- recovery evidence ------------------------------------------------------------
+
+    def attempt_evidence(self, engine: sa.Engine, attempts: Sequence[Attempt], *,
+                         terminate: bool, wait_seconds: float,
+                         probe_writes: bool = True) -> dict[str, AttemptEvidence]:
+        """No commit-outcome API: the recorded connection, on the same server incarnation.
+
+        Finished means: the recorded connection's transaction is gone from
+        ``INNODB_TRX`` on two reads a cache period apart.  ``INNODB_TRX`` is a cache
+        that MariaDB refreshes only after 100 ms without readers, so one read may
+        be stale; a killed thread leaves ``PROCESSLIST`` as soon as its socket is
+        closed, before its rollback ends.  A connection that is alive but has no
+        transaction (a pooled session, idle after its call rolled back) is not
+        killed: its transaction is over.  Only a session with an open transaction
+        is terminated -- and never resume's own connection.
+        """
+        answers = {a.intent_id: AttemptEvidence() for a in attempts}
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            server = self.server_identity(conn)
+            watched: dict[str, Attempt] = {}
+            for a in attempts:
+                answer, tx = answers[a.intent_id], a.tx
+                answer.notes["server_now"] = server
+                if tx.get("connection_id") is None or tx.get("server_started") is None:
+                    answer.identity = "unrecorded"
+                    continue
+                same = self._same_incarnation(tx, server)
+                answer.identity = "same" if same else "changed"
+                if same:
+                    watched[a.intent_id] = a
+            deadline = time.monotonic() + max(0.0, wait_seconds)
+            killed_at: dict[str, float] = {}
+            idle_since: dict[str, float] = {}
+            own = int(conn.execute(sa.text("SELECT CONNECTION_ID()")).scalar_one())
+            busy: list[str] = []
+            while True:
+                alive, open_tx = self._sessions(conn, watched.values())
+                if open_tx is None:  # no PROCESS privilege: ask the marker's unique key instead
+                    # (a rolled-back insert; a dry run sends none and cannot tell: open)
+                    open_tx = self._held_marker_keys(engine, watched, answers) if probe_writes \
+                        else {int(a.tx["connection_id"]) for a in watched.values()}
+                now = time.monotonic()
+                busy = []
+                for intent_id, a in watched.items():
+                    cid = int(a.tx["connection_id"])
+                    notes = answers[intent_id].notes
+                    notes["session"] = {"connection_id": cid, "alive": cid in alive,
+                                        "open_transaction": cid in open_tx}
+                    if cid in open_tx and terminate and intent_id not in killed_at \
+                            and cid != own:
+                        try:
+                            conn.exec_driver_sql("KILL CONNECTION %s", (cid,))
+                            notes["terminated_session"] = {"connection_id": cid}
+                        except sa.exc.DBAPIError as exc:  # ended meanwhile (1094 unknown thread)
+                            notes["terminate_error"] = first_line(exc)
+                        killed_at[intent_id] = now
+                    if cid in open_tx:
+                        idle_since.pop(intent_id, None)
+                    elif cid in alive:
+                        idle_since.setdefault(intent_id, now)
+                    # Only fresh INNODB_TRX reads, a cache period after a kill or after the
+                    # connection was first seen without a transaction, settle it.
+                    if (cid in open_tx
+                            or now - idle_since.get(intent_id, -1e9) < _INNODB_TRX_REFRESH
+                            or now - killed_at.get(intent_id, -1e9) < _INNODB_TRX_REFRESH):
+                        busy.append(intent_id)
+                if not busy or time.monotonic() >= deadline:
+                    break
+                time.sleep(_INNODB_TRX_REFRESH)
+            for intent_id in watched:
+                answer = answers[intent_id]
+                answer.finished = intent_id not in busy
+                if not answer.finished:
+                    answer.notes["session_alive"] = True
+        return answers
+
+    @staticmethod
+    def _sessions(conn: sa.Connection, attempts: Iterable[Attempt]
+                  ) -> tuple[set[int], set[int] | None]:
+        """Connections alive (``PROCESSLIST``: one's own are visible without privileges) and
+        those with an open InnoDB transaction (``INNODB_TRX``; None without PROCESS)."""
+        ids = sorted({int(a.tx["connection_id"]) for a in attempts})
+        alive: set[int] = set()
+        open_tx: set[int] | None = set()
+        for numbers in chunks(ids):
+            alive.update(int(r[0]) for r in conn.execute(sa.text(
+                "SELECT ID FROM information_schema.PROCESSLIST WHERE ID IN :ids"
+            ).bindparams(sa.bindparam("ids", expanding=True)), {"ids": numbers}))
+            if open_tx is None:
+                continue
+            try:
+                open_tx.update(int(r[0]) for r in conn.execute(sa.text(
+                    "SELECT trx_mysql_thread_id FROM information_schema.INNODB_TRX"
+                    " WHERE trx_mysql_thread_id IN :ids"
+                ).bindparams(sa.bindparam("ids", expanding=True)), {"ids": numbers}))
+            except sa.exc.DBAPIError as exc:
+                if not (vendor_code(exc) == 1227):  # ER_SPECIFIC_ACCESS_DENIED: no PROCESS
+                    raise
+                open_tx = None
+        return alive, open_tx
+
+    def _held_marker_keys(self, engine: sa.Engine, watched: Mapping[str, Attempt],
+                          answers: Mapping[str, AttemptEvidence]) -> set[int]:
+        """Connections whose transaction still holds their intent's marker key.
+
+        Every recorded attempt inserted its marker when its transaction opened,
+        so an open transaction holds the key's index lock: a probe insert of the
+        same key waits for it (:meth:`marker_key_state`).  An intent without a key
+        cannot be asked this way and counts as open.
+        """
+        held: set[int] = set()
+        with engine.connect() as probe:
+            for intent_id, a in watched.items():
+                cid = int(a.tx["connection_id"])
+                state = self.marker_key_state(probe, a.idem_key) if a.idem_key else "unknown"
+                answers[intent_id].notes["marker_key"] = {
+                    "probe": "insert of the same key, rolled back", "answer": state}
+                if state in ("held", "unknown"):
+                    held.add(cid)
+        return held
+
+    # --- capgate doctor ---------------------------------------------------------------
+
+    def describe_server(self, conn: sa.Connection) -> str:
+        def scalar(sql: str) -> Any:
+            return conn.execute(sa.text(sql)).scalar()
+
+        return (f"MariaDB/MySQL {scalar('SELECT VERSION()')}, server_id "
+                f"{scalar('SELECT @@server_id')}, database {scalar('SELECT DATABASE()')},"
+                f" user {scalar('SELECT CURRENT_USER()')}")
+
+    def diagnose(self, conn: sa.Connection, diagnosis: Diagnosis) -> None:
+        """Grants (global, schema, table), connection limits, and the DDL rows' routines."""
+
+        def scalar(sql: str, **binds: Any) -> Any:
+            return conn.execute(sa.text(sql), binds).scalar()
+
+        user, _, host = str(scalar("SELECT CURRENT_USER()")).rpartition("@")
+        grantee = f"'{user}'@'{host}'"
+        schema = scalar("SELECT DATABASE()")
+
+        def held(privilege: str, table: str | None = None) -> bool:
+            if scalar("SELECT count(*) FROM information_schema.USER_PRIVILEGES WHERE "
+                      "GRANTEE = :g AND PRIVILEGE_TYPE = :p", g=grantee, p=privilege):
+                return True
+            if scalar("SELECT count(*) FROM information_schema.SCHEMA_PRIVILEGES WHERE "
+                      "GRANTEE = :g AND TABLE_SCHEMA = :s AND PRIVILEGE_TYPE = :p",
+                      g=grantee, s=schema, p=privilege):
+                return True
+            return table is not None and bool(scalar(
+                "SELECT count(*) FROM information_schema.TABLE_PRIVILEGES WHERE GRANTEE = :g "
+                "AND TABLE_SCHEMA = :s AND TABLE_NAME = :t AND PRIVILEGE_TYPE = :p",
+                g=grantee, s=schema, t=table, p=privilege))
+
+        def has(table: str, privilege: str) -> bool | None:
+            if not scalar("SELECT count(*) FROM information_schema.TABLES WHERE "
+                          "TABLE_SCHEMA = DATABASE() AND TABLE_NAME = :t", t=table):
+                return None
+            return held(privilege, table)
+
+        diagnosis.privileges(has)
+        if diagnosis.writes:
+            diagnosis.ok("resume may end the account's own connections "
+                         "(KILL needs no privilege for one's own threads)")
+        per_user = scalar("SELECT @@max_user_connections")
+        diagnosis.session_limit(int(per_user) or None, "max_user_connections")
+        try:
+            row_limit = scalar("SELECT max_user_connections FROM mysql.user WHERE "
+                               "CONCAT(User, '@', Host) = CURRENT_USER()")
+        except Exception:  # mysql.user is not readable by a least-privilege account
+            conn.rollback()
+            row_limit = None
+        if row_limit:
+            diagnosis.session_limit(int(row_limit), "the account's MAX_USER_CONNECTIONS")
+        diagnosis.session_limit(int(scalar("SELECT @@max_connections")), "max_connections")
+        if diagnosis.ddl_rows:
+            lacking = [p for p in ("CREATE ROUTINE", "ALTER ROUTINE") if not held(p)]
+            if lacking:
+                diagnosis.error(PrivilegeMissing.code,
+                                f"the DDL rows need {' and '.join(lacking)} on {schema}")
+            else:
+                diagnosis.ok("DDL capture (SHOW CREATE) and apply (CREATE/ALTER "
+                             "ROUTINE) are allowed")

@@ -76,7 +76,8 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -84,17 +85,29 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
 from executor.dialects.base import (
+    FENCE_READ,
     FENCE_TABLE,
     MARKER_INSERT,
     MARKER_TABLE,
+    POLL_SECONDS,
     REARM_AFTER_SECONDS,
+    Attempt,
+    AttemptEvidence,
+    Diagnosis,
     Dialect,
     SessionTag,
     TxIdentity,
     safe_url,
     sqlstate,
 )
-from registry.errors import DriverUnsupported, LeaseNotEnforceable, TransactionSplit
+from registry.errors import (
+    CommitOutcomeUnavailable,
+    DriverModeConflict,
+    DriverUnsupported,
+    LeaseNotEnforceable,
+    PrivilegeMissing,
+    TransactionSplit,
+)
 
 LOG = logging.getLogger("capgate.oracle")
 
@@ -311,9 +324,44 @@ def convert_dates(parameters: Any, names: Mapping[str, str]) -> Any:
 # --- the dialect ----------------------------------------------------------------------------
 
 
-class OracleDialect(Dialect):
-    name: ClassVar[str] = "oracle"
-    commit_outcome_probe: ClassVar[bool] = True
+FENCE_MERGE = (
+    f"MERGE INTO {FENCE_TABLE} f USING (SELECT :h AS key_hash, :k AS impact_key,"
+    " :t AS token, :i AS intent_id FROM dual) s ON (f.key_hash = s.key_hash)"
+    " WHEN MATCHED THEN UPDATE SET f.token = s.token, f.intent_id = s.intent_id"
+    " WHERE f.token <= s.token"
+    " WHEN NOT MATCHED THEN INSERT (key_hash, impact_key, token, intent_id)"
+    " VALUES (s.key_hash, s.impact_key, s.token, s.intent_id)")
+"""The fence upsert: Oracle has no ``ON CONFLICT``; a MERGE that moved the row counts 1."""
+
+# capgate doctor's read-only checks (written against Oracle's documentation)
+ORA_IDENTITY = ("SELECT SYS_CONTEXT('USERENV', 'DB_UNIQUE_NAME'), SYS_CONTEXT('USERENV', "
+                "'SERVICE_NAME'), SYS_CONTEXT('USERENV', 'INSTANCE_NAME'), USER FROM dual")
+ORA_PRIVS = "SELECT privilege FROM session_privs"
+ORA_OWNER = ("SELECT owner FROM all_objects WHERE object_name = UPPER(:t) "
+             "AND object_type IN ('TABLE', 'VIEW', 'SYNONYM') AND ROWNUM = 1")
+ORA_TAB_PRIV = "SELECT count(*) FROM all_tab_privs WHERE table_name = UPPER(:t) AND privilege = :p"
+ORA_SESSIONS_PER_USER = ('SELECT "LIMIT" FROM user_resource_limits '
+                         "WHERE resource_name = 'SESSIONS_PER_USER'")
+ORA_COMMIT_OUTCOME = ("SELECT commit_outcome FROM all_services "
+                      "WHERE name = SYS_CONTEXT('USERENV', 'SERVICE_NAME')")
+ORA_APP_CONT = ("SELECT count(*) FROM all_objects WHERE owner = 'SYS' "
+                "AND object_name = 'DBMS_APP_CONT' AND object_type = 'PACKAGE'")
+ORA_GV_SESSION = "SELECT count(*) FROM gv$session WHERE ROWNUM = 1"
+ORA_2PC_PENDING = "SELECT count(*) FROM dba_2pc_pending WHERE ROWNUM = 1"
+DOCTOR_QUERIES = {"identity": ORA_IDENTITY, "privs": ORA_PRIVS, "owner": ORA_OWNER,
+                  "tab_priv": ORA_TAB_PRIV, "sessions_per_user": ORA_SESSIONS_PER_USER,
+                  "commit_outcome": ORA_COMMIT_OUTCOME, "app_cont": ORA_APP_CONT,
+                  "gv_session": ORA_GV_SESSION, "2pc_pending": ORA_2PC_PENDING}
+"""Every query ``capgate doctor`` sends to Oracle (the offline tests parse each one)."""
+
+
+class OracleDialect(Dialect, name="oracle"):
+    title: ClassVar[str] = "Oracle"
+    driver: ClassVar[str | None] = "oracle+oracledb"
+    url_schemes: ClassVar[frozenset[str]] = frozenset({"oracle"})
+    connector_settings: ClassVar[frozenset[str]] = frozenset({"thick_mode", "current_schema"})
+    ping_sql: ClassVar[str] = "SELECT 1 FROM dual"  # a query needs FROM before 23ai
+    fence_upsert: ClassVar[str] = FENCE_MERGE
 
     def __init__(self) -> None:
         self.current_schema: str | None = None
@@ -324,6 +372,22 @@ class OracleDialect(Dialect):
         """``current_schema``: resolve unqualified names in the owner's schema (least privilege)."""
         schema = options.get("current_schema")
         self.current_schema = str(schema) if schema else None
+
+    @classmethod
+    def prepare_driver(cls, connector: str, settings: Mapping[str, Any]) -> None:
+        """``thick_mode``: switch python-oracledb to Thick mode, once per process and before
+        any connection -- refused (DriverModeConflict) once a Thin connection exists."""
+        thick = settings.get("thick_mode")
+        # the mode is the whole process's: a Thin connector in a process another
+        # connector made Thick runs Thick (the dialect reads the mode from each connection)
+        if thick and check_driver() == "thin":
+            try:
+                enable_thick(thick)
+            except Exception as exc:  # the driver refuses once a Thin connection exists
+                raise DriverModeConflict(
+                    f"connector {connector!r} asks for python-oracledb Thick mode, but the "
+                    f"process could not switch: {str(exc).splitlines()[0]}",
+                    connector=connector) from None
 
     def prepare_engine(self, engine: sa.Engine) -> None:
         """Check the driver; set up each new session; dates bound as dates; pool resets;
@@ -568,6 +632,25 @@ class OracleDialect(Dialect):
     def end_read(self, conn: sa.Connection) -> None:
         self.reset_session(conn)
 
+    # --- the fence row ----------------------------------------------------------------
+
+    def move_fence(self, conn: sa.Connection, binds: Mapping[str, Any],
+                   tag: SessionTag | None) -> tuple[bool, Any]:
+        """The MERGE returns nothing; its row count says whether it moved the row."""
+        moved = self.execute(conn, self.fence_upsert, binds, tag).rowcount == 1
+        found = None if moved else self.execute(
+            conn, FENCE_READ, {"h": binds["h"]}, tag).fetchone()
+        return moved, found
+
+    # --- ending a leased transaction ------------------------------------------------------
+    # (leased rows are refused here, :meth:`check_lease`; a collapsed call's statements are
+    # bounded by the call timeout.  No session id: resume ends sessions, the watchdog not.)
+
+    def cancel_statement(self, raw: Any, session: int | None,
+                         side: Callable[[], AbstractContextManager[sa.Connection]]) -> None:
+        """python-oracledb ``Connection.cancel()``: the running round trip ends (ORA-01013)."""
+        raw.cancel()
+
     # --- recovery evidence ----------------------------------------------------------------
 
     def server_identity(self, conn: sa.Connection) -> dict[str, Any]:
@@ -701,46 +784,41 @@ class OracleDialect(Dialect):
             return None
         return "resolved" if found is None else str(found)
 
-    def attempt_evidence(self, engine: sa.Engine, attempts: Sequence[Mapping[str, Any]], *,
+    def attempt_evidence(self, engine: sa.Engine, attempts: Sequence[Attempt], *,
                          terminate: bool, wait_seconds: float,
-                         probe_writes: bool = True) -> dict[str, dict[str, Any]]:
-        """Resume's facts for Oracle attempts, strongest first (see the module doc).
-
-        Each attempt is ``{"intent_id", "tx", "idem_key", "error"}``; the answer per
-        intent is ``{"outcome", "finished", "identity", "notes"}`` -- ``finished`` True
-        when the attempt's transaction can no longer commit, None when unknowable.
-        """
-        answers: dict[str, dict[str, Any]] = {}
+                         probe_writes: bool = True) -> dict[str, AttemptEvidence]:
+        """Resume's facts for Oracle attempts, strongest first (see the module doc):
+        Transaction Guard, then privilege-free proofs that the transaction is over."""
+        answers: dict[str, AttemptEvidence] = {}
         with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
             db_now = self.server_identity(conn).get("db")
-            for item in attempts:
-                answers[str(item["intent_id"])] = self._one(
-                    engine, conn, item, db_now, terminate=terminate,
+            for attempt in attempts:
+                answers[attempt.intent_id] = self._one(
+                    engine, conn, attempt, db_now, terminate=terminate,
                     wait_seconds=wait_seconds, probe_writes=probe_writes)
         return answers
 
-    def _one(self, engine: sa.Engine, conn: sa.Connection, item: Mapping[str, Any],
+    def _one(self, engine: sa.Engine, conn: sa.Connection, attempt: Attempt,
              db_now: Any, *, terminate: bool, wait_seconds: float,
-             probe_writes: bool) -> dict[str, Any]:
-        tx: dict[str, Any] = dict(item.get("tx") or {})
+             probe_writes: bool) -> AttemptEvidence:
+        tx: dict[str, Any] = dict(attempt.tx or {})
         notes: dict[str, Any] = {"server_now": {"db": db_now}}
-        answer: dict[str, Any] = {"outcome": None, "finished": None, "identity": "unchecked",
-                                  "notes": notes}
+        answer = AttemptEvidence(notes=notes)
         if not tx.get("sid") and not tx.get("ltxid"):
-            answer["identity"] = "unrecorded"
+            answer.identity = "unrecorded"
             return answer
         if tx.get("db") and db_now and tx["db"] != db_now:
-            answer["identity"] = "changed"  # a failover to another database (Data Guard)
+            answer.identity = "changed"  # a failover to another database (Data Guard)
             return answer
-        answer["identity"] = "same"
-        error = str(item.get("error") or "")
+        answer.identity = "same"
+        error = str(attempt.error or "")
         in_doubt = any(code in error for code in IN_DOUBT_CODES)
         if tx.get("ltxid"):
             try:
-                answer["outcome"] = self.commit_outcome(conn, tx)
+                answer.outcome = self.commit_outcome(conn, tx)
             except sa.exc.DBAPIError as exc:
                 notes["commit_outcome_error"] = _message(exc).splitlines()[0]
-            notes["commit_outcome"] = {"probe": "GET_LTXID_OUTCOME", "answer": answer["outcome"]}
+            notes["commit_outcome"] = {"probe": "GET_LTXID_OUTCOME", "answer": answer.outcome}
         else:
             notes["commit_outcome"] = tx.get("commit_outcome") or "no LTXID recorded"
         terminated = False
@@ -750,9 +828,9 @@ class OracleDialect(Dialect):
             notes["session"] = facts.to_dict()
             may_commit = facts.may_commit
             if may_commit is None and facts.alive is not False and probe_writes \
-                    and item.get("idem_key") and answer["outcome"] is None:
+                    and attempt.idem_key and answer.outcome is None:
                 with engine.connect() as probe:
-                    state = self.marker_key_state(probe, str(item["idem_key"]))
+                    state = self.marker_key_state(probe, attempt.idem_key)
                 notes["marker_key"] = {"probe": "insert of the same key, rolled back",
                                        "answer": state}
                 may_commit = state == "held"
@@ -761,22 +839,132 @@ class OracleDialect(Dialect):
                 notes["terminated_session"] = {"sid": tx.get("sid"),
                                                "instance": tx.get("instance"),
                                                "done": terminated}
-            if answer["outcome"] in ("committed", "aborted", "committed_incomplete"):
+            if answer.outcome in ("committed", "aborted", "committed_incomplete"):
                 break  # Transaction Guard decided (and blocked a late commit)
             if may_commit is False:
-                answer["finished"] = True
+                answer.finished = True
                 break
             if time.monotonic() >= deadline:
                 break
-            time.sleep(0.02)
-        if answer["outcome"] is not None:
-            answer["finished"] = True
+            time.sleep(POLL_SECONDS)
+        if answer.outcome is not None:
+            answer.finished = True
         if in_doubt and tx.get("txid"):
             pending = self.in_doubt_state(conn, str(tx["txid"]))
             notes["in_doubt"] = {"error": error.splitlines()[0] if error else "",
                                  "dba_2pc_pending": pending}
             if pending != "resolved":
-                answer["finished"] = None  # the distributed commit may still be resolved
+                answer.finished = None  # the distributed commit may still be resolved
         elif in_doubt:
-            answer["finished"] = None
+            answer.finished = None
+        if answer.finished is not True and (notes.get("session") or {}).get("alive"):
+            notes["session_alive"] = True
         return answer
+
+    # --- capgate doctor ---------------------------------------------------------------
+
+    def describe_server(self, conn: sa.Connection) -> str:
+        db, service, instance, user = conn.execute(sa.text(ORA_IDENTITY)).one()
+        raw = _driver(conn)
+        return f"Oracle {raw.version}, database {db}, service {service}, instance " \
+               f"{instance}, user {user}"
+
+    @staticmethod
+    def _readable(conn: sa.Connection, sql: str) -> bool:
+        """Whether the account may read a view (ORA-00942 / ORA-01031 when not)."""
+        try:
+            conn.execute(sa.text(sql)).scalar()
+            return True
+        except sa.exc.DatabaseError:
+            conn.rollback()
+            return False
+
+    def diagnose(self, conn: sa.Connection, diagnosis: Diagnosis) -> None:
+        """The driver and its mode, privileges, leases, what resume relies on (GV$SESSION,
+        ALTER SYSTEM, DBA_2PC_PENDING), SESSIONS_PER_USER, Transaction Guard, DDL."""
+
+        def scalar(sql: str, **binds: Any) -> Any:
+            return conn.execute(sa.text(sql), binds).scalar()
+
+        raw = _driver(conn)
+        mode = "Thin" if raw.thin else "Thick"
+        diagnosis.ok(f"python-oracledb {driver().__version__}, {mode} mode",
+                     driver=driver().__version__, mode=mode.lower())
+        privs = {r[0] for r in conn.execute(sa.text(ORA_PRIVS))}
+        user = conn.execute(sa.text("SELECT USER FROM dual")).scalar()
+
+        def has(table: str, privilege: str) -> bool | None:
+            owner = scalar(ORA_OWNER, t=table)
+            if owner is None:
+                return None
+            if owner == user or f"{privilege} ANY TABLE" in privs:
+                return True
+            return bool(scalar(ORA_TAB_PRIV, t=table, p=privilege))
+
+        diagnosis.privileges(has)
+        if diagnosis.leased_rows:
+            diagnosis.warning(
+                LeaseNotEnforceable.code,
+                f"leased rows are refused on Oracle (nothing ends a hung executor's "
+                f"transaction at its deadline): {', '.join(sorted(diagnosis.leased_rows))}",
+                rows=sorted(diagnosis.leased_rows))
+        # liveness: GV$SESSION (every RAC instance) sees whether the recorded session is
+        # still ours and in a transaction; without it resume proves it privilege-free
+        if diagnosis.writes:
+            if self._readable(conn, ORA_GV_SESSION):
+                diagnosis.ok("GV$SESSION is readable: resume sees the recorded session on "
+                             "its instance, its CLIENT_INFO tag and its transaction")
+            else:
+                diagnosis.warning(
+                    PrivilegeMissing.code,
+                    "GV$SESSION is not readable (GRANT SELECT ON SYS.GV_$SESSION): resume "
+                    "falls back on DBMS_SESSION.IS_SESSION_ALIVE and a rolled-back insert "
+                    "of the marker's key, and cannot end a session that may still commit")
+            if "ALTER SYSTEM" in privs:
+                diagnosis.ok("resume may end a recorded session "
+                             "(ALTER SYSTEM KILL SESSION, on its own instance)")
+            else:
+                diagnosis.warning(
+                    PrivilegeMissing.code,
+                    "without ALTER SYSTEM, resume cannot end a recorded session that may "
+                    "still commit; it waits, and answers unknown while the session lives")
+            if not self._readable(conn, ORA_2PC_PENDING):
+                diagnosis.warning(
+                    PrivilegeMissing.code,
+                    "DBA_2PC_PENDING is not readable: an in-doubt distributed commit "
+                    "(ORA-02050/ORA-02054) stays unknown until a person resolves it")
+        limit = scalar(ORA_SESSIONS_PER_USER)
+        if limit is not None and str(limit).isdigit():
+            # ORA-02391 counts every session of the user in the database: resume's two
+            # evidence sessions (never refused by a budget) must fit beside the budget
+            diagnosis.session_limit(int(limit), "the profile's SESSIONS_PER_USER", reserve=2)
+        else:
+            diagnosis.ok(f"the profile's SESSIONS_PER_USER is {limit or 'unknown'}")
+        ltxid = bytes(raw.ltxid or b"")
+        try:
+            outcome = scalar(ORA_COMMIT_OUTCOME)
+        except Exception:  # ALL_SERVICES not readable: the driver's LTXID still tells
+            conn.rollback()
+            outcome = None
+        executes = scalar(ORA_APP_CONT)
+        if not ltxid:
+            diagnosis.warning(
+                CommitOutcomeUnavailable.code,
+                "the service does not record commit outcomes: no LTXID on this session "
+                f"(COMMIT_OUTCOME is {outcome or 'not readable'}); enable it with "
+                "DBMS_SERVICE.MODIFY_SERVICE(..., commit_outcome => TRUE) or connect to a "
+                "service that has it", commit_outcome=outcome)
+        elif not executes:
+            diagnosis.warning(
+                CommitOutcomeUnavailable.code,
+                "the service records commit outcomes but the account may not read them: "
+                "GRANT EXECUTE ON DBMS_APP_CONT")
+        else:
+            diagnosis.ok("Transaction Guard records commit outcomes (LTXID on "
+                         "the session, EXECUTE on DBMS_APP_CONT)")
+        if diagnosis.ddl_rows:
+            if not ({"CREATE PROCEDURE", "CREATE ANY PROCEDURE"} & privs):
+                diagnosis.error(PrivilegeMissing.code,
+                                "the DDL rows need CREATE PROCEDURE (or CREATE ANY PROCEDURE)")
+            else:
+                diagnosis.ok("DDL apply (CREATE PROCEDURE) is allowed")

@@ -10,6 +10,9 @@ on the same timeline and the xid is not older than the commit log retains.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from typing import Any, ClassVar
 
 import sqlalchemy as sa
@@ -17,12 +20,17 @@ import sqlalchemy as sa
 from executor.dialects.base import (
     IDLE_GRACE_SECONDS,
     MARKER_TABLE,
+    POLL_SECONDS,
     REARM_AFTER_SECONDS,
+    Attempt,
+    AttemptEvidence,
+    Diagnosis,
     Dialect,
     SessionTag,
     TxIdentity,
     sqlstate,
 )
+from registry.errors import ExtensionMissing, PrivilegeMissing
 
 _IDENTITY_COLUMNS = (
     " pg_current_xact_id()::text AS xid,"
@@ -77,17 +85,20 @@ _SERVER = sa.text(
 )
 
 
+_XACT_STATUS = {"committed": "committed", "aborted": "aborted", "in progress": "in_progress"}
+"""``pg_xact_status`` answers as capgate's outcome words."""
+
+
 def _ms(seconds: float) -> str:
     return f"{max(1, int(seconds * 1000))}ms"
 
 
-class PostgresqlDialect(Dialect):
+class PostgresqlDialect(Dialect, name="postgresql", aliases=("postgres",)):
+    title: ClassVar[str] = "PostgreSQL"
+    driver: ClassVar[str | None] = "postgresql+psycopg"
+    url_schemes: ClassVar[frozenset[str]] = frozenset({"postgresql", "postgres"})
     returning_verbs: ClassVar[frozenset[str]] = frozenset({"INSERT", "UPDATE", "DELETE"})
     driver_paramstyle: ClassVar[str] = "pyformat"
-    name: ClassVar[str] = "postgresql"
-    transactional_ddl: ClassVar[bool] = True
-    commit_outcome_probe: ClassVar[bool] = True
-    server_side_lease: ClassVar[bool] = True
 
     def begin_write(self, conn: sa.Connection, tag: SessionTag, timeout_s: float,
                     lock_timeout_s: float | None,
@@ -163,11 +174,34 @@ class PostgresqlDialect(Dialect):
     def is_insufficient_privilege(self, exc: BaseException) -> bool:
         return sqlstate(exc) == "42501"
 
+    # --- ending a leased transaction -------------------------------------------------
+
+    def session_id(self, raw: Any) -> int | None:
+        return int(raw.info.backend_pid)
+
+    def cancel_statement(self, raw: Any, session: int | None,
+                         side: Callable[[], AbstractContextManager[sa.Connection]]) -> None:
+        """psycopg's cancel request on the session's own connection (``cancel_safe``: 3.2)."""
+        cancel = getattr(raw, "cancel_safe", None) or raw.cancel
+        cancel()
+
+    def terminate_lease_session(self, side: sa.Connection, session: int,
+                                tag: SessionTag) -> bool:
+        """``pg_terminate_backend`` on the lease's pid, only while it carries the call's label."""
+        return bool(side.execute(sa.text(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE pid = :pid AND application_name = :app"),
+            {"pid": session, "app": tag.text()}).scalar())
+
+    # --- recovery evidence ------------------------------------------------------------
+
     def server_identity(self, conn: sa.Connection) -> dict[str, Any]:
+        """The cluster and its timeline: an xid means something only on both."""
         system_identifier, timeline = conn.execute(_SERVER).one()
         return {"system_identifier": system_identifier, "timeline": timeline}
 
-    def commit_outcome(self, conn: sa.Connection, identity: dict[str, Any]) -> str | None:
+    def commit_outcome(self, conn: sa.Connection, identity: Mapping[str, Any]) -> str | None:
+        """``pg_xact_status`` of the recorded xid8: committed, aborted, in_progress or None."""
         xid = identity.get("xid")
         if not xid:
             return None
@@ -175,11 +209,10 @@ class PostgresqlDialect(Dialect):
                               {"xid": str(xid)}).scalar()
         if status is None:
             return None
-        return {"committed": "committed", "aborted": "aborted",
-                "in progress": "in_progress"}.get(str(status))
+        return _XACT_STATUS.get(str(status))
 
     @staticmethod
-    def _on_backend(conn: sa.Connection, identity: dict[str, Any], what: str) -> bool | None:
+    def _on_backend(conn: sa.Connection, identity: Mapping[str, Any], what: str) -> bool | None:
         """``what`` over exactly the recorded backend (pid *and* start time: pids recycle)."""
         pid = identity.get("pid")
         if pid is None:
@@ -190,11 +223,160 @@ class PostgresqlDialect(Dialect):
         ), {"pid": int(pid), "start": str(identity.get("backend_start"))}).scalar()
         return bool(value)
 
-    def session_alive(self, conn: sa.Connection, identity: dict[str, Any]) -> bool | None:
+    def session_alive(self, conn: sa.Connection, identity: Mapping[str, Any]) -> bool | None:
+        """Whether the recorded backend still exists (None: no pid recorded)."""
         return self._on_backend(conn, identity, "count(*) > 0")
 
-    def terminate_session(self, conn: sa.Connection, identity: dict[str, Any]) -> bool:
+    def terminate_session(self, conn: sa.Connection, identity: Mapping[str, Any]) -> bool:
+        """Terminate exactly the recorded backend; True if it was terminated."""
         return bool(self._on_backend(conn, identity, "pg_terminate_backend(pid)"))
 
-    def cancel_statement(self, conn: sa.Connection, identity: dict[str, Any]) -> bool:
-        return bool(self._on_backend(conn, identity, "pg_cancel_backend(pid)"))
+    def attempt_evidence(self, engine: sa.Engine, attempts: Sequence[Attempt], *,
+                         terminate: bool, wait_seconds: float,
+                         probe_writes: bool = True) -> dict[str, AttemptEvidence]:
+        """``pg_xact_status`` on the recorded xid8, on the same cluster and timeline only.
+
+        An xid still in progress belongs to a session that may commit: with
+        ``terminate`` exactly that backend is ended, and the xid asked again until
+        it is over or ``wait_seconds`` have passed.
+        """
+        answers = {a.intent_id: AttemptEvidence() for a in attempts}
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            server = self.server_identity(conn)
+            asked: dict[str, Attempt] = {}
+            for a in attempts:
+                answer, tx = answers[a.intent_id], a.tx
+                answer.notes["server_now"] = server
+                if not tx.get("xid") or not tx.get("system_identifier"):
+                    answer.identity = "unrecorded"
+                    answer.notes["commit_outcome"] = "no transaction id recorded"
+                    continue
+                same = (str(tx.get("system_identifier")) == str(server["system_identifier"])
+                        and str(tx.get("timeline")) == str(server["timeline"]))
+                answer.identity = "same" if same else "changed"
+                if same:
+                    asked[a.intent_id] = a
+            status = self._xact_status(conn, asked.values())
+            deadline = time.monotonic() + max(0.0, wait_seconds)
+            terminated: set[str] = set()
+            while True:
+                busy = [a for i, a in asked.items() if status.get(i) == "in_progress"]
+                if not busy:
+                    break
+                for a in busy:
+                    alive = bool(self.session_alive(conn, a.tx))
+                    notes = answers[a.intent_id].notes
+                    notes["session_alive"] = alive
+                    if alive and terminate and a.intent_id not in terminated:
+                        notes["terminated_session"] = {
+                            "pid": a.tx.get("pid"), "backend_start": a.tx.get("backend_start"),
+                            "done": self.terminate_session(conn, a.tx)}
+                        terminated.add(a.intent_id)
+                if time.monotonic() >= deadline:
+                    break
+                time.sleep(POLL_SECONDS)
+                status.update(self._xact_status(conn, busy))
+            for intent_id, a in asked.items():
+                answer = answers[intent_id]
+                answer.outcome = status.get(intent_id)
+                answer.notes["commit_outcome"] = {"probe": "pg_xact_status",
+                                                  "xid": a.tx.get("xid"),
+                                                  "answer": answer.outcome}
+                if answer.outcome in ("committed", "aborted"):
+                    answer.finished = True
+                elif answer.outcome == "in_progress":
+                    answer.finished = False
+        return answers
+
+    def _xact_status(self, conn: sa.Connection, attempts: Iterable[Attempt]) -> dict[str, str]:
+        """One batched ``pg_xact_status`` over many xids; per xid when the batch fails.
+
+        A NULL answer (xid older than the commit log keeps) and an error (an xid in
+        the future) both leave the intent without an outcome: unknown.
+        """
+        by_xid: dict[str, list[str]] = {}
+        for a in attempts:
+            by_xid.setdefault(str(a.tx["xid"]), []).append(a.intent_id)
+        out: dict[str, str] = {}
+        if not by_xid:
+            return out
+        answers: dict[str, str | None]
+        try:
+            rows = conn.execute(sa.text(
+                "SELECT u.x, pg_xact_status(CAST(u.x AS xid8))"
+                " FROM unnest(CAST(:xids AS text[])) AS u(x)"), {"xids": list(by_xid)}).all()
+            answers = {str(x): (_XACT_STATUS.get(str(s)) if s is not None else None)
+                       for x, s in rows}
+        except sa.exc.DBAPIError:
+            answers = {}
+            for xid in by_xid:
+                try:
+                    answers[xid] = self.commit_outcome(conn, {"xid": xid})
+                except sa.exc.DBAPIError:
+                    answers[xid] = None
+        for xid, ids in by_xid.items():
+            answer = answers.get(xid)
+            if answer is not None:
+                for intent_id in ids:
+                    out[intent_id] = answer
+        return out
+
+    # --- capgate doctor ---------------------------------------------------------------
+
+    def describe_server(self, conn: sa.Connection) -> str:
+        version = conn.execute(sa.text("SHOW server_version")).scalar()
+        system = conn.execute(sa.text("SELECT system_identifier FROM pg_control_system()")
+                              ).scalar()
+        where = conn.execute(sa.text("SELECT current_database(), current_user")).one()
+        return f"PostgreSQL {version}, system {system}, database {where[0]}, user {where[1]}"
+
+    def diagnose(self, conn: sa.Connection, diagnosis: Diagnosis) -> None:
+        """Table privileges, connection limits, and for DDL rows plpgsql_check and CREATE."""
+
+        def scalar(sql: str, **binds: Any) -> Any:
+            return conn.execute(sa.text(sql), binds).scalar()
+
+        def has(table: str, privilege: str) -> bool | None:
+            if scalar("SELECT to_regclass(:t) IS NOT NULL", t=table) is not True:
+                return None
+            return bool(scalar("SELECT has_table_privilege(:t, :p)", t=table, p=privilege))
+
+        diagnosis.privileges(has)
+        # ending a session: resume terminates exactly the recorded backend, which runs as the
+        # connector's own role -- allowed for the same role, for pg_signal_backend, superusers
+        if diagnosis.writes:
+            diagnosis.ok("resume may end the account's own sessions "
+                         "(pg_terminate_backend on a backend of the same role)")
+        limits = conn.execute(sa.text(
+            "SELECT r.rolconnlimit, d.datconnlimit, current_setting('max_connections')::int "
+            "- current_setting('superuser_reserved_connections')::int, r.rolsuper "
+            "FROM pg_roles r, pg_database d WHERE r.rolname = current_user "
+            "AND d.datname = current_database()")).one()
+        diagnosis.session_limit(int(limits[0]), "the role's CONNECTION LIMIT")
+        diagnosis.session_limit(int(limits[1]), "the database's CONNECTION LIMIT")
+        diagnosis.session_limit(int(limits[2]),
+                                "max_connections (less superuser_reserved_connections)")
+        if diagnosis.ddl_rows:
+            installed = scalar("SELECT extversion FROM pg_extension "
+                               "WHERE extname = 'plpgsql_check'")
+            if installed is None:
+                available = scalar("SELECT count(*) FROM pg_available_extensions "
+                                   "WHERE name = 'plpgsql_check'")
+                diagnosis.error(
+                    ExtensionMissing.code,
+                    f"the DDL rows ({', '.join(diagnosis.ddl_rows)}) need plpgsql_check: "
+                    + ("run CREATE EXTENSION plpgsql_check" if available else
+                       "install its package (postgresql-NN-plpgsql-check), then "
+                       "CREATE EXTENSION plpgsql_check"))
+            else:
+                diagnosis.ok(f"plpgsql_check {installed} is installed (DDL rows)")
+            create = scalar("SELECT has_schema_privilege(current_schema(), 'CREATE') "
+                            "OR (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)")
+            if not create:
+                diagnosis.error(
+                    PrivilegeMissing.code,
+                    "the DDL rows need CREATE on the schema (to replace stored code); "
+                    f"the account lacks it on {scalar('SELECT current_schema()')}")
+            else:
+                diagnosis.ok("DDL capture (pg_proc, pg_views) and apply (CREATE "
+                             "on the schema) are allowed")

@@ -9,22 +9,43 @@ so that a busy database fails before any statement runs.
 
 from __future__ import annotations
 
+import os
 import sqlite3
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from pathlib import Path
 from typing import Any, ClassVar
 
 import sqlalchemy as sa
+from sqlalchemy.engine import URL
 
-from executor.dialects.base import Dialect, SessionTag, TxIdentity
+from executor.dialects.base import (
+    Attempt,
+    AttemptEvidence,
+    Diagnosis,
+    Dialect,
+    SessionTag,
+    TxIdentity,
+    first_line,
+)
+from registry.errors import PrivilegeMissing
 
 
-class SqliteDialect(Dialect):
+class SqliteDialect(Dialect, name="sqlite"):
+    title: ClassVar[str] = "SQLite"
     returning_verbs: ClassVar[frozenset[str]] = frozenset({"INSERT", "UPDATE", "DELETE"})
     sequences_survive_rollback: ClassVar[bool] = False  # a rolled-back rowid is reused
-    name: ClassVar[str] = "sqlite"
-    transactional_ddl: ClassVar[bool] = True
 
     def engine_options(self) -> dict[str, Any]:
         return {}
+
+    def pool_options(self, session_budget: int, db_user_budget: int | None) -> dict[str, Any]:
+        return {}  # no server counts sessions: SQLAlchemy's own pool for a file
+
+    @classmethod
+    def database_file(cls, url: URL) -> str | None:
+        database = url.database
+        return database if database and database != ":memory:" else None
 
     def prepare_engine(self, engine: sa.Engine) -> None:
         @sa.event.listens_for(engine, "connect")
@@ -73,6 +94,67 @@ class SqliteDialect(Dialect):
 
     def target_grants(self, grantee: str) -> list[str]:
         return []  # SQLite has no accounts: file permissions decide
+
+    # --- ending a leased transaction --------------------------------------------------
+
+    def cancel_statement(self, raw: Any, session: int | None,
+                         side: Callable[[], AbstractContextManager[sa.Connection]]) -> None:
+        """``sqlite3.Connection.interrupt()``: the running statement stops with an error."""
+        raw.interrupt()
+
+    # --- recovery evidence ------------------------------------------------------------
+
+    def attempt_evidence(self, engine: sa.Engine, attempts: Sequence[Attempt], *,
+                         terminate: bool, wait_seconds: float,
+                         probe_writes: bool = True) -> dict[str, AttemptEvidence]:
+        """No sessions to ask: holding the write lock proves no write is open.
+
+        ``BEGIN IMMEDIATE`` succeeds only when no other connection has a write
+        transaction open, so once resume has held it every attempt's transaction is
+        over (the markers resume reads after it are final).  A writer that is alive
+        (e.g. a stopped process) keeps the lock: unknown.  There is one database
+        file, so the server is always the same one.
+        """
+        answers = {a.intent_id: AttemptEvidence(identity="same") for a in attempts}
+        tag = SessionTag("resume", "capgate.resume", "evidence")
+        with engine.connect() as conn:
+            try:
+                self.begin_write(conn, tag, max(wait_seconds, 0.05), max(wait_seconds, 0.05))
+            except sa.exc.OperationalError as exc:
+                conn.rollback()
+                for answer in answers.values():
+                    answer.notes["write_lock"] = f"not acquired: {first_line(exc)}"
+                    answer.notes["session_alive"] = True
+            else:
+                for answer in answers.values():
+                    answer.finished = True
+                    answer.notes["write_lock"] = ("acquired: no write transaction is open on "
+                                                  "the target")
+            finally:
+                conn.rollback()
+                conn.exec_driver_sql("PRAGMA busy_timeout=5000")
+        return answers
+
+    # --- capgate doctor ---------------------------------------------------------------
+
+    def describe_server(self, conn: sa.Connection) -> str:
+        return f"SQLite {conn.execute(sa.text('SELECT sqlite_version()')).scalar()}"
+
+    def diagnose(self, conn: sa.Connection, diagnosis: Diagnosis) -> None:
+        """The tables exist; the file (and, for writes, its folder: the journal) is writable."""
+        database = conn.engine.url.database or ""
+
+        def has(table: str, privilege: str) -> bool | None:
+            if not conn.execute(sa.text(
+                    "SELECT count(*) FROM sqlite_master WHERE type IN ('table', 'view') "
+                    "AND lower(name) = :t"), {"t": table}).scalar():
+                return None
+            return privilege == "SELECT" or os.access(database, os.W_OK)
+
+        diagnosis.privileges(has)
+        if diagnosis.writes and not os.access(Path(database).parent, os.W_OK):
+            diagnosis.error(PrivilegeMissing.code, f"the folder of {database} is not writable: "
+                            "SQLite cannot keep its journal")
 
 
 def _raw(conn: sa.Connection) -> Any:

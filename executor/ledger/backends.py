@@ -13,7 +13,14 @@ backend:
   statements inside its exclusive transaction, PostgreSQL in *one* statement
   (a data-modifying CTE), which is what lets an append cost a single round
   trip there (see :attr:`Backend.single_statement_append`);
-* ``INSERT ... ON CONFLICT DO NOTHING``, which needs each dialect's construct.
+* ``INSERT ... ON CONFLICT DO NOTHING``, which needs each dialect's construct;
+* where the store may live (SQLite: a file, never memory), row locks in the
+  hand-written reads, batch migrations, and append-only tables (the DDL
+  snapshots).
+
+Each backend registers itself by naming its dialect (``class SQLiteBackend(Backend,
+name="sqlite")``, :mod:`executor.dialects.registration`); :func:`backend_for` is the
+one lookup.
 """
 
 from __future__ import annotations
@@ -26,13 +33,17 @@ import sqlite3
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
 import sqlalchemy as sa
 from sqlalchemy import event as sa_event
-from sqlalchemy.engine import URL, Connection, Engine
+from sqlalchemy.engine import URL, Connection, Engine, make_url
 
+from executor.dialects import engine_name, normalise_url
+from executor.dialects.registration import Implementations, Registered
 from executor.ledger.schema import cases, events, idempotency
+from registry.errors import LedgerError
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 """How long a SQLite writer waits for another process's write lock before failing."""
@@ -62,10 +73,16 @@ class NewHead:
     updated_at: str
 
 
-class Backend:
+class Backend(Registered):
     """One ledger backend's quirks.  Subclasses set the flags and override the hooks."""
 
-    name: ClassVar[str] = "generic"
+    implementations: ClassVar[Implementations[Backend]] = Implementations("ledger backend")
+    drivers: ClassVar[frozenset[str]] = frozenset()
+    """The SQLAlchemy drivers the backend runs on (its hot path talks to that driver)."""
+    row_lock: ClassVar[str] = ""
+    """What a hand-written ``SELECT`` of rows to update adds to lock them (`` FOR UPDATE``)."""
+    batch_migrations: ClassVar[bool] = False
+    """Whether alembic must migrate by copying tables (SQLite's ALTER TABLE is limited)."""
     single_statement_append: ClassVar[bool] = False
     """True when one statement can write the events and swap the head atomically.
 
@@ -84,6 +101,18 @@ class Backend:
 
     def make_engine(self, url: URL) -> Engine:
         raise NotImplementedError
+
+    def prepare_location(self, url: URL, where: str) -> None:
+        """Refuse a store that cannot keep records, and make what it needs (a folder)."""
+
+    def lock_setup(self, conn: Connection, name: str) -> None:
+        """Serialise the creation of table ``name`` (and its triggers) with other processes
+        doing the same; held until ``conn``'s transaction ends.  Default: nothing needed."""
+
+    def append_only_sql(self, conn: Connection, table: str) -> tuple[str, ...]:
+        """The statements that make ``table``'s rows immutable (no UPDATE, no DELETE),
+        empty when they are in place already.  ``table`` is capgate's own name."""
+        return ()
 
     def hot_connect(self, url: URL) -> Any:
         """A driver connection for :class:`HotConnections` (one per thread)."""
@@ -192,7 +221,7 @@ class Backend:
         return True
 
 
-class SQLiteBackend(Backend):
+class SQLiteBackend(Backend, name="sqlite"):
     """The embedded default: one file, WAL, ``synchronous=FULL``, ``BEGIN IMMEDIATE``.
 
     pysqlite's own transaction handling begins lazily and only before DML, so
@@ -204,9 +233,26 @@ class SQLiteBackend(Backend):
     one consistent WAL snapshot.
     """
 
-    name = "sqlite"
+    drivers = frozenset({"sqlite", "sqlite+pysqlite"})
+    batch_migrations = True
     now_sql = "((julianday('now') - 2440587.5) * 86400.0)"
     greatest = "max"
+
+    def prepare_location(self, url: URL, where: str) -> None:
+        database = url.database or ""
+        if database in ("", ":memory:") or database.startswith("file::memory:"):
+            raise LedgerError(
+                "an in-memory SQLite ledger would lose every record at exit; "
+                "give a file path (sqlite:///path/ledger.db)",
+                ledger=where,
+            )
+        Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+
+    def append_only_sql(self, conn: Connection, table: str) -> tuple[str, ...]:
+        return tuple(
+            f"CREATE TRIGGER IF NOT EXISTS {table}_no_{verb.lower()} BEFORE {verb} ON {table} "
+            f"BEGIN SELECT RAISE(ABORT, '{table} rows are immutable'); END"
+            for verb in ("UPDATE", "DELETE"))
 
     def hot_connect(self, url: URL) -> Any:
         conn = sqlite3.connect(url.database or "", timeout=SQLITE_BUSY_TIMEOUT_MS / 1000,
@@ -294,14 +340,15 @@ class SQLiteBackend(Backend):
         return sqlite_dialect.insert(table).on_conflict_do_nothing()
 
 
-class PostgreSQLBackend(Backend):
+class PostgreSQLBackend(Backend, name="postgresql"):
     """The shared store: psycopg 3, row locks, one-statement appends.
 
     Sessions are tagged ``application_name=capgate-ledger`` so that a DBA sees
     who holds a lock.
     """
 
-    name = "postgresql"
+    drivers = frozenset({"postgresql+psycopg"})
+    row_lock = " FOR UPDATE"
     single_statement_append = True
     now_sql = "CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION)"
     greatest = "GREATEST"
@@ -370,6 +417,22 @@ class PostgreSQLBackend(Backend):
 
     def lock_for_ddl(self, conn: Connection) -> None:
         conn.execute(sa.select(sa.func.pg_advisory_xact_lock(_PG_DDL_LOCK_KEY)))
+
+    def lock_setup(self, conn: Connection, name: str) -> None:
+        # many executor processes may start at once
+        conn.execute(sa.text("SELECT pg_advisory_xact_lock(hashtext(:name))"), {"name": name})
+
+    def append_only_sql(self, conn: Connection, table: str) -> tuple[str, ...]:
+        if conn.execute(sa.text(
+            "SELECT 1 FROM pg_trigger WHERE tgname = :trigger AND tgrelid = to_regclass(:table)"
+        ), {"trigger": f"{table}_immutable", "table": table}).first():
+            return ()
+        return (
+            f"CREATE OR REPLACE FUNCTION {table}_immutable() RETURNS trigger LANGUAGE plpgsql "
+            f"AS $f$ BEGIN RAISE EXCEPTION '{table} rows are immutable'; END $f$",
+            f"CREATE OR REPLACE TRIGGER {table}_immutable BEFORE UPDATE OR DELETE "
+            f"ON {table} FOR EACH ROW EXECUTE FUNCTION {table}_immutable()",
+        )
 
     def lock_rows(self, stmt: sa.Select[Any]) -> sa.Select[Any]:
         return stmt.with_for_update()
@@ -469,11 +532,34 @@ class PostgreSQLBackend(Backend):
         return len(inserted) == len(rows)
 
 
-def backend_for(url: URL) -> Backend:
-    """The backend for a normalised URL (``sqlite`` or ``postgresql+psycopg``)."""
-    if url.get_backend_name() == "sqlite":
-        return SQLiteBackend()
-    return PostgreSQLBackend()
+def backend_for(url: str | URL) -> tuple[Backend, URL]:
+    """The backend for a ledger URL, and the URL with capgate's driver pinned.
+
+    Raises LedgerError when the URL cannot be parsed or names a database (or a
+    driver) no backend runs on.
+    """
+    try:
+        given = make_url(url)
+    except Exception:
+        raise LedgerError(
+            "the ledger URL cannot be parsed; expected sqlite:///path or postgresql://user@host/db"
+        ) from None
+    parsed = normalise_url(given)
+    backend = backend_named(parsed.get_backend_name())
+    if backend is None or parsed.drivername not in backend.drivers:
+        raise LedgerError(
+            f"unsupported ledger URL scheme {given.drivername!r}; the ledger runs on "
+            "sqlite:///path or postgresql:// (psycopg 3)",
+            ledger=given.render_as_string(hide_password=True),
+        )
+    return backend, parsed
+
+
+def backend_named(name: str) -> Backend | None:
+    """The backend for a dialect name or alias (a connection's ``dialect.name``); None
+    when the ledger cannot live in that database."""
+    cls = Backend.implementations.get(engine_name(name))
+    return cls() if cls is not None else None
 
 
 # --- hot transactions: the call path's writes, on the driver directly -----------------------

@@ -55,12 +55,11 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from types import TracebackType
 from typing import Any, Final, ParamSpec, TypeVar
 
 import sqlalchemy as sa
-from sqlalchemy.engine import URL, Connection, Engine, make_url
+from sqlalchemy.engine import URL, Connection, Engine
 
 from executor.ledger.backends import (
     Backend,
@@ -385,19 +384,10 @@ def open_ledger(
     Raises LedgerError (the URL shown without its password) when the store
     cannot be reached or prepared, ConfigError for an unusable key.
     """
-    parsed = _normalise_url(url)
+    backend, parsed = backend_for(url)
     key = _resolve_key(hmac_key)
-    backend = backend_for(parsed)
     where = parsed.render_as_string(hide_password=True)
-    if backend.name == "sqlite":
-        database = parsed.database or ""
-        if database in ("", ":memory:") or database.startswith("file::memory:"):
-            raise LedgerError(
-                "an in-memory SQLite ledger would lose every record at exit; "
-                "give a file path (sqlite:///path/ledger.db)",
-                ledger=where,
-            )
-        Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+    backend.prepare_location(parsed, where)
     try:
         engine = backend.make_engine(parsed)
     except Exception as exc:
@@ -426,25 +416,6 @@ def open_ledger(
             engine.dispose()
             raise
     return Ledger(engine, backend, parsed, key=key, clock=clock)
-
-
-def _normalise_url(url: str | URL) -> URL:
-    try:
-        parsed = make_url(url) if isinstance(url, str) else url
-    except Exception:
-        raise LedgerError(
-            "the ledger URL cannot be parsed; expected sqlite:///path or postgresql://user@host/db"
-        ) from None
-    driver = parsed.drivername
-    if driver in ("postgresql", "postgres", "postgresql+psycopg"):
-        return parsed.set(drivername="postgresql+psycopg")
-    if driver in ("sqlite", "sqlite+pysqlite"):
-        return parsed
-    raise LedgerError(
-        f"unsupported ledger URL scheme {driver!r}; the ledger runs on sqlite:///path "
-        "or postgresql:// (psycopg 3)",
-        ledger=parsed.render_as_string(hide_password=True),
-    )
 
 
 def _resolve_key(hmac_key: bytes | None) -> bytes | None:
@@ -497,6 +468,8 @@ class Ledger:
             else engine
         )
         self._hot = HotConnections(backend, url)
+        self._head_sql = _HEAD + backend.row_lock
+        """The case row's read on an append, locked where the store has row locks."""
         self._heads: OrderedDict[str, StoredHead] = OrderedDict()
         self._verified: OrderedDict[str, StoredHead] = OrderedDict()
         self._states: OrderedDict[str, tuple[str, dict[str, Any], dict[str, str] | None]] = \
@@ -915,8 +888,7 @@ class Ledger:
         names = {f"c{i}": case_id for i, case_id in enumerate(case_ids)}
         sql = (f"SELECT case_id, head_seq, head_digest, snapshot, head_mac FROM cg_cases"
                f" WHERE case_id IN ({', '.join(':' + n for n in names)}) ORDER BY case_id")
-        if tx.backend.name == "postgresql":
-            sql += " FOR UPDATE"
+        sql += tx.backend.row_lock
         heads: dict[str, StoredHead] = {}
         for row in tx.run(sql, names).all():
             case_id = str(row[0])
@@ -929,8 +901,7 @@ class Ledger:
 
     def _read_head(self, tx: HotTx, case_id: str, *, check: bool) -> StoredHead | None:
         """The case row (locked on PostgreSQL), verified when ``check`` and not trusted."""
-        row = tx.run(_HEAD_FOR_UPDATE if tx.backend.name == "postgresql" else _HEAD,
-                     {"case_id": case_id}).first()
+        row = tx.run(self._head_sql, {"case_id": case_id}).first()
         if row is None:
             return None
         head = StoredHead(int(row[0]), str(row[1]), str(row[2]))
@@ -1877,7 +1848,6 @@ _EVENT_COLUMNS = ("case_id, seq, kind, intent_id, payload, prev_digest, digest, 
                   "state_digest")
 _HEAD = ("SELECT head_seq, head_digest, snapshot, head_mac FROM cg_cases "
          "WHERE case_id = :case_id")
-_HEAD_FOR_UPDATE = _HEAD + " FOR UPDATE"
 _HEAD_EVENT = f"SELECT {_EVENT_COLUMNS} FROM cg_events WHERE case_id = :case_id AND seq = :seq"
 _CASE_EVENTS = f"SELECT {_EVENT_COLUMNS} FROM cg_events WHERE case_id = :case_id ORDER BY seq"
 _INTENT_EVENTS = (f"SELECT {_EVENT_COLUMNS} FROM cg_events WHERE case_id = :case_id "

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 from alembic import context
 
+from executor.ledger.backends import backend_named
 from executor.ledger.schema import metadata
 
 connection = context.config.attributes.get("connection")
 if connection is None:
     raise RuntimeError("the ledger migrations run only through `capgate ledger migrate`")
+backend = backend_named(connection.dialect.name)
 context.configure(connection=connection, target_metadata=metadata,
-                  render_as_batch=connection.dialect.name == "sqlite",
+                  render_as_batch=backend is not None and backend.batch_migrations,
                   transaction_per_migration=False)
 with context.begin_transaction():
     context.run_migrations()
