@@ -62,6 +62,7 @@ from executor import boundaries
 from executor import outcome as oc
 from executor.claims import ImpactClaims
 from executor.context import CallContext, Rollback
+from executor.dialects.base import DEADLINE_KEY, TxDeadline
 from executor.outcome import Outcome
 from executor.runtime import Runtime
 from executor.steps import require, run_registered
@@ -171,9 +172,15 @@ class Lease:
         self.connector = ctx.connector
         self.dialect = ctx.connector.dialect
         self.timeout = float(ctx.row.timeout.seconds)
-        self.started_wall = time.time()
-        self.started = time.monotonic()
-        self.deadline = self.started + self.timeout
+        now, now_wall = time.monotonic(), time.time()
+        # The lease's deadline is the transaction's: the one the server's timeouts were
+        # armed to when it opened (before `prepared` committed).  Counted from here
+        # instead, a slow `prepared` would put the lease's deadline after the server's,
+        # and a statement the server stopped at the deadline would read as a mere timeout.
+        tx = conn.info.get(DEADLINE_KEY)
+        self.deadline = tx.deadline if isinstance(tx, TxDeadline) else now + self.timeout
+        self.started = self.deadline - self.timeout
+        self.started_wall = now_wall - (now - self.started)
         self.deadline_wall = self.started_wall + self.timeout
         self.step: str | None = None
         self.state = "running"

@@ -295,3 +295,30 @@ def test_sigstop_mid_lease_the_server_releases_the_locks(
         os.kill(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate(timeout=10)
     assert out == ""  # it never got to answer
+
+
+def test_the_lease_deadline_is_the_transactions_even_after_a_slow_attempt_record(
+        lab: Callable[..., Executor], server_target: URL,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server's timeouts are armed when the transaction opens; the lease counts from
+    there too.  With ``attempt_started`` taking 0.6 s of a 1 s lease, a statement the
+    server stops at the deadline is still the lease's expiry -- never a plain timeout --
+    and the watchdog fires at the transaction's deadline, not 0.6 s after it."""
+    from executor import boundaries
+
+    ex = lab(server_target)
+    slow = boundaries.attempt_started
+
+    def slow_attempt_started(*args: Any, **kwargs: Any) -> None:
+        slow(*args, **kwargs)
+        time.sleep(0.6)
+
+    monkeypatch.setattr(boundaries, "attempt_started", slow_attempt_started)
+    started = time.monotonic()
+    out = ex.call("lab.slow", {"policy_id": 1, "seconds": 4, "in_db": True},
+                  case="L-slow-record", who="agent")
+    elapsed = time.monotonic() - started
+    assert out.status == "rolled_back"
+    assert out.reason is not None and out.reason["kind"] == "lease_expired", out.reason
+    assert out.reason["step"] == "slow_step"
+    assert elapsed < 1 + 1.5, elapsed
