@@ -27,11 +27,10 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from capgate.handlers.console import emit  # capgate.doctor's handler imports it from here
 from capgate.internal import internal_error
 from registry.errors import CapgateError, RegistryError
 
-__all__ = ["COMMANDS", "build_parser", "did_you_mean", "emit", "main", "version"]
+__all__ = ["COMMANDS", "build_parser", "did_you_mean", "main", "version"]
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -42,9 +41,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "init": ("capgate.handlers.project",
              "scaffold a working project: config, grants, capabilities, target"),
     "demo": ("capgate.handlers.demo", "run the demo on the packaged examples (SQLite, no server)"),
-    # capgate.doctor still registers its own command (its handler moves to
-    # capgate.handlers once the engine-name work on doctor.py has landed)
-    "doctor": ("capgate.doctor",
+    "doctor": ("capgate.handlers.doctor",
                "check configuration, grants and every connector's live access"),
     "validate": ("capgate.handlers.capabilities", "validate capability files"),
     "lock": ("capgate.handlers.capabilities", "pin every row's hash in capabilities.lock"),

@@ -10,8 +10,8 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
+from capgate.commands.doctor import run_doctor
 from capgate.commands.project import init_project
-from capgate.doctor import run_doctor
 from tests.test_init import capgate, clean_env, mcp_tools
 
 

@@ -136,12 +136,9 @@ def command_table() -> dict[str, str]:
     raise AssertionError("capgate/cli.py has no COMMANDS table")
 
 
-#: Edges the face still has that it should not, each with the reason it waits.
-#: ``capgate/doctor.py`` is being changed by the engine-name work of issue 14 (one
-#: place per engine); until that lands it keeps its own handler, which prints with
-#: ``capgate.cli.emit``, and the entry point names it -- its handler moves to
-#: ``capgate/handlers/`` after that, and this goes.
-PENDING = {("capgate.doctor", "capgate.cli")}
+#: Edges the face still has that it should not, each with the reason it waits (none now:
+#: the doctor's handler moved to ``capgate/handlers/`` like every other).
+PENDING: set[tuple[str, str]] = set()
 
 
 def capgate_graph() -> dict[str, set[str]]:

@@ -630,7 +630,7 @@ def test_doctor_reports_what_oracle_needs(service: str, request: pytest.FixtureR
                                           tmp_path: Any) -> None:
     from pathlib import Path
 
-    from capgate.doctor import run_doctor
+    from capgate.commands.doctor import run_doctor
 
     url: URL = request.getfixturevalue("oracle_url" if service == "default"
                                        else "oracle_tg_url")

@@ -32,14 +32,11 @@ query parses with sqlglot's Oracle dialect (``tests/test_oracle_offline.py``).
 
 from __future__ import annotations
 
-import argparse
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-from capgate.cli import emit
 
 ERROR, WARNING, OK = "error", "warning", "ok"
 
@@ -460,29 +457,3 @@ def _budget_finding(report: Report, subject: str, config: Any, limit: int | None
     else:
         report.add(OK, "OK", subject, f"{what} allows {limit} session(s); session_budget "
                    f"{config.session_budget} fits")
-
-
-# --- the command --------------------------------------------------------------------------
-
-
-def register(sub: Any, common: argparse.ArgumentParser) -> None:
-    p = sub.add_parser("doctor", parents=[common],
-                       help="check configuration, grants and every connector's live access",
-                       description="Every configuration key, the grants, the capability "
-                                   "files, what each identity gets, and per connector: "
-                                   "reachable, server, environment, capgate's tables, "
-                                   "privileges, session limits, extensions.  Exit 1 on any "
-                                   "error.")
-    p.add_argument("--offline", action="store_true",
-                   help="check the configuration and files only; connect to nothing")
-    p.set_defaults(handler=cmd_doctor)
-
-
-def cmd_doctor(args: argparse.Namespace) -> int:
-    from registry.errors import EXIT_OK, EXIT_REFUSED, ConfigMissing
-
-    report = run_doctor(args.config, live=not args.offline)
-    emit(args, report.to_dict(), report.text())
-    if any(f.code == ConfigMissing.code for f in report.errors):
-        return ConfigMissing.exit_code
-    return EXIT_OK if report.ok else EXIT_REFUSED
