@@ -26,9 +26,9 @@ from sqlalchemy.engine import URL, Connection, Engine
 
 from ddl import signature as sigmod
 from ddl import sqltext
-from ddl.errors import ApplyFailed, FeatureNotSupported, UnsupportedObjectType
 from executor.dialects import engine_name
 from executor.dialects.registration import Implementations, Registered, package_modules
+from registry.errors import ApplyFailed, FeatureNotSupported, UnsupportedObjectType
 
 KINDS = (
     "aggregate",

@@ -70,7 +70,7 @@ from ddl.catalog import (
     Progress,
     first_line,
 )
-from ddl.errors import (
+from registry.errors import (
     DefinerCannotBeKept,
     FeatureNotSupported,
     SourceDoesNotParse,

@@ -70,7 +70,7 @@ from ddl.catalog import (
     Progress,
     first_line,
 )
-from ddl.errors import ApplyFailed, FeatureNotSupported, InvalidObjectName, LockNotAcquired
+from registry.errors import ApplyFailed, FeatureNotSupported, InvalidObjectName, LockNotAcquired
 
 OBJECT_TYPE = {
     "package": "PACKAGE",

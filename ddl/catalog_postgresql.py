@@ -60,7 +60,7 @@ from ddl.catalog import (
     Progress,
     first_line,
 )
-from ddl.errors import (
+from registry.errors import (
     ApplyFailed,
     InvalidObjectName,
     ObjectNotFound,

@@ -39,7 +39,7 @@ from ddl.catalog import (
     Progress,
     first_line,
 )
-from ddl.errors import FeatureNotSupported
+from registry.errors import FeatureNotSupported
 
 
 def _q(name: str) -> str:

@@ -47,19 +47,6 @@ from ddl.catalog import (
     first_line,
     lock_key,
 )
-from ddl.errors import (
-    ApplyFailed,
-    CompensationFailed,
-    DdlProhibition,
-    LockNotAcquired,
-    MergeRequired,
-    ObjectNotFound,
-    PlanTampered,
-    SchemaWideRecompile,
-    SourceDoesNotParse,
-    VerifyFailed,
-    error_details,
-)
 from ddl.events import DdlEventSink, NullSink
 from ddl.merge import MergeProposal, propose
 from ddl.results import (
@@ -90,6 +77,19 @@ from ddl.results import (
 from ddl.signature import RECIPE, Signature, diff, sign
 from ddl.snapshots import Snapshot, SnapshotStore
 from registry.canonical import canonical_hash
+from registry.errors import (
+    ApplyFailed,
+    CompensationFailed,
+    DdlProhibition,
+    LockNotAcquired,
+    MergeRequired,
+    ObjectNotFound,
+    PlanTampered,
+    SchemaWideRecompile,
+    SourceDoesNotParse,
+    VerifyFailed,
+    error_details,
+)
 
 PLAN_FORMAT = "capgate.ddl.plan/1"
 _PLAN_KEYS = frozenset({

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ddl import sqltext
-from ddl.errors import (
+from registry.errors import (
     DdlProhibition,
     RemoteDependentsWithoutFarSideStep,
     SchemaWideRecompile,

@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ddl.catalog import ObjectRef, ObjectStatus
-from ddl.errors import CompensationFailed, VerifyFailed
 from ddl.merge import MergeProposal
-from registry.errors import DdlError
+from registry.errors import CompensationFailed, DdlError, VerifyFailed
 from registry.errors import lookup as lookup_error
+from registry.vocabulary import Classification, OutcomeStatus
 
 # --- inputs --------------------------------------------------------------------------------
 
@@ -261,10 +261,10 @@ class CompensationReport:
         }
 
 
-APPLIED_VERIFIED = "applied_verified"
-ROLLED_BACK = "rolled_back"
-COMPENSATED = "compensated"
-COMPENSATION_FAILED = "compensation_failed"
+APPLIED_VERIFIED = OutcomeStatus.APPLIED_VERIFIED
+ROLLED_BACK = OutcomeStatus.ROLLED_BACK
+COMPENSATED = OutcomeStatus.COMPENSATED
+COMPENSATION_FAILED = OutcomeStatus.COMPENSATION_FAILED
 
 
 @dataclass(frozen=True)
@@ -337,19 +337,21 @@ class ObjectRecovery:
         }
 
 
-NEXT_ACTION = {
-    "applied": "record the apply as observed, then verify (capgate ddl verify)",
-    "not_applied": "nothing landed: the same plan may be applied again",
-    "partly_applied": "compensate from the snapshots (capgate ddl compensate) or escalate; "
-    "never re-apply blindly",
-    "unknown": "escalate: the live objects match neither the snapshots nor the new sources",
+NEXT_ACTION: dict[str, str] = {
+    Classification.APPLIED: "record the apply as observed, then verify (capgate ddl verify)",
+    Classification.NOT_APPLIED: "nothing landed: the same plan may be applied again",
+    Classification.PARTLY_APPLIED:
+        "compensate from the snapshots (capgate ddl compensate) or escalate; "
+        "never re-apply blindly",
+    Classification.UNKNOWN:
+        "escalate: the live objects match neither the snapshots nor the new sources",
 }
 
 
 @dataclass(frozen=True)
 class RecoveryReport:
     classification: str
-    """``applied`` | ``not_applied`` | ``partly_applied`` | ``unknown``."""
+    """A :class:`~registry.vocabulary.Classification`: what of the plan landed."""
     plan_hash: str
     objects: tuple[ObjectRecovery, ...]
 

@@ -62,13 +62,6 @@ from sqlalchemy.engine import URL, Connection
 
 from ddl import events as ev
 from ddl.catalog import SPEC_OF_BODY, Dependent, ObjectRef, Progress
-from ddl.errors import (
-    MergeRequired,
-    ObjectOutOfScope,
-    PlanTampered,
-    StaleExtract,
-    error_details,
-)
 from ddl.events import ListSink
 from ddl.loop import PLAN_FORMAT, DdlLoop, check_plan
 from ddl.results import (
@@ -97,12 +90,18 @@ from registry.errors import (
     CapgateError,
     CaseConflict,
     DdlError,
+    MergeRequired,
+    ObjectOutOfScope,
     OutcomeUnknown,
+    PlanTampered,
     ReconciliationRequired,
     SelfApproval,
+    StaleExtract,
     UsageError,
+    error_details,
 )
 from registry.model import EffectClass, Row
+from registry.vocabulary import RollbackReason
 
 __all__ = [
     "APPLY_STARTED",
@@ -671,7 +670,7 @@ class DdlService:
                                 cfg: ConnectorConfig, plan: Mapping[str, Any],
                                 exc: BaseException) -> None:
         """A refusal between ``prepared`` and the first DDL: nothing applied, close the intent."""
-        reason = {"kind": "refused_before_apply", "error": error_details(exc)}
+        reason = {"kind": RollbackReason.REFUSED_BEFORE_APPLY, "error": error_details(exc)}
         record = _outcome(case, intent_id, row, cfg, str(plan["plan_hash"]), ROLLED_BACK,
                           {"applied": False, "objects": [o["key"] for o in plan["objects"]]},
                           reason)
@@ -749,7 +748,7 @@ class DdlService:
             comp = lp.compensate(plan)
         status = COMPENSATED if comp.ok else COMPENSATION_FAILED
         reason = None if comp.ok else {
-            "kind": "compensation_failed", "code": "CG512",
+            "kind": RollbackReason.COMPENSATION_FAILED, "code": "CG512",
             "message": "compensation did not restore the snapshot(s): "
                        + "; ".join(comp.causes[:5]),
             "causes": list(comp.causes),
@@ -874,7 +873,7 @@ def settle_ddl_intent(executor: Executor, case_id: str, intent_id: str, *,
                                    f"--case {case_id}")
     elif classification == "not_applied" and row is not None and cfg is not None:
         record = _outcome(case_id, intent_id, row, cfg, str(evidence["plan_hash"]), ROLLED_BACK,
-                          {"reconciled": evidence}, {"kind": "not_applied",
+                          {"reconciled": evidence}, {"kind": RollbackReason.NOT_APPLIED,
                                                      "rule": evidence["rule"]})
         ledger.append(case_id, "reconciled", {"evidence": evidence, "state": {
             "classification": classification, "rule": evidence["rule"],

@@ -27,10 +27,10 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL, Engine
 
 from ddl.catalog import ObjectRef
-from ddl.errors import ObjectNotFound, SnapshotOverwrite, SnapshotTampered
 from ddl.signature import Signature
 from executor.ledger.backends import backend_named
 from registry.canonical import canonical_hash
+from registry.errors import ObjectNotFound, SnapshotOverwrite, SnapshotTampered
 
 
 def _now() -> str:

@@ -16,7 +16,7 @@ from typing import Any
 from executor.call import Executor
 from executor.outcome import Outcome
 from executor.returned import Binding, resolve
-from registry.simulation_errors import ReturnedValueUnavailable
+from registry.errors import ReturnedValueUnavailable
 
 __all__ = ["call_bound"]
 

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from executor.ledger.backends import HotTx
     from executor.ledger.store import Guard
 from registry.model import AuthKind
+from registry.vocabulary import RollbackReason
 
 _OUTSIDE_RETRIES = 8
 
@@ -199,7 +200,7 @@ def record_stale(rt: Runtime, ctx: CallContext, seen: Outcome | str,
         "outcome": seen if isinstance(seen, str) else seen.to_dict()}})
     if late_applied and recorded.get("status") not in (oc.APPLIED, oc.ALREADY_APPLIED):
         rt.ledger.append(ctx.case_id, "escalated", {"state": {"escalation": {
-            "kind": "stale_attempt_applied", "by": "executor",
+            "kind": RollbackReason.STALE_ATTEMPT_APPLIED, "by": "executor",
             "detail": f"attempt {ctx.attempt} applied after the intent was recorded as "
                       f"{recorded.get('status') or superseded.details.get('recorded_status')}",
             "late_outcome": seen.to_dict() if isinstance(seen, Outcome) else seen}}},

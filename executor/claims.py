@@ -126,6 +126,7 @@ from registry.errors import (
     StaleFence,
 )
 from registry.model import EffectClass
+from registry.vocabulary import RollbackReason
 
 if TYPE_CHECKING:
     from executor.ledger import Ledger
@@ -607,7 +608,8 @@ class ImpactClaims(CallHooks):
             return
         stale = target_fence(ctx, conn, claim, namespace=self.store.ledger_id())
         if stale is not None:
-            raise Rollback({"kind": "stale_fence", "code": StaleFence.code, "where": "target",
+            raise Rollback({"kind": RollbackReason.STALE_FENCE, "code": StaleFence.code,
+                            "where": "target",
                             **stale,
                             "message": "a newer claim of this target already wrote; this "
                                        "holder's claim had expired and was taken over"})
@@ -617,7 +619,8 @@ class ImpactClaims(CallHooks):
         lost = self.store.renew(claim, margin=margin)
         if lost:
             now = self.store.current(lost[0]) or {}
-            raise Rollback({"kind": "stale_fence", "code": StaleFence.code, "where": "ledger",
+            raise Rollback({"kind": RollbackReason.STALE_FENCE, "code": StaleFence.code,
+                            "where": "ledger",
                             "impact_key": lost[0],
                             "token": claim.tokens[lost[0]], "current_token": now.get("token"),
                             "holder_case": now.get("case_id"),

@@ -28,6 +28,7 @@ from executor.expectations import CheckResult
 from executor.outcome import Outcome
 from executor.runtime import Runtime
 from executor.transaction import run_checks, run_statements, run_transaction
+from registry.vocabulary import RollbackReason
 
 __all__ = ["compensate", "finish_compensation", "record_final", "run_compensation"]
 
@@ -51,7 +52,7 @@ def compensate(rt: Runtime, ctx: CallContext, applied: Outcome,
     if not ctx.row.compensation:
         # only a row built in code can get here (validation refuses it, CG124): nothing
         # can undo the effect, so nothing may claim it was undone
-        result = comp.outcome(oc.ROLLED_BACK, {}, {"kind": "no_compensation",
+        result = comp.outcome(oc.ROLLED_BACK, {}, {"kind": RollbackReason.NO_COMPENSATION,
                                                    "message": "the row declares no "
                                                               "compensation; nothing ran"})
     else:
@@ -62,7 +63,7 @@ def compensate(rt: Runtime, ctx: CallContext, applied: Outcome,
                      "evidence": dict(result.evidence), "restored_checks": checks}
     if restored:
         status = oc.COMPENSATED
-        reason: dict[str, Any] = {"kind": "post_commit_failed", "checks": failures,
+        reason: dict[str, Any] = {"kind": RollbackReason.POST_COMMIT_FAILED, "checks": failures,
                                   "compensation_intent": comp.intent_id,
                                   "restored_checks": checks}
     else:
@@ -70,7 +71,7 @@ def compensate(rt: Runtime, ctx: CallContext, applied: Outcome,
         why = ("the compensation rolled back or did not run" if result.status != oc.APPLIED
                else "the compensation committed but the re-read of the restored state "
                     "does not confirm it")
-        reason = {"kind": "compensation_failed", "checks": failures, "why": why,
+        reason = {"kind": RollbackReason.COMPENSATION_FAILED, "checks": failures, "why": why,
                   "compensation_intent": comp.intent_id,
                   "compensation": dict(result.reason or {}), "restored_checks": checks}
     final = Outcome(**{**applied.__dict__, "status": status,
@@ -104,7 +105,7 @@ def finish_compensation(rt: Runtime, comp: CallContext, result: Outcome
         record = result.to_dict()
         rt.ledger.append(comp.case_id, "escalated", {"outcome": record, "state": {
             "outcome": result.status, "outcome_record": record,
-            "escalation": {"kind": "compensation_failed", "by": "executor",
+            "escalation": {"kind": RollbackReason.COMPENSATION_FAILED, "by": "executor",
                            "compensation": dict(result.reason or {}),
                            "restored_checks": checks}}},
             intent_id=comp.intent_id, attempt=comp.attempt,
@@ -121,7 +122,7 @@ def record_final(rt: Runtime, case_id: str, original: str, compensation: str,
     if not record:
         return  # the original was never observed: resume settles it on its own
     record.update(status=status, reason={**(record.get("reason") or {}),
-                                         "kind": "post_commit_failed" if status ==
+                                         "kind": RollbackReason.POST_COMMIT_FAILED if status ==
                                          oc.COMPENSATED else "compensation_failed",
                                          "compensation_intent": compensation,
                                          "restored_checks": checks}, replayed=False)

@@ -74,6 +74,7 @@ from executor.transaction import (
     verify_and_replay,
 )
 from registry.errors import AttemptSuperseded, LeaseExpired
+from registry.vocabulary import RollbackReason
 
 if TYPE_CHECKING:
     from executor.connectors import Connector
@@ -294,7 +295,7 @@ class Lease:
     def reason(self, cause: Mapping[str, Any] | None = None) -> dict[str, Any]:
         step = self.step_at_deadline or "(opening)"
         out: dict[str, Any] = {
-            "kind": "lease_expired", "code": LeaseExpired.code, "step": step,
+            "kind": RollbackReason.LEASE_EXPIRED, "code": LeaseExpired.code, "step": step,
             "timeout_seconds": self.timeout,
             "deadline": _iso(self.deadline_wall),
             "overrun_seconds": round(max(0.0, time.monotonic() - self.deadline), 3),
@@ -360,7 +361,7 @@ def run_leased(rt: Runtime, ctx: CallContext) -> Outcome:
                     if result.ok:
                         continue
                     if step.abort is not None:
-                        raise Rollback({"kind": "abort", "step": step.name,
+                        raise Rollback({"kind": RollbackReason.ABORT, "step": step.name,
                                         "reason": step.abort, "expected": result.expected,
                                         "actual": result.actual})
                     skip_to = step.skip_to
@@ -401,7 +402,7 @@ def _settle(rt: Runtime, ctx: CallContext, current: Lease, result: Outcome) -> O
         current.enforced_by = "server"
     evidence = {**result.evidence, "lease": current.summary()}
     if current.expired and result.status == oc.ROLLED_BACK and (
-            reason is None or reason.get("kind") != "lease_expired"):
+            reason is None or reason.get("kind") != RollbackReason.LEASE_EXPIRED):
         reason = current.reason(reason)
     result = Outcome(**{**result.__dict__, "evidence": evidence, "reason": reason})
     if not ctx.rehearse:

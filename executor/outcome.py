@@ -20,19 +20,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from registry.errors import EXIT_OK, EXIT_REFUSED, EXIT_UNKNOWN
+from registry.vocabulary import OutcomeStatus
 
-APPLIED = "applied_verified"
-ROLLED_BACK = "rolled_back"
-READ_OK = "ok"
-COMPENSATED = "compensated"
-COMPENSATION_FAILED = "compensation_failed"
-ALREADY_APPLIED = "already_applied"
-SIMULATED = "simulated"
-"""Issue 16: a simulation's write -- applied, observed, torn down from its write log and the
-baseline re-read identical.  The final outcome of the simulation's intent: not a deployment."""
+APPLIED = OutcomeStatus.APPLIED_VERIFIED
+ROLLED_BACK = OutcomeStatus.ROLLED_BACK
+READ_OK = OutcomeStatus.OK
+COMPENSATED = OutcomeStatus.COMPENSATED
+COMPENSATION_FAILED = OutcomeStatus.COMPENSATION_FAILED
+ALREADY_APPLIED = OutcomeStatus.ALREADY_APPLIED
+SIMULATED = OutcomeStatus.SIMULATED
 
-_EXIT = {APPLIED: EXIT_OK, READ_OK: EXIT_OK, ALREADY_APPLIED: EXIT_OK, ROLLED_BACK: EXIT_REFUSED,
-         COMPENSATED: EXIT_REFUSED, COMPENSATION_FAILED: EXIT_UNKNOWN, SIMULATED: EXIT_OK}
+_EXIT: dict[str, int] = {
+    APPLIED: EXIT_OK, READ_OK: EXIT_OK, ALREADY_APPLIED: EXIT_OK, ROLLED_BACK: EXIT_REFUSED,
+    COMPENSATED: EXIT_REFUSED, COMPENSATION_FAILED: EXIT_UNKNOWN, SIMULATED: EXIT_OK}
 
 
 @dataclass(frozen=True)

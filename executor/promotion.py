@@ -41,13 +41,13 @@ from executor.simulation.records import (
     simulation_of,
 )
 from registry.canonical import canonical_hash
-from registry.errors import UnknownIntent
-from registry.model import Row
-from registry.simulation_errors import (
+from registry.errors import (
     PromoterLacksRole,
     PromotionRefused,
     SimulationStateConflict,
+    UnknownIntent,
 )
+from registry.model import Row
 
 __all__ = ["PromotionDecision", "check", "decide", "plan_section"]
 

@@ -67,6 +67,7 @@ from registry.errors import (
     UsageError,
 )
 from registry.model import EffectClass, Example, Row, Shape, thaw
+from registry.vocabulary import RollbackReason
 
 if TYPE_CHECKING:
     from executor.call import Executor
@@ -427,12 +428,12 @@ def _example(executor: Executor, row: Row, example: Example, who: str, case: str
     problems: list[str] = []
     notes: list[str] = []
     if result.status == oc.APPLIED and (result.reason or {}).get("kind") != \
-            "rehearsal_rolled_back" and row.is_write:
+            RollbackReason.REHEARSAL_ROLLED_BACK and row.is_write:
         # Defensive: a rehearsal must never commit.  Say so loudly if it ever did.
         problems.append(f"{where}: the executor reports a commit, not a rehearsal rollback")
     actual = oc.APPLIED if result.status in (oc.APPLIED, oc.READ_OK) else result.status
     reason = dict(result.reason) if result.reason else None
-    if reason and reason.get("kind") == "rehearsal_rolled_back":
+    if reason and reason.get("kind") == RollbackReason.REHEARSAL_ROLLED_BACK:
         reason = None
     if actual != example.outcome:
         why = f": {describe_reason(row, reason)}" if reason else ""

@@ -30,9 +30,13 @@ from executor.hooks import CallHooks
 from executor.ledger import Ledger
 from executor.outcome import ALREADY_APPLIED, APPLIED, SIMULATED, jsonable
 from executor.plan import binds_for
-from registry.errors import ReconciliationRequired, UnknownCase, UnknownIntent
+from registry.errors import (
+    ReconciliationRequired,
+    ReturnedValueUnavailable,
+    UnknownCase,
+    UnknownIntent,
+)
 from registry.model import Statement
-from registry.simulation_errors import ReturnedValueUnavailable
 
 __all__ = ["RETURNED_INFO", "Binding", "ReturnedKeys", "parse_binding", "resolve",
            "run_returning"]

@@ -31,6 +31,7 @@ from executor.transaction import (
 )
 from registry.canonical import canonical_hash
 from registry.errors import ConnectorUnavailable
+from registry.vocabulary import RollbackReason
 
 __all__ = ["collapsed", "post_commit", "read"]
 
@@ -63,7 +64,7 @@ def read(rt: Runtime, ctx: CallContext) -> Outcome:
                                                "count": len(rows), "truncated": truncated})
                 if st.expect_rows is not None and not truncated and \
                         not st.expect_rows.matches(len(rows)):
-                    reason = {"kind": "count", "statement": i, "name": st.name,
+                    reason = {"kind": RollbackReason.COUNT, "statement": i, "name": st.name,
                               "expected": st.expect_rows.to_value(), "actual": len(rows)}
                     break
         except sa.exc.DBAPIError as exc:

@@ -43,6 +43,7 @@ from registry.errors import (
 )
 from registry.excerpt import cut
 from registry.model import Check, ExpectRows, Statement
+from registry.vocabulary import RollbackReason
 
 __all__ = ["Body", "checked", "counted", "db_error_reason", "expect_count", "run_checks",
            "run_statements", "run_transaction", "verify_and_replay"]
@@ -68,7 +69,7 @@ def expect_count(n: int, expect_rows: ExpectRows | None, sql: str, where: dict[s
     Every write loop (collapsed, compensation, lease steps) ends its statement here.
     """
     if expect_rows is not None and not expect_rows.matches(n):
-        raise Rollback({"kind": "count", **where, "sql": sql,
+        raise Rollback({"kind": RollbackReason.COUNT, **where, "sql": sql,
                         "expected": expect_rows.to_value(), "actual": n})
 
 
@@ -104,7 +105,7 @@ def verify_and_replay(ctx: CallContext, conn: sa.Connection, evidence: dict[str,
         result = checked(ctx, conn, check.name, check.sql, check.expect)
         results.append(result.to_dict())
         if not result.ok:
-            raise Rollback({"kind": "verify", "check": check.name, "sql": check.sql,
+            raise Rollback({"kind": RollbackReason.VERIFY, "check": check.name, "sql": check.sql,
                             "expected": result.expected, "actual": result.actual})
     replay = ctx.row.replay
     if replay is not None:
@@ -117,7 +118,7 @@ def verify_and_replay(ctx: CallContext, conn: sa.Connection, evidence: dict[str,
         if replay.expect is not None:
             result = evaluate("replay", replay.expect, rows)
             if not result.ok:
-                raise Rollback({"kind": "replay", "sql": replay.sql,
+                raise Rollback({"kind": RollbackReason.REPLAY, "sql": replay.sql,
                                 "expected": result.expected, "actual": result.actual})
 
 
@@ -190,7 +191,7 @@ def run_transaction(rt: Runtime, ctx: CallContext, body: Body, *,
             if prepare:
                 raise  # nothing recorded, nothing sent: a refusal, not an outcome
             return ctx.outcome(oc.ROLLED_BACK, evidence, {
-                "kind": "connection_failed", "where": "connect",
+                "kind": RollbackReason.CONNECTION_FAILED, "where": "connect",
                 "message": exc.message, "statements_sent": 0,
                 "note": "the connection failed before any statement was sent: "
                         "nothing of this call can have landed"})
@@ -227,7 +228,7 @@ def run_transaction(rt: Runtime, ctx: CallContext, body: Body, *,
         if ctx.rehearse:
             conn.rollback()
             dialect.reset_session(conn)
-            return ctx.outcome(oc.APPLIED, evidence, {"kind": "rehearsal_rolled_back"})
+            return ctx.outcome(oc.APPLIED, evidence, {"kind": RollbackReason.REHEARSAL_ROLLED_BACK})
         context.at_boundary("before_commit")
         try:
             conn.commit()
@@ -283,7 +284,7 @@ def _transaction_split(rt: Runtime, ctx: CallContext, split: TransactionSplit,
     if not ctx.rehearse:
         try:
             rt.ledger.append(ctx.case_id, "escalated", {"state": {"escalation": {
-                "kind": "transaction_split", "by": "executor",
+                "kind": RollbackReason.TRANSACTION_SPLIT, "by": "executor",
                 "classification": "partly_applied",
                 "rule": "the transaction was split before COMMIT: part of the call committed",
                 "transaction": dict(split.details), "counts": evidence.get("counts")}}},
@@ -315,12 +316,12 @@ def _landed_before(rt: Runtime, ctx: CallContext, evidence: dict[str, Any]) -> O
     evidence = {**evidence, "landing_marker": marker}
     if marker is not None and marker["fingerprint"] == ctx.fingerprint:
         return ctx.outcome(oc.ALREADY_APPLIED, evidence, {
-            "kind": "already_landed", "by_intent": marker["intent_id"],
+            "kind": RollbackReason.ALREADY_LANDED, "by_intent": marker["intent_id"],
             "by_case": marker["case_id"],
             "message": "this request's idempotency key already landed in the target; "
                        "nothing was executed now"})
     return ctx.outcome(oc.ROLLED_BACK, evidence, {
-        "kind": "idempotency_conflict", "where": "begin",
+        "kind": RollbackReason.IDEMPOTENCY_CONFLICT, "where": "begin",
         "by_intent": marker["intent_id"] if marker else None,
         "message": "the idempotency key landed in the target for a different request; "
                    "nothing of this call was sent"})
@@ -331,16 +332,16 @@ def db_error_reason(ctx: CallContext, exc: sa.exc.DBAPIError, where: str) -> dic
     dialect = ctx.connector.dialect
     message = cut(str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc), 500)
     if dialect.is_timeout(exc):
-        return {"kind": "timeout", "where": where, "message": message,
+        return {"kind": RollbackReason.TIMEOUT, "where": where, "message": message,
                 "timeout_seconds": ctx.row.timeout.seconds,
                 "on_timeout": str(ctx.row.timeout.on_timeout)}
     if dialect.is_read_only_violation(exc):
-        return {"kind": "read_only_violation", "where": where, "message": message}
+        return {"kind": RollbackReason.READ_ONLY_VIOLATION, "where": where, "message": message}
     if dialect.is_undefined_table(exc) and any(t in message for t in TARGET_TABLES):
         ctx.connector.forget_target()
-        return {"kind": "target_not_installed", "where": where, "message": message,
+        return {"kind": RollbackReason.TARGET_NOT_INSTALLED, "where": where, "message": message,
                 "fix": f"capgate target install {ctx.connector.name}"}
-    return {"kind": "database_error", "where": where, "message": message,
+    return {"kind": RollbackReason.DATABASE_ERROR, "where": where, "message": message,
             "connection_lost": bool(exc.connection_invalidated)}
 
 

@@ -53,7 +53,9 @@ def _plain_leaf(item: Any, kind: type) -> bool | None:
         return float_is_plain(item)
     if kind is dict or kind is list or kind is tuple:
         return None
-    return False  # anything else rfc8785 should judge (and reject)
+    # a StrEnum member (registry.vocabulary) is plain: both encoders write its text;
+    # anything else rfc8785 should judge (and reject)
+    return isinstance(item, str)
 
 
 def _plain(value: Any) -> bool:

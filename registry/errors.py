@@ -2,15 +2,17 @@
 
 Each class registers a stable machine-readable ``code`` (``CG1xx`` registry,
 ``CG2xx`` authorization and gates, ``CG3xx`` execution, ``CG4xx``
-reconciliation and ledger, ``CG5xx`` DDL, ``CG9xx`` configuration) and the CLI
-exit code it maps to.  The class docstring is the long explanation that
+reconciliation and ledger, ``CG5xx`` DDL, ``CG6xx`` simulation, ``CG9xx``
+configuration) and the CLI exit code it maps to.  The class docstring is the long explanation that
 ``capgate explain CODE`` prints, so it says what failed and how to fix it.
 
 Details travel as attributes (``details``), not only in the message, so that
 the CLI's ``--json`` output and the MCP server can hand them to a machine.
 
 This module lives in ``registry`` because ``registry`` is the lowest layer:
-``executor`` and ``ddl`` import it, and it imports nothing of theirs.
+``executor`` and ``ddl`` import it, and it imports nothing of theirs.  It is the
+only module that defines error classes (``tests/test_error_codes.py`` holds it
+to that), so ``capgate.lookup`` knows every code as soon as it is imported.
 """
 
 from __future__ import annotations
@@ -829,6 +831,14 @@ class TransactionSplit(CapgateError, code="CG327", exit_code=EXIT_UNKNOWN):
     """
 
 
+class NotSupported(CapgateError, code="CG390"):
+    """The database does not offer a mechanism this operation asked for.
+
+    The message names the dialect and the feature; use a row whose recovery
+    does not depend on it, or a database that has it.
+    """
+
+
 # --- cases that coordinate (CG330-CG339; issue 17) -----------------------------
 
 
@@ -1005,3 +1015,430 @@ class AnchorMismatch(CapgateError, code="CG415", exit_code=EXIT_USAGE):
 
 class DdlError(CapgateError, code="CG500"):
     """A DDL loop step failed; the message names the object and step."""
+
+
+# --- the six standing prohibitions --------------------------------------------
+
+
+class DdlProhibition(DdlError):
+    """A standing prohibition of the DDL loop refused the plan (base class).
+
+    Each prohibition has its own code; nothing was applied.
+    """
+
+
+class StaleExtract(DdlProhibition, code="CG501"):
+    """Stale extract: the live object no longer matches the snapshot the new source is based on.
+
+    Anti-pattern: editing a copy of a package taken last week and replacing the
+    live package with it -- silently reverting whatever was saved since.
+
+    Best practice: capture the object (``capgate ddl capture``), edit that
+    snapshot, and plan against its snapshot id.  If the live object moved on,
+    merge (the refusal carries a three-way merge proposal) or capture again.
+    """
+
+
+class SpecWithoutBody(DdlProhibition, code="CG502"):
+    """Spec without body: a package (or type) spec changes and its existing body is not in the plan.
+
+    Anti-pattern: ``CREATE OR REPLACE PACKAGE`` alone.  Oracle invalidates the
+    body; MariaDB (``sql_mode=ORACLE``) drops it outright, so every routine of
+    the package is gone until somebody re-creates the body.
+
+    Best practice: put the body in the same plan, right after the spec (its
+    current source if it does not change), so that the loop applies, verifies
+    and, if needed, compensates both together.
+    """
+
+
+class SchemaWideRecompile(DdlProhibition, code="CG503"):
+    """Schema-wide recompile: the plan asks to recompile a whole schema.
+
+    Anti-pattern: ``DBMS_UTILITY.COMPILE_SCHEMA``, ``UTL_RECOMP``, "recompile
+    everything invalid" -- it touches objects nobody reviewed, takes library
+    cache locks across the schema, and hides which change broke what.
+
+    Best practice: let the dependent sweep recompile the dependents of the
+    changed objects one by one (it records each status before and after), and
+    name any other object explicitly.
+    """
+
+
+class RemoteDependentsWithoutFarSideStep(DdlProhibition, code="CG504"):
+    """Spec with remote dependents: an object used over a db link changes with no far-side step.
+
+    Anti-pattern: changing a spec that objects in another database call
+    through a link, trusting "dependents revalidate on first use".  Remote
+    dependents are not revalidated by the local database; they fail at their
+    next call, in the other system (the ABC_PREM incident).
+
+    Best practice: add a named far-side step for every remote dependent: the
+    link, the dependent, the recompile on the far side and an assertion whose
+    expected result proves the dependent works.
+    """
+
+
+class UngreppedCallers(DdlProhibition, code="CG505"):
+    """Ungrepped callers: the plan records no caller search for a changed object.
+
+    Anti-pattern: relying on the dependency catalog alone.  Dynamic SQL,
+    ``EXECUTE IMMEDIATE`` strings, MariaDB routines (which have no dependency
+    catalog) and code in other repositories never appear there.
+
+    Best practice: let ``plan`` search the stored source for every changed
+    object (it does so by default) and review the hits it records as evidence.
+    """
+
+
+class SnapshotOverwrite(DdlProhibition, code="CG506"):
+    """Snapshot overwrite: a snapshot id already holds different content.
+
+    Anti-pattern: "refreshing" a snapshot in place.  Snapshots are the
+    evidence that compensation restores; a snapshot that can change is no
+    evidence at all.
+
+    Best practice: capture again -- a new content gives a new snapshot id.
+    Storing the identical snapshot again is harmless and changes nothing.
+    """
+
+
+# --- failures of the loop's steps -----------------------------------------------
+
+
+class ApplyFailed(DdlError, code="CG510"):
+    """The DDL did not apply cleanly: the database refused it, or created the object with errors.
+
+    On Oracle a ``CREATE OR REPLACE`` that compiles with errors *succeeds*
+    (python-oracledb warning DPY-7000, errors in ``ALL_ERRORS``); that is a
+    failed apply too.  On PostgreSQL the transaction was rolled back; on
+    engines whose DDL commits the loop compensates.  ``details`` name the
+    object and the database's errors.
+    """
+
+
+class VerifyFailed(DdlError, code="CG511"):
+    """Verification after apply failed: a changed object or dependent is invalid, or a check failed.
+
+    ``details["checks"]`` lists every check with its result; objects that
+    were already invalid before the apply are reported but do not fail.
+    PostgreSQL rolls back; other engines compensate from the snapshot.
+    """
+
+
+class CompensationFailed(DdlError, code="CG512", exit_code=EXIT_UNKNOWN):
+    """Compensation did not restore the snapshot: escalate to a person.
+
+    The loop re-applied the captured snapshot and verified again, and the
+    live object still differs from the snapshot (or is invalid).  ``details``
+    carry the snapshot ids and the live signatures.  Do not re-run the
+    change: inspect the object, restore it from the snapshot by hand (``ddl
+    export`` has its source) and record what was done.
+    """
+
+
+class MergeRequired(DdlError, code="CG513"):
+    """The live object changed since its snapshot: the apply was refused at preflight.
+
+    Somebody saved the object between capture and apply.  ``details["merge"]``
+    carries a three-way merge proposal (base = snapshot, ours = the new
+    source, theirs = live) with conflicts marked.  Review the merged source,
+    capture the live object again and plan the merged source against it.
+    """
+
+
+class PlanTampered(DdlError, code="CG514"):
+    """The plan's content does not match its plan hash.
+
+    A plan is approved by its hash; an edited plan needs a new plan and a new
+    approval.
+    """
+
+
+class PlpgsqlCheckMissing(DdlError, code="CG520"):
+    """The PostgreSQL extension ``plpgsql_check`` is not installed in the target database.
+
+    PostgreSQL does not check PL/pgSQL bodies against the catalog when a
+    function is created; the DDL loop uses ``plpgsql_check`` for compile
+    status and dependencies.  Install the server package
+    (``postgresql-NN-plpgsql-check``) and run ``CREATE EXTENSION
+    plpgsql_check`` in the target database.
+    """
+
+
+class LockNotAcquired(DdlError, code="CG521", retryable=True):
+    """The session-scoped DDL lock on an object could not be taken in time.
+
+    Another DDL loop is working on the same object.  Wait for it to finish;
+    two changes to one object are never interleaved.
+    """
+
+
+class UnsupportedObjectType(DdlError, code="CG522"):
+    """The object type is not handled by this dialect's catalog adapter.
+
+    ``details`` name the type and the types the adapter supports.
+    """
+
+
+class ObjectNotFound(DdlError, code="CG523"):
+    """The named object does not exist in the target's catalog."""
+
+
+class FeatureNotSupported(DdlError, code="CG524"):
+    """The target database lacks a feature this step needs.
+
+    ``details`` name the feature, what was found and what is needed.
+    """
+
+
+class InvalidObjectName(DdlError, code="CG525"):
+    """An object name or identifier is not a plain identifier capgate will interpolate.
+
+    Names that reach DDL text are validated and quoted; use letters, digits,
+    ``_`` (and ``$``/``#`` on Oracle), starting with a letter or ``_``.
+    """
+
+
+class ObjectOutOfScope(DdlError, code="CG526"):
+    """The object is not one the capability row may change.
+
+    A ``ddl`` row names the stored-code objects it may change (``ddl.objects``:
+    type and name, in the connector's own schema) or a name pattern
+    (``ddl.pattern``).  A source that creates or replaces anything else --
+    another object, another schema, an object over a database link -- is
+    refused before the plan reads the catalog.  Use the row that covers the
+    object, or have a DBA add the object to a new version of the row.
+    """
+
+
+class SnapshotTampered(DdlError, code="CG515"):
+    """A stored snapshot no longer matches its content address.
+
+    A snapshot's id is the hash of its dialect, object, source, attributes and
+    signature, and its signature is recomputed from the stored blocks; a row
+    edited in the store fails both.  It is refused wherever it is read -- as
+    the base of a plan, in an apply, in ``ddl export`` -- because compensation
+    would restore whatever the edited row now says.  ``details`` name the
+    snapshot and what did not match.  Restore the store from a backup or
+    capture the object again; never plan against a tampered snapshot.
+    """
+
+
+class ExtraStatements(DdlError, code="CG527"):
+    """The source holds more than the definition of the object it names.
+
+    A ``ddl`` row applies exactly one object's ``CREATE`` per source: the
+    source is parsed (PostgreSQL's own grammar through ``pglast``; MariaDB's
+    server parses it with ``PREPARE``, which runs nothing; PL/SQL through
+    sqlglot's tokenizer and its block structure) and anything after the
+    definition -- a ``CREATE TABLE``, a ``GRANT``, a second function -- is
+    refused at plan time, before anything is rendered or applied.
+    ``details`` give the line and the start of the extra text.  Put each
+    object in its own source file under the row that covers it.
+    """
+
+
+class SourceDoesNotParse(DdlError, code="CG528"):
+    """The new source is not a valid definition, or would fail when applied.
+
+    Found at plan time, so nothing is approved that cannot apply: the parser
+    (or the database, in a savepoint that is rolled back, or ``PREPARE``)
+    refused it, or it ``CREATE``s without ``OR REPLACE`` an object that
+    exists.  ``details`` carry the database's message and line.
+    """
+
+
+class DefinerCannotBeKept(DdlError, code="CG529"):
+    """Applying the source would change a MariaDB routine's DEFINER, which compensation cannot undo.
+
+    MariaDB runs a ``SQL SECURITY DEFINER`` routine with its definer's
+    privileges and gives every ``CREATE`` without a ``DEFINER`` clause the
+    applying account as definer.  capgate keeps the live definer by writing
+    it into the applied text -- which needs the ``SET USER`` (or ``SUPER``)
+    privilege -- and refuses at plan time when the applying account lacks it.
+    Grant ``SET USER`` to the connector's account, or apply as the definer.
+    """
+
+
+class SourceNotVisible(DdlError, code="CG530"):
+    """The connector's account cannot read the object's source.
+
+    MariaDB shows a routine's body only to its definer or to an account with
+    ``SELECT`` on ``mysql.proc`` (``SHOW CREATE ROUTINE`` from 11.3); any
+    other account reads ``NULL``.  Nothing was stored: a snapshot without the
+    source could never be restored.  Grant the privilege (docs/ddl.md lists
+    what each engine needs) or capture as an account that may read it.
+    """
+
+
+def error_details(exc: BaseException) -> dict[str, Any]:
+    """A JSON-ready description of any exception (ours or the driver's)."""
+    to_dict = getattr(exc, "to_dict", None)
+    if callable(to_dict):
+        out = to_dict()
+        if isinstance(out, dict):
+            return out
+    return {"error": type(exc).__name__, "message": str(exc).splitlines()[0] if str(exc) else ""}
+
+
+# --- simulation first (CG600-CG699; issue 16) -------------------------------------
+# CG60x are refusals at run time (a promotion without evidence, a teardown that cannot
+# be derived, a production simulation missing one of its five conditions...); CG68x are
+# located findings in a capability file, reported like every other registry check.
+
+
+class SimulationError(CapgateError, code="CG600"):
+    """A step of the simulation cycle could not run (base class of the CG60x refusals).
+
+    The simulation cycle is: capture the baseline, declare the planned effects
+    and cleanup, execute (committed, through the normal call path and its
+    gates), observe, tear down from the write log, verify the restoration.
+    Each step is a ledger event of the case; ``capgate ledger show CASE`` shows
+    how far a simulation got.
+    """
+
+
+class PromotionRefused(SimulationError, code="CG601"):
+    """A write on a higher venue has no simulation evidence (and no exemption) in its case.
+
+    Simulation is the default: a change reaches a promotion environment
+    (staging and prod unless the connector says otherwise with
+    ``requires_simulation``) only when its case holds a completed simulation
+    -- baseline restored -- of the *same row version* (row hash) with inputs of
+    the *same shape*, on a *lower* venue, younger than the connector's
+    ``simulation_max_age_seconds``; or when the change passes the five-point
+    exemption test, recorded in the plan.  The details say which was missing
+    (``no_evidence``, ``stale``, ``other_row_version``, ``other_input_shape``,
+    ``not_lower``) and each exemption point that failed.  Run ``capgate
+    simulate OP --case CASE`` on a lower venue first.  Nothing was recorded.
+    """
+
+
+class PromoterLacksRole(SimulationError, code="CG602"):
+    """The promoting identity does not hold a promotion role for the target environment.
+
+    A connector may name ``promotion_roles``: then a write there needs the
+    caller to hold one of them *for that environment* in the grants file
+    (``roles = [{ role = "release_manager", environments = ["prod"] }]``), on
+    top of its write grant.  Nothing was recorded.
+    """
+
+
+class TeardownUnderivable(SimulationError, code="CG603"):
+    """The row's effect cannot be torn down from its write log, so it cannot be simulated.
+
+    A teardown removes exactly what the simulation wrote: the keys an INSERT
+    returned (the statement declares ``returns: {table, key}``), and -- for
+    every other write statement -- the row's already-written ``compensation``.
+    A write statement that is neither would need a teardown authored after the
+    fact; declare ``returns`` on the INSERT or write the compensation.
+    Nothing ran.
+    """
+
+
+class SimulationVenueRefused(SimulationError, code="CG604"):
+    """The simulation was asked to run where it may not.
+
+    A simulation runs on a venue (rig < dev < qa < staging < prod) that the row
+    allows; a production simulation is its own gate (``CG606``).  The message
+    says which venue and why.  Nothing ran.
+    """
+
+
+class CustomerNotInformed(SimulationError, code="CG605"):
+    """A simulation on staging needs the record that the customer was informed.
+
+    Staging is customer-facing: a rehearsal there is visible.  Say who
+    informed the customer and when (``--customer-informed "WHO at
+    2026-12-01T09:00Z"``); it is recorded with the simulation.  Nothing ran.
+    """
+
+
+class ProductionSimulationRefused(SimulationError, code="CG606"):
+    """A production simulation is refused: one of its five conditions does not hold.
+
+    A simulation on prod runs only when all five hold and are recorded in its
+    plan: (1) the evidence cannot be obtained off production -- a recorded
+    attempt on a lower venue in the case, or a written data-dependency argument
+    (``--data-dependency TEXT``); (2) every step is transactional, or
+    compensable with its compensation already written; (3) the blast radius is
+    one key value (one policy, account or product version); (4) the pre-state
+    is captured as evidence before the first write; (5) a reconciliation query
+    is named on the row (``simulation.reconciliation``), to be run and recorded
+    the same business day (``capgate reconcile``).  The details name every
+    condition that failed.  Its gate is a distinct kind, approved by a holder
+    of the connector's ``production_simulation_approver_roles`` (two roles)
+    who is not the requester.  Nothing ran.
+    """
+
+
+class RestorationMismatch(SimulationError, code="CG607", exit_code=EXIT_UNKNOWN):
+    """After the teardown the re-read baseline is not the captured one: the simulation escalated.
+
+    The restoration is verified by re-reading every baseline query and
+    comparing digests.  A mismatch (a concurrent writer, a trigger, a teardown
+    that missed something) is escalated with both digests and the rows that
+    differ, for a person to decide; the simulation is not evidence for a
+    promotion until then.
+    """
+
+
+class ReturnedValueUnavailable(SimulationError, code="CG608"):
+    """An input bound to an earlier intent's returned value cannot be resolved from the ledger.
+
+    ``--bind INPUT=INTENT.NAME`` takes the value that intent's statement
+    returned (``RETURNING``, a generated key), as recorded in the ledger --
+    never a predicted one.  The intent must be in the same case, applied (its
+    outcome recorded, or reconciled as applied by ``capgate resume``), and must
+    have returned exactly one value under that name.  The message says which of
+    these failed.  Nothing was recorded.
+    """
+
+
+class SimulationNotFound(SimulationError, code="CG609", exit_code=EXIT_USAGE):
+    """No simulation with this id in the case.  ``capgate ledger show CASE`` lists them."""
+
+
+class SimulationStateConflict(SimulationError, code="CG610"):
+    """The simulation is not at a step where this can run (e.g. torn down twice).
+
+    Each step of the cycle runs once, in order; a continued simulation
+    (``capgate simulate --continue``) picks up at the first step not recorded.
+    """
+
+
+class BaselineUnreadable(SimulationError, code="CG611"):
+    """A baseline query could not be read, so the pre-state cannot be captured.
+
+    The baseline is the rows the row's ``target`` names (``SELECT * FROM
+    object WHERE key = :key``) plus the row's ``simulation.baseline`` queries,
+    read before the first write.  Fix the query (or the target's object name),
+    or declare the baseline queries explicitly.  Nothing was written.
+    """
+
+
+class ReconciliationUndeclared(SimulationError, code="CG612", exit_code=EXIT_USAGE):
+    """The simulation's row names no reconciliation query (``simulation.reconciliation``)."""
+
+
+# --- row findings (located in the capability file) ----------------------------------
+
+
+class ReturnsMismatch(RegistryError, code="CG680"):
+    """A statement's ``returns`` does not fit its SQL.
+
+    ``returns: {table, key}`` names the table the statement writes and the key
+    column whose values it returns (``RETURNING``, a generated key): the
+    statement must be a single ``INSERT``, ``UPDATE`` or ``DELETE`` of that
+    table, without a ``RETURNING`` clause of its own (the dialect adds it), and
+    no two statements of a row may return the same name.
+    """
+
+
+class EffectNamesNoReturn(RegistryError, code="CG681"):
+    """An ``expected_effects`` entry is observed by a returned value no statement returns.
+
+    ``returned: NAME`` must be the ``returns.key`` of one of the row's
+    statements (e.g. the identity value an INSERT consumed).
+    """

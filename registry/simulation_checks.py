@@ -7,7 +7,7 @@ other check), without a ``RETURNING`` clause of its own -- each dialect adds
 the one it supports -- and no two statements may return the same name.  An
 expected effect observed by a returned value must name one of those keys.
 An effect is observed exactly one way (``CG104``).  The findings are ``CG680``
-and ``CG681`` (:mod:`registry.simulation_errors`).
+and ``CG681`` (:mod:`registry.errors`).
 """
 
 from __future__ import annotations

@@ -23,7 +23,13 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
 from ddl.catalog import Dependent, ObjectRef
-from ddl.errors import (
+from ddl.events import ListSink
+from ddl.loop import DdlLoop
+from ddl.results import Change, SmokeCall
+from ddl.signature import sign
+from ddl.snapshots import SqlSnapshotStore
+from ddl.sqltext import strip_terminator
+from registry.errors import (
     CompensationFailed,
     FeatureNotSupported,
     MergeRequired,
@@ -32,12 +38,6 @@ from ddl.errors import (
     SpecWithoutBody,
     UngreppedCallers,
 )
-from ddl.events import ListSink
-from ddl.loop import DdlLoop
-from ddl.results import Change, SmokeCall
-from ddl.signature import sign
-from ddl.snapshots import SqlSnapshotStore
-from ddl.sqltext import strip_terminator
 
 pytestmark = pytest.mark.mariadb
 

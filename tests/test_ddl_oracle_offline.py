@@ -17,8 +17,8 @@ from sqlglot import exp
 
 from ddl.catalog import ObjectRef
 from ddl.catalog_oracle import SQL, compile_settings_clause, recompile_order
-from ddl.errors import ExtraStatements, InvalidObjectName
 from ddl.source import parse_blocks
+from registry.errors import ExtraStatements, InvalidObjectName
 
 
 @pytest.mark.parametrize("name", sorted(SQL))

@@ -21,7 +21,12 @@ from sqlalchemy.engine import URL
 
 from ddl.catalog import Dependent, ObjectRef, lock_key
 from ddl.catalog_postgresql import PostgresqlAdapter
-from ddl.errors import (
+from ddl.events import ListSink
+from ddl.loop import DdlLoop
+from ddl.results import Change, FarSideStep, SmokeCall
+from ddl.signature import sign
+from ddl.snapshots import SqlSnapshotStore
+from registry.errors import (
     LockNotAcquired,
     MergeRequired,
     PlanTampered,
@@ -33,11 +38,6 @@ from ddl.errors import (
     UngreppedCallers,
     VerifyFailed,
 )
-from ddl.events import ListSink
-from ddl.loop import DdlLoop
-from ddl.results import Change, FarSideStep, SmokeCall
-from ddl.signature import sign
-from ddl.snapshots import SqlSnapshotStore
 from tests.fix_db import ensure_plpgsql_check
 
 pytestmark = pytest.mark.postgresql

@@ -23,11 +23,10 @@ from sqlalchemy.engine import URL
 from capgate.api import open as open_executor
 from capgate.handlers.ddl import ProgressBar
 from ddl.catalog import ObjectRef
-from ddl.errors import MergeRequired, ObjectOutOfScope
 from ddl.results import SmokeCall
 from ddl.service import DdlService, check_scope, classify_ddl_intent, in_scope, settle_ddl_intent
 from executor.call import Executor
-from registry.errors import ReconciliationRequired
+from registry.errors import MergeRequired, ObjectOutOfScope, ReconciliationRequired
 from registry.loader import load_registry
 from tests.fix_capgate import KEYS
 from tests.test_ddl_cli import (

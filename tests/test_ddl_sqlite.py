@@ -10,11 +10,11 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
 from ddl.catalog import ObjectRef
-from ddl.errors import MergeRequired, UnsupportedObjectType
 from ddl.events import ListSink
 from ddl.loop import DdlLoop
 from ddl.results import Change, SmokeCall
 from ddl.snapshots import SqlSnapshotStore
+from registry.errors import MergeRequired, UnsupportedObjectType
 
 V_PREM = ObjectRef("view", "v_prem")
 

@@ -9,16 +9,19 @@ import pytest
 
 from ddl import prohibitions, sqltext
 from ddl.catalog import ObjectRef, adapter_for, registered_dialects
-from ddl.errors import (
+from ddl.loop import PLAN_FORMAT, DdlLoop, _order, check_plan, plan_hash
+from ddl.merge import propose
+from registry.errors import (
+    DdlError,
     FeatureNotSupported,
     InvalidObjectName,
     PlanTampered,
     SchemaWideRecompile,
     UnsupportedObjectType,
+    all_codes,
+    explain,
+    lookup,
 )
-from ddl.loop import PLAN_FORMAT, DdlLoop, _order, check_plan, plan_hash
-from ddl.merge import propose
-from registry.errors import DdlError, all_codes, explain, lookup
 
 
 def test_object_ref_key_round_trip() -> None:

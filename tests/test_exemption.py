@@ -21,7 +21,7 @@ from sqlalchemy.engine import URL
 from executor import outcome as oc
 from executor.call import Executor
 from executor.simulation.cycle import simulate
-from registry import simulation_errors as serr
+from registry import errors as serr
 from tests.fix_capgate import CAPABILITIES
 from tests.sim_support import registry_with, venues
 

@@ -23,7 +23,7 @@ from executor.call import Executor
 from executor.simulation.cycle import simulate
 from executor.simulation.production import due, end_of_business_day, reconcile
 from registry import errors
-from registry import simulation_errors as serr
+from registry import errors as serr
 from tests.fix_capgate import CAPABILITIES, approver_key
 from tests.sim_support import NEW_CLAIM, dump, recording, registry_with, venues
 

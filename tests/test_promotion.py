@@ -31,7 +31,7 @@ from executor import outcome as oc
 from executor.call import Executor
 from executor.simulation.cycle import simulate
 from registry import errors
-from registry import simulation_errors as serr
+from registry import errors as serr
 from tests.fix_capgate import KEYS, approver_key, install_target, registry, table_dump
 from tests.sim_support import NEW_CLAIM, SIM_GRANTS, recording, registry_with, venues
 

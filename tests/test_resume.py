@@ -23,7 +23,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
 from executor.call import Executor
-from executor.recovery.evidence import Classification, Facts, Pending, classify
+from executor.recovery.evidence import Facts, Pending, classify
 from executor.recovery.resume import resolve_escalation, resume, resume_many
 from registry.errors import (
     CaseConflict,
@@ -33,6 +33,7 @@ from registry.errors import (
     UsageError,
 )
 from registry.loader import load_registry
+from registry.vocabulary import Classification
 from tests.crash_child import Zygote
 from tests.fix_capgate import CAPABILITIES, ROOT
 

@@ -21,11 +21,11 @@ from sqlalchemy.engine import URL
 from executor import outcome as oc
 from executor.bindings import call_bound
 from executor.call import Executor
-from executor.dialects.base import NotSupported
 from executor.recovery.resume import resume
 from executor.returned import Binding, parse_binding
 from registry import errors
-from registry import simulation_errors as serr
+from registry import errors as serr
+from registry.errors import NotSupported
 from tests.crash_child import Zygote
 from tests.sim_support import NEW_CLAIM, registry_with, venues
 

@@ -25,7 +25,7 @@ from executor.recovery.resume import resume
 from executor.simulation import cycle as sim_cycle
 from executor.simulation.cycle import abandon_simulation, continue_simulation, simulate
 from registry import errors
-from registry import simulation_errors as serr
+from registry import errors as serr
 from tests.fix_capgate import KEYS
 from tests.sim_support import NEW_CLAIM, dump, recording, venues
 

@@ -22,11 +22,17 @@ from capgate.api import open as open_executor
 from capgate.commands import ddl as ddl_commands
 from capgate.handlers.console import caller, emit, parse_operation
 from ddl.catalog import ObjectRef
-from ddl.errors import MergeRequired, StaleExtract
 from ddl.results import SmokeCall, VerifyReport
 from ddl.service import DdlService
 from ddl.snapshots import Snapshot
-from registry.errors import EXIT_OK, EXIT_REFUSED, EXIT_UNKNOWN, UsageError
+from registry.errors import (
+    EXIT_OK,
+    EXIT_REFUSED,
+    EXIT_UNKNOWN,
+    MergeRequired,
+    StaleExtract,
+    UsageError,
+)
 
 
 def register(sub: Any, common: argparse.ArgumentParser) -> None:

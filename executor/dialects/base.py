@@ -22,7 +22,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL, make_url
 
 from executor.dialects.registration import Implementations, Registered, package_modules
-from registry.errors import CapgateError
+from registry.errors import NotSupported
 
 SECRET_KEY = re.compile(r"pass(word|wd)?|secret|token|credential", re.IGNORECASE)
 """Query or ``connect_args`` keys that carry a secret (``wallet_password``, ``access_token``)."""
@@ -143,12 +143,6 @@ def rearm_before_statement(conn: Any, cursor: Any, statement: str, parameters: A
         dialect.arm_deadline(conn.connection.driver_connection, max(tx.deadline - now, 0.001))
 
 
-class NotSupported(CapgateError, code="CG390"):
-    """The database does not offer a mechanism this operation asked for.
-
-    The message names the dialect and the feature; use a row whose recovery
-    does not depend on it, or a database that has it.
-    """
 
 
 @dataclass(frozen=True)

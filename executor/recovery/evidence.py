@@ -30,7 +30,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any
 
 import sqlalchemy as sa
@@ -44,15 +43,7 @@ from executor.outcome import jsonable
 from executor.plan import binds_for
 from registry.errors import CapgateError
 from registry.model import Row
-
-
-class Classification(StrEnum):
-    """What resume concluded about one in-flight intent."""
-
-    APPLIED = "applied"
-    NOT_APPLIED = "not_applied"
-    PARTLY_APPLIED = "partly_applied"
-    UNKNOWN = "unknown"
+from registry.vocabulary import Classification
 
 
 @dataclass(frozen=True)

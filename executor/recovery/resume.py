@@ -52,7 +52,7 @@ from executor.ledger import VerifiedCase, intent_states, is_open_status
 from executor.outcome import Outcome
 from executor.plan import fingerprint, render
 from executor.recovery.eligibility import RecoveryPoint, assess
-from executor.recovery.evidence import Classification, Facts, Pending, classify, gather
+from executor.recovery.evidence import Facts, Pending, classify, gather
 from executor.recovery.load import load_verified_many, read_snapshots
 from executor.recovery.poison import Dependency, Recheck, dependencies, recheck
 from registry.errors import (
@@ -64,6 +64,7 @@ from registry.errors import (
     UsageError,
 )
 from registry.model import Recovery, Row, Shape
+from registry.vocabulary import Classification, RollbackReason
 
 __all__ = [
     "Classification",
@@ -700,7 +701,7 @@ def _record_applied(executor: Executor, p: Pending, ev: dict[str, Any],
 
 
 def _record_not_applied(executor: Executor, p: Pending, ev: dict[str, Any]) -> IntentReport:
-    reason = {"kind": "not_applied", "rule": ev["rule"], "recovery": "never_retry"}
+    reason = {"kind": RollbackReason.NOT_APPLIED, "rule": ev["rule"], "recovery": "never_retry"}
     result = _outcome(p, oc.ROLLED_BACK, p.attempt, ev, reason)
     _reconciled(executor, p, ev, "not_applied", result)
     return _report(p, Classification.NOT_APPLIED, ev, "closed_not_applied",
@@ -874,7 +875,7 @@ def resolve_escalation(executor: Executor, case_id: str, intent_id: str, *, by: 
         p = Pending(case_id, intent_id, state, 0)
         result = _outcome(p, oc.APPLIED if decision == "applied" else oc.ROLLED_BACK,
                           p.attempt, {"resolved_by": by, "note": note},
-                          None if decision == "applied" else {"kind": "not_applied",
+                          None if decision == "applied" else {"kind": RollbackReason.NOT_APPLIED,
                                                               "resolved_by": by})
         new_state.update(outcome=result.status, outcome_record=result.to_dict())
     else:

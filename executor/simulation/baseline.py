@@ -28,9 +28,9 @@ from executor.outcome import jsonable
 from executor.plan import binds_for
 from executor.runtime import Runtime
 from registry.canonical import canonical_bytes, canonical_hash
+from registry.errors import BaselineUnreadable
 from registry.excerpt import bounded, cut
 from registry.model import Row
-from registry.simulation_errors import BaselineUnreadable
 
 __all__ = ["MAX_BASELINE_ROWS", "Baseline", "BaselineRead", "baseline_queries", "compare",
            "read_baseline"]

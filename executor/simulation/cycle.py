@@ -77,18 +77,16 @@ from executor.transaction import run_statements, run_transaction
 from registry.canonical import canonical_hash
 from registry.errors import (
     ApprovalRequired,
+    CustomerNotInformed,
     DdlError,
     ReconciliationRequired,
+    SimulationNotFound,
+    SimulationStateConflict,
+    SimulationVenueRefused,
     UnknownPlan,
     UsageError,
 )
 from registry.model import AuthKind, EffectClass, Row
-from registry.simulation_errors import (
-    CustomerNotInformed,
-    SimulationNotFound,
-    SimulationStateConflict,
-    SimulationVenueRefused,
-)
 
 __all__ = ["SimulationReport", "abandon_simulation", "continue_simulation", "simulate",
            "simulation_plan"]

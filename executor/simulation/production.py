@@ -42,12 +42,12 @@ from executor.plan import binds_for
 from executor.runtime import Runtime
 from executor.simulation.baseline import baseline_queries
 from executor.simulation.records import record_step, summaries
-from registry.model import CUSTOMER_FACING_EFFECTS, EffectClass, Row
-from registry.simulation_errors import (
+from registry.errors import (
     ProductionSimulationRefused,
     ReconciliationUndeclared,
     SimulationNotFound,
 )
+from registry.model import CUSTOMER_FACING_EFFECTS, EffectClass, Row
 
 __all__ = ["Condition", "conditions", "due", "end_of_business_day", "reconcile",
            "refuse_unless_all_hold"]
