@@ -17,6 +17,7 @@ from sqlalchemy.engine import URL
 from executor.call import Executor
 from registry import errors
 from tests.fix_capgate import KEYS, table_dump
+from tests.fix_db import engine_params
 
 NOTE = {"policy_id": 1, "author": "jdoe", "body": "Called the holder."}
 
@@ -351,7 +352,7 @@ rows:
 """
 
 
-@pytest.fixture(params=["postgresql", "mariadb"])
+@pytest.fixture(params=engine_params("postgresql", "mariadb"))
 def server_url(request: pytest.FixtureRequest) -> Any:
     return request.getfixturevalue({"postgresql": "pg_url", "mariadb": "mariadb_url"}[
         request.param])
