@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -26,7 +27,7 @@ from executor.dialects.base import MARKER_TABLE
 from executor.dialects.oracle import OracleDialect
 from executor.target import install_at
 from registry import errors
-from tests.fix_capgate import KEYS, table_dump
+from tests.fix_capgate import KEYS, SentSql, table_dump
 from tests.fix_db import engine_params, require_server
 
 NOTE = {"policy_id": 1, "author": "jdoe", "body": "Called the holder."}
@@ -242,6 +243,49 @@ def test_case_reused_for_a_different_task(executor: Executor) -> None:
     with pytest.raises(errors.CaseConflict):
         executor.call("policy.get", {"policy_id": 1}, case="C-task", who="agent",
                       task="TICKET-2")
+
+
+def _texts(value: Any) -> list[str]:
+    """Every string inside bind parameters (a dict, a sequence of them, nested)."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _texts(v)]
+    if isinstance(value, list | tuple):
+        return [t for v in value for t in _texts(v)]
+    return []
+
+
+def test_inputs_travel_as_bind_values_only(executor: Executor,
+                                           sent_sql: Callable[[Executor], SentSql]) -> None:
+    probe = "bind-probe 'Ω' \U0001f600 ); -- " + uuid.uuid4().hex
+    author = "author-" + uuid.uuid4().hex
+    sent = sent_sql(executor)
+    out = executor.call("policy.add_note", {**NOTE, "author": author, "body": probe},
+                        case="C-bind", who="agent")
+    assert out.status == "applied_verified", out.reason
+    assert sent, "the recorder saw nothing"
+    assert [s for s, _ in sent if probe in s or author in s] == []
+    bound = [t for _, params in sent for t in _texts(params)]
+    assert probe in bound and author in bound  # the insert, the verify, the replay
+    assert count(executor, "SELECT count(*) FROM policy_note WHERE body = :b", b=probe) == 1
+
+
+def test_a_refused_call_sends_no_sql_to_the_target(
+        executor: Executor, sent_sql: Callable[[Executor], SentSql]) -> None:
+    sent = sent_sql(executor)
+    with pytest.raises(errors.NotAuthorized):
+        executor.call("policy.add_note", NOTE, case="C-refused", who="reader")
+    with pytest.raises(errors.InputInvalid):
+        executor.call("policy.add_note", {**NOTE, "policy_id": "1; DROP TABLE policy"},
+                      case="C-refused", who="agent")
+    with pytest.raises(errors.UnknownOperation):
+        executor.call("policy.drop_everything", {"policy_id": 1}, case="C-refused",
+                      who="agent")
+    assert sent == []
+    # the recorder does see a call that goes ahead
+    assert executor.call("policy.get", {"policy_id": 1}, case="C-allowed", who="agent").ok
+    assert any("policy" in s for s, _ in sent)
 
 
 # --- gates ----------------------------------------------------------------------
