@@ -1,6 +1,6 @@
 """Eight executor processes on one PostgreSQL ledger: with impact claims vs without.
 
-Both sides run the same leased row (``lab.bump`` from ``tests/test_lease_support.py``:
+Both sides run the same leased row (``lab.bump`` from ``bench/_support.py``:
 a registered step logs the start, a statement bumps the target's counter, a
 registered step logs the end, one verify) in 8 worker processes against a
 PostgreSQL target, with the ledger on PostgreSQL; leases, budgets, idempotency
@@ -30,25 +30,17 @@ import statistics
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from sqlalchemy.engine import make_url  # noqa: E402
-
-from tests.fix_capgate import make_executor  # noqa: E402
-from tests.fix_db import Server, fresh_pg, normalise_url  # noqa: E402
-from tests.test_lease_support import lab_schema, run_workers  # noqa: E402
+from _support import fresh_pg, pg_url, prepare_lab, run_workers
+from sqlalchemy.engine import URL, make_url
 
 
-def one_run(server: Server, calls: int, workers: int, targets: int, claims: bool,
+def one_run(server: URL, calls: int, workers: int, targets: int, claims: bool,
             dwell_ms: int) -> tuple[float, int]:
     """Calls per second (first start to last finish) and the conflicts seen."""
     with fresh_pg(server) as target, fresh_pg(server) as ledger:
-        ex = make_executor(target, ledger)
-        ex.connectors.get("insurance").check_target()  # installed by make_executor
-        ex.connectors.dispose()
-        ex.ledger.close()
-        lab_schema(target, targets)
+        prepare_lab(target, targets)
         plan = [(1 + i % targets, f"b{i:05d}") for i in range(calls)]
         if targets >= workers:  # disjoint: worker w gets only target w + 1
             plan = [(1 + (i % workers), f"b{i:05d}") for i in range(calls)]
@@ -72,7 +64,7 @@ def main() -> None:
     parser.add_argument("--dwell-ms", type=int, default=0,
                         help="time each call spends inside its lease (registered step)")
     args = parser.parse_args()
-    server = Server("postgresql", normalise_url("postgresql", args.dsn))
+    server = pg_url(args.dsn)
     print(f"bench/claims.py: {args.workers} worker processes, {args.calls} leased calls per "
           f"side, PostgreSQL ledger and target ({make_url(args.dsn).host}), "
           f"{args.rounds} round(s), sides alternating, fresh schemas per side")

@@ -4,9 +4,10 @@
 target and returns an Executor over ``capabilities/`` with a grants set in
 which ``agent`` may write everywhere, ``alice`` (dba, underwriting_lead,
 reporting_lead) and ``bob`` (dba) may approve, and ``reader`` may only read.
-Fixtures: ``executor`` (parametrised over SQLite, PostgreSQL and MariaDB
-targets and over SQLite and PostgreSQL ledgers), ``gate`` (a factory);
-``table_dump`` gives a table's rows, to compare before and after.
+Fixtures: ``executor`` (parametrised over SQLite, PostgreSQL, MariaDB and Oracle
+targets and over SQLite and PostgreSQL ledgers), ``gate`` (a factory), ``sent_sql``
+(what a call actually sent to its targets); ``table_dump`` gives a table's rows, to
+compare before and after.
 """
 
 from __future__ import annotations
@@ -147,6 +148,38 @@ def gate(tmp_path: Path) -> Iterator[Callable[..., Executor]]:
 def executor(target_url: URL, ledger_url: URL, gate: Callable[..., Executor]) -> Executor:
     """An executor over a fresh target on each engine, with each ledger backend."""
     return gate(target_url, ledger_url)
+
+
+SentSql = list[tuple[str, Any]]
+"""``(statement, parameters)`` as the driver got them, in order."""
+
+
+@pytest.fixture
+def sent_sql() -> Iterator[Callable[[Executor], SentSql]]:
+    """``sent_sql(ex)``: a list that fills with every statement sent to ``ex``'s targets.
+
+    Recorded with SQLAlchemy's ``before_cursor_execute`` on each connector's engine:
+    what reached the driver (statement text and bind parameters), not what the code
+    meant to send.  The listeners are removed afterwards.
+    """
+    listening: list[tuple[sa.Engine, Callable[..., None]]] = []
+
+    def record(ex: Executor) -> SentSql:
+        sent: SentSql = []
+
+        def before(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any,
+                   executemany: bool) -> None:
+            sent.append((statement, parameters))
+
+        for name in ex.connectors.names():
+            engine = ex.connectors.get(name).engine
+            sa.event.listen(engine, "before_cursor_execute", before)
+            listening.append((engine, before))
+        return sent
+
+    yield record
+    for engine, listener in listening:
+        sa.event.remove(engine, "before_cursor_execute", listener)
 
 
 def table_dump(url: URL | str, table: str) -> list[tuple[Any, ...]]:

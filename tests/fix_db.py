@@ -18,7 +18,12 @@ afterwards; SQLite gets a file under the test's temp directory.
 Fixtures: ``sqlite_url``, ``pg_url``, ``mariadb_url``, ``oracle_url`` (function
 scoped, a URL to an empty place of one's own), ``pg_admin_url`` and friends
 (session scoped, the server itself), and ``target_url`` parametrised over every
-available engine for suites that run the same tests on each.
+engine (SQLite, PostgreSQL, MariaDB, Oracle) for suites that run the same tests on each.
+
+Every server test carries its engine's marker, so that ``-m "not postgresql and not
+mariadb and not oracle"`` runs what needs no server: a parameter naming an engine is
+``engine_param(engine)`` (``pytest.param`` with the marker), and a test that asks for
+``pg_url``, ``oracle_url`` or another server fixture is marked at collection.
 
 Oracle also gets a service with ``COMMIT_OUTCOME=TRUE`` (Transaction Guard), which
 no default service has (``FREEPDB1`` included): ``CAPGATE_TEST_ORACLE_TG_SERVICE``
@@ -57,6 +62,34 @@ ENV_DSN = {
     "mariadb": "CAPGATE_TEST_MARIADB_DSN",
     "oracle": "CAPGATE_TEST_ORACLE_DSN",
 }
+
+
+SERVER_FIXTURES = {
+    "pg_url": "postgresql", "pg_admin_url": "postgresql", "pg_ledger_url": "postgresql",
+    "mariadb_url": "mariadb", "mariadb_admin_url": "mariadb",
+    "oracle_url": "oracle", "oracle_admin_url": "oracle", "oracle_tg_url": "oracle",
+}
+"""Fixtures that need a server, and whose engine's marker a test using them gets."""
+
+
+def engine_param(engine: str, *more: Any) -> Any:
+    """A test parameter naming ``engine`` that carries the engine's marker.
+
+    ``@pytest.fixture(params=engine_params("postgresql", "mariadb"))`` and
+    ``parametrize("engine", engine_params(...))``: a plain string gave the server
+    tests no marker, and ``-m "not mariadb"`` still ran ``test_x[mariadb]``.
+    ``more``: further values of the same parameter set (its id stays the engine's
+    when there are none).  SQLite, which needs no server, has no marker.
+    """
+    marks = [getattr(pytest.mark, engine)] if engine in ENGINES else []
+    if more:
+        return pytest.param(engine, *more, marks=marks)
+    return pytest.param(engine, marks=marks, id=engine)
+
+
+def engine_params(*engines: str) -> list[Any]:
+    """``engine_param`` of each engine, for ``params=`` and ``parametrize``."""
+    return [engine_param(engine) for engine in engines]
 
 
 def required_engines() -> set[str]:
@@ -333,6 +366,16 @@ def pytest_sessionstart(session: pytest.Session) -> None:
             )
 
 
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by marker
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A test that asks for a server fixture (``pg_url``...) gets that engine's marker."""
+    for item in items:
+        names = getattr(item, "fixturenames", ())
+        for fixture, engine in SERVER_FIXTURES.items():
+            if fixture in names and item.get_closest_marker(engine) is None:
+                item.add_marker(getattr(pytest.mark, engine))
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     for server in _SERVERS.values():
         if server is not None and server.container is not None:
@@ -420,6 +463,14 @@ def pg_url() -> Iterator[URL]:
 
 
 @pytest.fixture
+def pg_ledger_url() -> Iterator[URL]:
+    """A second fresh PostgreSQL schema: a ledger beside a ``pg_url`` target, or shared
+    by processes."""
+    with fresh_pg(require_server("postgresql")) as url:
+        yield url
+
+
+@pytest.fixture
 def mariadb_url() -> Iterator[URL]:
     with fresh_mariadb(require_server("mariadb")) as url:
         yield url
@@ -446,12 +497,16 @@ def oracle_tg_url() -> Iterator[URL]:
         yield _with_service(url, server.tg_service)
 
 
-TARGET_ENGINES = ["sqlite", "postgresql", "mariadb"]
+TARGET_ENGINES = ["sqlite", "postgresql", "mariadb", "oracle"]
 
 
-@pytest.fixture(params=TARGET_ENGINES)
+@pytest.fixture(params=engine_params(*TARGET_ENGINES))
 def target_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[URL]:
-    """An empty target on each engine in turn: the same suite on every database."""
+    """An empty target on each engine in turn: the same suite on every database.
+
+    Oracle too, where one answers (``CAPGATE_TEST_ORACLE_DSN`` or a container);
+    elsewhere its tests skip, unless ``CAPGATE_REQUIRE_DBS`` lists it.
+    """
     engine = request.param
     if engine == "sqlite":
         yield make_url(f"sqlite:///{tmp_path / 'target.db'}")
@@ -460,7 +515,7 @@ def target_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[URL]:
         yield url
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=engine_params("sqlite", "postgresql"))
 def ledger_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[URL]:
     """A fresh ledger store on each backend: SQLite file and PostgreSQL schema."""
     if request.param == "sqlite":

@@ -25,6 +25,7 @@ from executor.recovery.resume import resume
 from registry import errors
 from tests.crash_child import Zygote
 from tests.fix_capgate import make_executor, table_dump
+from tests.fix_db import engine_params
 
 NOTE = {"policy_id": 1, "author": "jdoe", "body": "Called the holder."}
 
@@ -75,7 +76,7 @@ def least_privilege(url: URL) -> Iterator[URL]:
         admin.dispose()
 
 
-@pytest.fixture(params=["postgresql", "mariadb"])
+@pytest.fixture(params=engine_params("postgresql", "mariadb"))
 def server_url(request: pytest.FixtureRequest) -> Iterator[URL]:
     from tests.fix_db import FRESH, require_server
 

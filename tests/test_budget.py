@@ -22,7 +22,6 @@ from executor.budget import Scope, SlotStore
 from executor.call import Executor
 from executor.ledger import open_ledger
 from registry import errors
-from tests.fix_db import fresh_pg, require_server
 from tests.test_lease_support import spawn, url_text, wait_for_file
 
 NOTE = {"policy_id": 1, "author": "jdoe", "body": "Within budget."}
@@ -92,9 +91,8 @@ def capped_user(pg_url: URL) -> Iterator[URL]:
 
 
 @pytest.fixture
-def pg_ledger() -> Iterator[URL]:
-    with fresh_pg(require_server("postgresql")) as url:
-        yield url
+def pg_ledger(pg_ledger_url: URL) -> URL:
+    return pg_ledger_url
 
 
 @pytest.mark.crash

@@ -18,6 +18,7 @@ from executor.call import Executor
 from executor.claims import ClaimStore, set_claims, store_for
 from registry import errors
 from tests.fix_capgate import table_dump
+from tests.fix_db import engine_params
 from tests.test_lease_support import ARRIVED, GATES, lab_registry, lab_schema, spawn, url_text
 
 NOTE = {"policy_id": 1, "author": "jdoe", "body": "Called the holder."}
@@ -35,7 +36,7 @@ def lab(gate: Callable[..., Executor]) -> Callable[..., Executor]:
     return make
 
 
-@pytest.fixture(params=["postgresql", "mariadb"])
+@pytest.fixture(params=engine_params("postgresql", "mariadb"))
 def server_target(request: pytest.FixtureRequest) -> URL:
     url: URL = request.getfixturevalue({"postgresql": "pg_url", "mariadb": "mariadb_url"}[
         request.param])

@@ -40,6 +40,7 @@ from executor.call import Executor
 from executor.claims import store_for
 from registry import errors
 from tests.fix_capgate import KEYS, make_executor
+from tests.fix_db import engine_params
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -275,18 +276,15 @@ def server_url(request: pytest.FixtureRequest) -> URL:
     return url
 
 
-@pytest.fixture(params=["postgresql", "mariadb"])
+@pytest.fixture(params=engine_params("postgresql", "mariadb"))
 def server_target(request: pytest.FixtureRequest) -> URL:
     return server_url(request)
 
 
 @pytest.fixture
-def shared_ledger() -> Iterator[URL]:
+def shared_ledger(pg_ledger_url: URL) -> URL:
     """A PostgreSQL ledger of its own (a fresh schema): every process shares it."""
-    from tests.fix_db import fresh_pg, require_server
-
-    with fresh_pg(require_server("postgresql")) as url:
-        yield url
+    return pg_ledger_url
 
 
 @pytest.fixture

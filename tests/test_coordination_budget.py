@@ -19,6 +19,7 @@ from sqlalchemy.engine import URL
 
 from executor import cases
 from registry import errors
+from tests.fix_db import engine_params
 from tests.test_coordination import (
     _first_target,
     executors,
@@ -32,17 +33,14 @@ from tests.test_lease_support import spawn, wait_for_file
 BUDGET = {"case_session_budget": 1, "budget_wait_seconds": 1.0}
 
 
-@pytest.fixture(params=["postgresql", "mariadb"])
+@pytest.fixture(params=engine_params("postgresql", "mariadb"))
 def server_target(request: pytest.FixtureRequest) -> URL:
     return server_url(request)
 
 
 @pytest.fixture
-def shared_ledger() -> Iterator[URL]:
-    from tests.fix_db import fresh_pg, require_server
-
-    with fresh_pg(require_server("postgresql")) as url:
-        yield url
+def shared_ledger(pg_ledger_url: URL) -> URL:
+    return pg_ledger_url
 
 
 @pytest.fixture

@@ -23,6 +23,7 @@ from executor.recovery.resume import resolve_escalation, resume
 from registry import errors
 from registry.canonical import canonical_hash
 from tests.fix_capgate import KEYS
+from tests.fix_db import engine_params
 from tests.test_coordination import (
     _first_target,
     events_of,
@@ -36,7 +37,7 @@ from tests.test_coordination import (
 KEY = "dev/lab/ticket/ticket_id=1"
 
 
-@pytest.fixture(params=["postgresql", "mariadb"])
+@pytest.fixture(params=engine_params("postgresql", "mariadb"))
 def server_target(request: pytest.FixtureRequest) -> URL:
     return server_url(request)
 

@@ -34,6 +34,7 @@ from executor.call import CRASH_POINTS, Executor
 from executor.recovery.resume import resume
 from registry.errors import ReconciliationRequired
 from tests.crash_child import Zygote
+from tests.fix_db import engine_params
 
 pytestmark = pytest.mark.crash
 
@@ -187,7 +188,7 @@ def server_target(request: pytest.FixtureRequest, engine: str) -> URL:
     return url
 
 
-@pytest.mark.parametrize("engine", ["postgresql", "mariadb"])
+@pytest.mark.parametrize("engine", engine_params("postgresql", "mariadb"))
 @pytest.mark.parametrize("landed", [False, True], ids=["not_landed", "landed"])
 def test_connection_killed_around_commit(engine: str, landed: bool,
                                          request: pytest.FixtureRequest,

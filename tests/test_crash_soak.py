@@ -34,7 +34,7 @@ from executor.recovery.resume import resume
 from tests.crash_child import Zygote
 from tests.fix_db import fresh_mariadb, fresh_pg, require_server
 
-pytestmark = [pytest.mark.crash, pytest.mark.slow]
+pytestmark = [pytest.mark.crash, pytest.mark.slow, pytest.mark.postgresql, pytest.mark.mariadb]
 
 CALLS = int(os.environ.get("CAPGATE_SOAK_CALLS", "200"))
 BUDGET_SECONDS = 80.0

@@ -20,6 +20,7 @@ from executor.lease import sweep_expired_leases
 from executor.steps import register_step
 from registry import errors
 from tests.fix_capgate import table_dump
+from tests.fix_db import engine_params
 from tests.test_lease_support import lab_registry, spawn, url_text, wait_for_file
 
 CANCEL = {"policy_id": 5, "cancel_date": "2024-06-01", "author": "jdoe",
@@ -38,7 +39,7 @@ def lab(gate: Callable[..., Executor], tmp_path: Path) -> Callable[..., Executor
     return make
 
 
-@pytest.fixture(params=["sqlite", "postgresql", "mariadb"])
+@pytest.fixture(params=engine_params("sqlite", "postgresql", "mariadb"))
 def any_target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[URL]:
     if request.param == "sqlite":
         yield make_url(f"sqlite:///{tmp_path / 'target.db'}")
@@ -47,7 +48,7 @@ def any_target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[URL]:
         request.param])
 
 
-@pytest.fixture(params=["postgresql", "mariadb"])
+@pytest.fixture(params=engine_params("postgresql", "mariadb"))
 def server_target(request: pytest.FixtureRequest) -> URL:
     url: URL = request.getfixturevalue({"postgresql": "pg_url", "mariadb": "mariadb_url"}[
         request.param])

@@ -8,7 +8,7 @@
   ``call``   one call (a leased row that pauses inside a step, for SIGKILL/SIGSTOP);
   ``hold``   hold N budgeted sessions open until killed or ``seconds`` pass;
   ``worker`` run a list of ``lab.bump`` calls, retrying impact conflicts, and print
-             what happened as JSON (the many-executors test and ``bench/claims.py``).
+             what happened as JSON (the many-executors test; bench/ has its own copy).
 """
 
 from __future__ import annotations

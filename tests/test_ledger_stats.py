@@ -31,6 +31,7 @@ from executor.ledger.stats import ledger_stats
 from executor.recovery.eligibility import assess, ddl_objects
 from executor.recovery.resume import resume
 from tests.crash_child import Zygote
+from tests.fix_db import engine_params
 from tests.test_coordination import rows, server_url, url_text
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -51,17 +52,14 @@ def zygote() -> Iterator[Zygote]:
     z.close()
 
 
-@pytest.fixture(params=["postgresql", "mariadb"])
+@pytest.fixture(params=engine_params("postgresql", "mariadb"))
 def server_target(request: pytest.FixtureRequest) -> URL:
     return server_url(request)
 
 
 @pytest.fixture
-def pg_ledger() -> Iterator[URL]:
-    from tests.fix_db import fresh_pg, require_server
-
-    with fresh_pg(require_server("postgresql")) as url:
-        yield url
+def pg_ledger(pg_ledger_url: URL) -> URL:
+    return pg_ledger_url
 
 
 def note(policy: int) -> dict[str, Any]:

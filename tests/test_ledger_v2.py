@@ -27,7 +27,7 @@ from executor.ledger.chain import canonical_text
 from executor.ledger.migrate import MIGRATIONS, head_of_scripts
 from executor.ledger.schema import HEAD_REVISION, metadata
 from registry.errors import AnchorMismatch, LedgerNotMigrated, LedgerTampered
-from tests.fix_db import fresh_pg, require_server
+from tests.fix_db import engine_params, fresh_pg, require_server
 
 KEY = b"test-ledger-v2-key"
 V1 = Path(__file__).resolve().parent / "data" / "ledger_v1"
@@ -361,7 +361,7 @@ def _fingerprint(url: URL) -> str:
     return hashlib.sha256("\n".join(sorted(rows)).encode()).hexdigest()
 
 
-@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+@pytest.mark.parametrize("backend", engine_params("sqlite", "postgresql"))
 def test_a_format_1_ledger_is_refused_then_migrated(backend: str, tmp_path: Path,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CAPGATE_LEDGER_HMAC_KEY", V1_KEY.decode())

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -21,7 +20,7 @@ from sqlalchemy.engine import URL
 from executor.claims import key_hash
 from executor.ledger import open_ledger
 from tests.fix_capgate import make_executor
-from tests.fix_db import fresh_pg, require_server
+from tests.fix_db import engine_params
 from tests.test_lease_support import lab_schema, run_workers
 
 CALLS = 200
@@ -29,12 +28,11 @@ TARGETS = 3
 
 
 @pytest.fixture
-def pg_ledger() -> Iterator[URL]:
-    with fresh_pg(require_server("postgresql")) as url:
-        yield url
+def pg_ledger(pg_ledger_url: URL) -> URL:
+    return pg_ledger_url
 
 
-@pytest.fixture(params=["postgresql", "mariadb"])
+@pytest.fixture(params=engine_params("postgresql", "mariadb"))
 def server_target(request: pytest.FixtureRequest) -> URL:
     url: URL = request.getfixturevalue({"postgresql": "pg_url", "mariadb": "mariadb_url"}[
         request.param])

@@ -22,7 +22,7 @@ No Oracle runs on these machines, so these tests prove exactly what they say:
   that ``filterwarnings = error`` turned into an exception.
 
 What needs a server (sessions, Transaction Guard, liveness, the crash matrix) is
-in ``tests/test_oracle_executor.py`` and ``tests/test_oracle_recovery.py``, which
+in ``tests/test_executor.py`` and ``tests/test_oracle_recovery.py``, which
 run wherever an Oracle answers.  A passing test here is never proof of those.
 """
 

@@ -22,6 +22,7 @@ from capgate.cli import main
 from capgate.sqlfiles import apply_schema
 from executor.dialects.base import MARKER_TABLE
 from tests.fix_capgate import install_target
+from tests.fix_db import engine_params
 
 ROOT = Path(__file__).resolve().parent.parent
 CAPABILITIES = ROOT / "capabilities"
@@ -150,7 +151,7 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict[str, 
     return rc, json.loads(capsys.readouterr().out)
 
 
-@pytest.fixture(params=["postgresql", "mariadb"])
+@pytest.fixture(params=engine_params("postgresql", "mariadb"))
 def server_url(request: pytest.FixtureRequest) -> URL:
     fixture = {"postgresql": "pg_url", "mariadb": "mariadb_url"}[request.param]
     url: URL = request.getfixturevalue(fixture)
@@ -248,7 +249,7 @@ def test_a_wrong_count_fails_naming_the_row_and_the_statement(
     assert element.get("type") == "count"
 
 
-@pytest.mark.parametrize("engine", ["sqlite", "postgresql"])
+@pytest.mark.parametrize("engine", engine_params("sqlite", "postgresql"))
 def test_rows_without_examples_get_a_zero_row_probe(
         engine: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
         request: pytest.FixtureRequest) -> None:

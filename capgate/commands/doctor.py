@@ -26,7 +26,7 @@ reported through :class:`ConnectorDiagnosis`.  The Oracle probes follow Oracle's
 documented views (``ALL_SERVICES.COMMIT_OUTCOME``, ``USER_RESOURCE_LIMITS``,
 ``SESSION_PRIVS``, ``ALL_TAB_PRIVS``, ``GV$SESSION``, ``DBA_2PC_PENDING``) and
 report the driver's version and mode and whether the session has an LTXID; they
-run only where an Oracle answers (``tests/test_oracle_executor.py``), and every
+run only where an Oracle answers (``tests/test_executor.py``), and every
 query parses with sqlglot's Oracle dialect (``tests/test_oracle_offline.py``).
 """
 

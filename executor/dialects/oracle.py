@@ -5,7 +5,7 @@ What runs here without an Oracle is proven offline (``tests/test_oracle_offline.
 every SQL text below parses with sqlglot's Oracle dialect, the driver checks,
 the date binds); everything that needs a server runs wherever one answers
 (``CAPGATE_TEST_ORACLE_DSN``, or a ``gvenzl/oracle-free`` container):
-``tests/test_oracle_executor.py`` and ``tests/test_oracle_recovery.py``.
+``tests/test_executor.py`` and ``tests/test_oracle_recovery.py``.
 
 * **Driver.**  python-oracledb 3.0 or later (:data:`MIN_DRIVER`): 2.5 gave the
   Thin mode ``session_id``/``serial_num``, 3.0 its ``ltxid`` -- an older Thin
