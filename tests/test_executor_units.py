@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from executor import outcome as oc
+from executor.context import validate_input
 from executor.expectations import evaluate
 from executor.grants import Grants
 from executor.outcome import Outcome, jsonable
@@ -60,14 +61,21 @@ def test_render_hash_depends_on_every_input_case_and_requester() -> None:
     assert len({base.plan_hash, *(p.plan_hash for p in others)}) == 5
 
 
-def test_render_refuses_an_integer_beyond_the_canonical_json_domain() -> None:
-    """RFC 8785 numbers are doubles: 2**53 + 1 has no canonical form, and the plan hash
-    refuses it rather than hash a value it would round (the input contract should
-    refuse it first, as a coded error -- today the library's error surfaces)."""
+def test_an_integer_beyond_the_canonical_json_domain_is_refused_before_the_plan() -> None:
+    """RFC 8785 numbers are doubles: 2**53 + 1 has no canonical form.  The input contract
+    (``validate_input``, which every call and plan runs before ``render``) refuses it as
+    CG300 naming the field; ``render`` itself, never reached with it, would not hash a
+    value it would round."""
     import rfc8785
 
+    row = registry().resolve("policy.add_note")
+    inputs = {"policy_id": BIG, "author": "a", "body": "b"}
+    with pytest.raises(errors.InputInvalid) as info:
+        validate_input(row, inputs, 1 << 20)
+    assert info.value.details["field"] == "policy_id"
+    assert "2^53" in str(info.value)
     with pytest.raises(rfc8785.IntegerDomainError):
-        _plan("policy.add_note", {"policy_id": BIG, "author": "a", "body": "b"})
+        _plan("policy.add_note", inputs)
 
 
 def test_render_of_a_read_has_no_impact_keys_and_missing_binds_are_none() -> None:
