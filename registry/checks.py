@@ -22,8 +22,8 @@ from typing import Any
 
 from registry.binds import binds_of as binds_of  # re-exported: the checks' own helper
 from registry.errors import Problem
-from registry.fastschema import plain_contract
-from registry.yamlpos import Located, Path, render_path
+from registry.fastload.fastschema import plain_contract
+from registry.fastload.yamlpos import Located, Path, render_path
 
 WRITE_CLASSES = ("transactional", "compensable", "irreversible")
 KEY_BUILTINS = frozenset({"case", "operation_id", "version"})

@@ -37,7 +37,7 @@ from typing import Any
 
 from registry.checks import RowContext, _sql_sites, binds_of
 from registry.errors import Problem
-from registry.yamlpos import Path
+from registry.fastload.yamlpos import Path
 
 
 @dataclass(frozen=True)

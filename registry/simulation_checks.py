@@ -16,8 +16,8 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from registry.errors import Problem
+from registry.fastload.yamlpos import Path
 from registry.model import leading_keyword
-from registry.yamlpos import Path
 
 
 class _Located(Protocol):
