@@ -315,10 +315,10 @@ def bench_sweep(pg: URL, n: int, repeat: int, tmp: Path) -> dict[str, Any]:
                 t0 = time.perf_counter()
                 plan = svc.plan("code.base_rate", [V2], case=case, who="agent", fresh=True)
                 t1 = time.perf_counter()
-                executor.approve(plan["plan_hash"], by="bob", role="dba",
+                executor.approve(plan.plan_hash, by="bob", role="dba",
                                  key=load_signing_key(bob_key))
                 t2 = time.perf_counter()
-                outcome, _ = svc.apply(plan["plan_hash"], case=case, who="agent")
+                outcome, _ = svc.apply(plan.plan_hash, case=case, who="agent")
                 t3 = time.perf_counter()
                 assert outcome.status == "applied_verified", outcome.to_dict()
                 return t3 - t0, t1 - t0, t3 - t2, outcome.intent_id

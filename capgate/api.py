@@ -28,7 +28,7 @@ def build_executor(settings: Settings, *, registry: Registry | None = None,
     """An executor wired from settings (each part may be supplied instead).
 
     The capability files are loaded through the validation cache
-    (``registry.cache``): files that passed validation before are not parsed
+    (``registry.fastload.cache``): files that passed validation before are not parsed
     again, and rows are built when first used.
     """
     return Executor(

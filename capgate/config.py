@@ -86,14 +86,28 @@ _CONNECTOR_ENV = re.compile(r"^CAPGATE_CONNECTOR_(?P<name>.+)_URL$")
 
 @dataclass(frozen=True)
 class Settings:
+    """What ``capgate.toml`` and the ``CAPGATE_*`` environment say, checked (``read_settings``)."""
+
     capabilities: tuple[str, ...] = ("capabilities",)
+    """The capability files and folders the registry is loaded from, relative ones resolved
+    against the configuration file's folder (``CAPGATE_CAPABILITIES`` overrides)."""
     grants: str | None = None
+    """The grants file: which person or agent may read or write which connector in which
+    environment.  None: no grants file, so nobody is granted anything."""
     ledger_url: str = DEFAULT_LEDGER
+    """Where the ledger lives (SQLAlchemy URL): every case, intent, outcome and DDL plan.  A
+    relative SQLite file is resolved against the configuration file's folder."""
     agent: str | None = None
+    """The caller identity used when a command names none (``--as``); grants are checked
+    against it, and the ledger records it as the one who acted."""
     connectors: Mapping[str, ConnectorConfig] = field(default_factory=dict)
+    """Each target database by connector name (venues included, as their own names): its
+    URL, environment and session budget -- where the executor sends a row's SQL."""
     max_request_bytes: int = 1_048_576
     """Largest request a call accepts (canonical JSON bytes of its inputs)."""
     source: str = "(defaults)"
+    """Where these settings came from, as findings and ``capgate doctor`` name it: the
+    file's path, ``(environment)`` or ``(defaults)``."""
     configured: bool = False
     """Whether a file or the environment configured anything (else these are defaults)."""
 

@@ -10,9 +10,9 @@ Public API::
         plan = loop.plan([Change(new_source, base_snapshot_id=snap.id)])
         outcome = loop.execute(plan, on_apply_started=ledger_hook)
 
-See ``ddl.loop`` for the steps, ``ddl.catalog`` for the adapters' protocol,
-``ddl.signature`` for the content signature and ``ddl.prohibitions`` for the
-six standing prohibitions.
+See ``ddl.loop`` for the steps, ``ddl.plan`` for the plan a person approves,
+``ddl.catalog`` for the adapters' protocol, ``ddl.signature`` for the content
+signature and ``ddl.prohibitions`` for the six standing prohibitions.
 """
 
 from ddl.catalog import (
@@ -25,8 +25,9 @@ from ddl.catalog import (
     adapter_for,
 )
 from ddl.events import DdlEventSink, ListSink, NullSink
-from ddl.loop import DdlLoop, check_plan, plan_hash
+from ddl.loop import DdlLoop
 from ddl.merge import MergeProposal
+from ddl.plan import DdlPlan, check_plan, plan_hash
 from ddl.prohibitions import PROHIBITIONS, Prohibition
 from ddl.results import (
     Change,
@@ -50,6 +51,7 @@ __all__ = [
     "DdlEventSink",
     "DdlLoop",
     "DdlOutcome",
+    "DdlPlan",
     "Dependent",
     "FarSideStep",
     "ListSink",

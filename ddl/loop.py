@@ -28,7 +28,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import sqlalchemy as sa
@@ -49,6 +49,7 @@ from ddl.catalog import (
 )
 from ddl.events import DdlEventSink, NullSink
 from ddl.merge import MergeProposal, propose
+from ddl.plan import PLAN_FIELDS, PLAN_FORMAT, DdlPlan, plan_hash
 from ddl.results import (
     APPLIED_VERIFIED,
     COMPARED,
@@ -76,7 +77,6 @@ from ddl.results import (
 )
 from ddl.signature import RECIPE, Signature, diff, sign
 from ddl.snapshots import Snapshot, SnapshotStore
-from registry.canonical import canonical_hash
 from registry.errors import (
     ApplyFailed,
     CompensationFailed,
@@ -91,30 +91,9 @@ from registry.errors import (
     error_details,
 )
 
-PLAN_FORMAT = "capgate.ddl.plan/1"
-_PLAN_KEYS = frozenset({
-    "format", "dialect", "target", "recipe", "transactional_ddl", "objects", "dependents",
-    "caller_search", "far_side_steps", "smoke", "recompile", "recompile_objects", "warnings",
-    "approval", "prohibitions", "plan_hash", "accepted_warnings",
-})
 OnApplyStarted = Callable[[list[str]], None]
-
-
-def plan_hash(plan: Mapping[str, Any]) -> str:
-    """The canonical hash of a plan (everything but the ``plan_hash`` field)."""
-    return canonical_hash({k: v for k, v in plan.items() if k != "plan_hash"})
-
-
-def check_plan(plan: Mapping[str, Any]) -> None:
-    """Refuse a plan whose content no longer matches its hash, or of an unknown format."""
-    if plan.get("format") != PLAN_FORMAT:
-        raise PlanTampered(f"not a DDL plan of format {PLAN_FORMAT}", found=plan.get("format"))
-    if plan.get("plan_hash") != plan_hash(plan):
-        raise PlanTampered(
-            "the plan's content does not match its plan_hash; make a new plan",
-            recorded=plan.get("plan_hash"),
-            computed=plan_hash(plan),
-        )
+#: A plan as the loop's steps take it: a DdlPlan, or its JSON data (checked, then read).
+PlanLike = DdlPlan | Mapping[str, Any]
 
 
 @dataclass(frozen=True)
@@ -361,7 +340,7 @@ class DdlLoop:
         refuse: bool = True,
         bind: Mapping[str, Any] | None = None,
         accepted_warnings: Sequence[Mapping[str, Any]] = (),
-    ) -> dict[str, Any]:
+    ) -> DdlPlan:
         """Make the plan for ``changes``; raise the first prohibition it violates (``refuse``).
 
         ``remote_dependents`` are declared by the row or the DBA (the local
@@ -377,9 +356,9 @@ class DdlLoop:
         """
         if not changes:
             raise ValueError("a plan needs at least one change")
-        if bind and set(bind) & _PLAN_KEYS:
+        if bind and set(bind) & PLAN_FIELDS:
             raise ValueError(f"bind may not set the plan's own fields "
-                             f"{sorted(set(bind) & _PLAN_KEYS)}")
+                             f"{sorted(set(bind) & PLAN_FIELDS)}")
         objects: list[dict[str, Any]] = []
         warnings: list[str] = []
         searches: list[dict[str, Any]] = []
@@ -519,7 +498,7 @@ class DdlLoop:
                                 f"{' ...' if len(callers) > 10 else ''}; review them")
             for note in s.get("notes") or []:
                 warnings.append(f"{s['object']}: caller search: {note}")
-        plan: dict[str, Any] = {
+        data: dict[str, Any] = {
             "format": PLAN_FORMAT,
             "dialect": self.dialect,
             "target": self.target,
@@ -538,19 +517,20 @@ class DdlLoop:
             "approval": {"required": True, "reason": "DDL rows are gated: a person approves "
                          "this plan hash before it is applied"},
         }
-        plan.update(bind or {})
-        plan["prohibitions"] = prohibitions.summary(plan)
-        plan["plan_hash"] = plan_hash(plan)
-        self._emit(ev.PLANNED, {"plan_hash": plan["plan_hash"],
-                                "objects": [o["key"] for o in plan["objects"]],
-                                "snapshot_ids": [o["base_snapshot_id"] for o in plan["objects"]],
+        data.update(bind or {})
+        data["prohibitions"] = prohibitions.summary(data)
+        data["plan_hash"] = plan_hash(data)
+        plan = DdlPlan.from_dict(data)
+        self._emit(ev.PLANNED, {"plan_hash": plan.plan_hash,
+                                "objects": [o["key"] for o in plan.objects],
+                                "snapshot_ids": [o["base_snapshot_id"] for o in plan.objects],
                                 "warnings": warnings})
         if refuse:
             try:
-                prohibitions.refuse(plan, {"plan_hash": plan["plan_hash"], "merge": merges}
-                                    if merges else {"plan_hash": plan["plan_hash"]})
+                prohibitions.refuse(data, {"plan_hash": plan.plan_hash, "merge": merges}
+                                    if merges else {"plan_hash": plan.plan_hash})
             except DdlProhibition as exc:
-                self._emit(ev.REFUSED, {"plan_hash": plan["plan_hash"], "code": exc.code,
+                self._emit(ev.REFUSED, {"plan_hash": plan.plan_hash, "code": exc.code,
                                         "message": exc.message})
                 raise
         return plan
@@ -627,11 +607,11 @@ class DdlLoop:
     # -- preflight ----------------------------------------------------------------------------
     def _preflight(
         self, conn: Connection, items: Sequence[_Item], snaps: Mapping[str, Snapshot],
-        plan: Mapping[str, Any],
+        plan: DdlPlan,
     ) -> PreflightResult:
         live_sigs: dict[str, str] = {}
         proposals: list[MergeProposal] = []
-        rendered = {str(o["key"]): o.get("rendered_source") for o in plan["objects"]}
+        rendered = {str(o["key"]): o.get("rendered_source") for o in plan.objects}
         for it in items:
             live, sig = self._live(conn, it.ref)
             live_sigs[it.key] = str(sig)
@@ -640,33 +620,33 @@ class DdlLoop:
                                              rendered.get(it.key), it.attributes))
         return PreflightResult(not proposals, live_sigs, tuple(proposals))
 
-    def preflight(self, plan: Mapping[str, Any]) -> PreflightResult:
+    def preflight(self, plan: PlanLike) -> PreflightResult:
         """Re-read the live objects under the DDL lock and compare them with the snapshots."""
-        check_plan(plan)
-        items = [_Item.from_plan(o) for o in plan["objects"]]
+        plan = DdlPlan.of(plan)
+        items = [_Item.from_plan(o) for o in plan.objects]
         snaps = {it.key: self.store.get(it.base_snapshot_id) for it in items}
         with self._locked([it.ref for it in items]), self.engine.connect() as conn:
             result = self._preflight(conn, items, snaps, plan)
             conn.rollback()
         return result
 
-    def _refuse_merge(self, plan: Mapping[str, Any], pre: PreflightResult) -> MergeRequired:
+    def _refuse_merge(self, plan: DdlPlan, pre: PreflightResult) -> MergeRequired:
         keys = [m.object for m in pre.mismatches]
         err = MergeRequired(
             f"{', '.join(keys)} changed since the snapshot; a three-way merge proposal is "
             "attached -- review it, capture again and make a new plan",
-            plan_hash=plan["plan_hash"],
+            plan_hash=plan.plan_hash,
             objects=keys,
             live=dict(pre.live),
             merge=[m.to_dict() for m in pre.mismatches],
         )
-        self._emit(ev.REFUSED, {"plan_hash": plan["plan_hash"], "code": err.code,
+        self._emit(ev.REFUSED, {"plan_hash": plan.plan_hash, "code": err.code,
                                 "message": err.message, "objects": keys})
         return err
 
     # -- execute --------------------------------------------------------------------------------
     def execute(
-        self, plan: Mapping[str, Any], *, on_apply_started: OnApplyStarted | None = None
+        self, plan: PlanLike, *, on_apply_started: OnApplyStarted | None = None
     ) -> DdlOutcome:
         """Preflight, apply and verify the plan (and roll back or compensate on failure).
 
@@ -675,16 +655,16 @@ class DdlLoop:
         evidence; ``outcome.raise_for_outcome()`` raises the error behind a failure.
         ``on_apply_started(snapshot_ids)`` is called before the first DDL statement.
         """
-        check_plan(plan)
-        if plan.get("dialect") != self.dialect or plan.get("target") != self.target:
+        plan = DdlPlan.of(plan)
+        if plan.dialect != self.dialect or plan.target != self.target:
             raise PlanTampered(
-                f"the plan is for {plan.get('dialect')} {plan.get('target')}, not for "
+                f"the plan is for {plan.dialect} {plan.target}, not for "
                 f"{self.dialect} {self.target}",
-                plan_target=plan.get("target"),
+                plan_target=plan.target,
                 target=self.target,
             )
-        prohibitions.refuse(plan, {"plan_hash": plan["plan_hash"]})
-        items = [_Item.from_plan(o) for o in plan["objects"]]
+        prohibitions.refuse(plan.to_dict(), {"plan_hash": plan.plan_hash})
+        items = [_Item.from_plan(o) for o in plan.objects]
         snaps = {it.key: self.store.get(it.base_snapshot_id) for it in items}
         for it in items:
             if not snaps[it.key].verify():
@@ -695,13 +675,13 @@ class DdlLoop:
             return self._execute_committing(plan, items, snaps, on_apply_started)
 
     def _dependent_refs(
-        self, conn: Connection, plan: Mapping[str, Any], items: Sequence[_Item]
+        self, conn: Connection, plan: DdlPlan, items: Sequence[_Item]
     ) -> list[ObjectRef]:
         keys = {it.key for it in items}
         found: dict[str, ObjectRef] = {}
-        for d in plan.get("dependents") or []:
-            if not d.get("remote"):
-                ref = ObjectRef.from_dict(d["object"])
+        for recorded in plan.dependents:
+            if not recorded.get("remote"):
+                ref = ObjectRef.from_dict(recorded["object"])
                 found.setdefault(ref.key, ref)
         for d in self.adapter.dependents_many(conn, [it.ref for it in items], self.progress):
             found.setdefault(d.object.key, d.object)
@@ -733,7 +713,7 @@ class DdlLoop:
                                                "expected_signature": it.expected_signature})
         return done, None
 
-    def _record_bases(self, items: Sequence[_Item], plan: Mapping[str, Any],
+    def _record_bases(self, items: Sequence[_Item], plan: DdlPlan,
                       before: Mapping[str, ObjectStatus]) -> dict[str, str]:
         """Snapshot what capgate just applied: the base of the next plan of these objects.
 
@@ -744,7 +724,7 @@ class DdlLoop:
         if callable(record):
             statuses = {k: v.to_dict() for k, v in before.items()}
             for it in items:
-                record(self.target, it.key, str(plan["plan_hash"]), statuses)
+                record(self.target, it.key, plan.plan_hash, statuses)
         out: dict[str, str] = {}
         with self.engine.connect() as conn:
             for it in items:
@@ -761,10 +741,10 @@ class DdlLoop:
         return out
 
     def _execute_transactional(
-        self, plan: Mapping[str, Any], items: list[_Item], snaps: Mapping[str, Snapshot],
+        self, plan: DdlPlan, items: list[_Item], snaps: Mapping[str, Snapshot],
         on_apply_started: OnApplyStarted | None,
     ) -> DdlOutcome:
-        ph = str(plan["plan_hash"])
+        ph = plan.plan_hash
         with self.engine.connect() as conn:
             self.adapter.begin(conn)
             dep_refs, before = self._start_apply(conn, plan, items, snaps, on_apply_started,
@@ -800,7 +780,7 @@ class DdlLoop:
                                           before, after, report, None, None, None, bases))
 
     def _start_apply(
-        self, conn: Connection, plan: Mapping[str, Any], items: list[_Item],
+        self, conn: Connection, plan: DdlPlan, items: list[_Item],
         snaps: Mapping[str, Snapshot], on_apply_started: OnApplyStarted | None,
         *, transactional: bool,
     ) -> tuple[list[ObjectRef], dict[str, ObjectStatus]]:
@@ -809,7 +789,7 @@ class DdlLoop:
         "Apply started" (with the snapshot ids) is recorded BEFORE the DDL: where DDL
         commits on its own, a crash from here on is resolved by classify().
         """
-        ph = str(plan["plan_hash"])
+        ph = plan.plan_hash
         pre = self._preflight(conn, items, snaps, plan)
         if not pre.ok:
             if transactional:
@@ -817,7 +797,7 @@ class DdlLoop:
             raise self._refuse_merge(plan, pre)
         self._emit(ev.PREFLIGHT, {"plan_hash": ph, "live": dict(pre.live), "ok": True})
         dep_refs = self._dependent_refs(conn, plan, items)
-        extra = [ObjectRef.from_dict(r) for r in plan.get("recompile_objects") or []]
+        extra = [ObjectRef.from_dict(r) for r in plan.recompile_objects or ()]
         before = self._statuses(conn, [it.ref for it in items] + dep_refs + [
             r for r in extra if r.key not in {d.key for d in dep_refs}])
         snapshot_ids = [it.base_snapshot_id for it in items]
@@ -829,7 +809,7 @@ class DdlLoop:
         return dep_refs, before
 
     def _apply_and_verify(
-        self, conn: Connection, plan: Mapping[str, Any], items: list[_Item],
+        self, conn: Connection, plan: DdlPlan, items: list[_Item],
         dep_refs: list[ObjectRef], before: dict[str, ObjectStatus], *, far_side: bool,
         then: str,
     ) -> tuple[list[ObjectApply], ApplyFailed | None, VerifyReport | None,
@@ -839,7 +819,7 @@ class DdlLoop:
 
         Returns (applied, apply failure, verify report, statuses after, the error to act on).
         """
-        ph = str(plan["plan_hash"])
+        ph = plan.plan_hash
         applied, failure = self._apply_items(conn, items, ph)
         report: VerifyReport | None = None
         after: dict[str, ObjectStatus] = {}
@@ -855,10 +835,10 @@ class DdlLoop:
         return applied, failure, report, after, error
 
     def _execute_committing(
-        self, plan: Mapping[str, Any], items: list[_Item], snaps: Mapping[str, Snapshot],
+        self, plan: DdlPlan, items: list[_Item], snaps: Mapping[str, Snapshot],
         on_apply_started: OnApplyStarted | None,
     ) -> DdlOutcome:
-        ph = str(plan["plan_hash"])
+        ph = plan.plan_hash
         with self.engine.connect() as conn:
             dep_refs, before = self._start_apply(conn, plan, items, snaps, on_apply_started,
                                                  transactional=False)
@@ -877,7 +857,7 @@ class DdlLoop:
                                           before, after, report, None, None, None, bases))
 
     def _compensate_outcome(
-        self, plan: Mapping[str, Any], items: list[_Item], snaps: Mapping[str, Snapshot],
+        self, plan: DdlPlan, items: list[_Item], snaps: Mapping[str, Snapshot],
         dep_refs: list[ObjectRef], before: Mapping[str, ObjectStatus],
         after: Mapping[str, ObjectStatus], applied: list[ObjectApply],
         report: VerifyReport | None, error: DdlErrorLike,
@@ -889,7 +869,7 @@ class DdlLoop:
         failed = CompensationFailed(
             "compensation did not restore the snapshot(s): " + "; ".join(comp.causes[:5])
             + " -- escalate, do not apply again",
-            plan_hash=plan["plan_hash"],
+            plan_hash=plan.plan_hash,
             snapshot_ids=dict(comp.snapshot_ids),
             live_signatures=dict(comp.live_signatures),
             snapshot_signatures=dict(comp.snapshot_signatures),
@@ -907,7 +887,7 @@ class DdlLoop:
         return outcome
 
     def _outcome(
-        self, outcome: str, plan: Mapping[str, Any], applied: list[ObjectApply],
+        self, outcome: str, plan: DdlPlan, applied: list[ObjectApply],
         items: Sequence[_Item], dep_refs: Sequence[ObjectRef],
         before: Mapping[str, ObjectStatus], after: Mapping[str, ObjectStatus],
         report: VerifyReport | None, comp: CompensationReport | None,
@@ -921,7 +901,7 @@ class DdlLoop:
         )
         return DdlOutcome(
             outcome=outcome,
-            plan_hash=str(plan["plan_hash"]),
+            plan_hash=plan.plan_hash,
             dialect=self.dialect,
             objects=tuple(applied),
             statuses=statuses,
@@ -941,7 +921,7 @@ class DdlLoop:
 
     # -- verify ------------------------------------------------------------------------------
     def _verify(
-        self, conn: Connection, plan: Mapping[str, Any], items: Sequence[_Item],
+        self, conn: Connection, plan: DdlPlan, items: Sequence[_Item],
         dep_refs: Sequence[ObjectRef], before: Mapping[str, ObjectStatus], *, smoke: bool,
         far_side: bool, restoring: bool = False,
     ) -> tuple[VerifyReport, dict[str, ObjectStatus]]:
@@ -953,7 +933,7 @@ class DdlLoop:
         included.
         """
         checks: list[Check] = []
-        accepted = list(plan.get("accepted_warnings") or [])
+        accepted = list(plan.accepted_warnings or ())
         after = self._statuses(conn, [it.ref for it in items])
         for it in items:
             checks.append(judge("compile", it.key, after.get(it.key), before.get(it.key),
@@ -981,7 +961,7 @@ class DdlLoop:
                 self.progress(i, len(dep_refs), ref.key)
             checks.append(judge("dependent", ref.key, swept.get(ref.key), before.get(ref.key),
                                 accepted))
-        extra = [ObjectRef.from_dict(r) for r in plan.get("recompile_objects") or []]
+        extra = [ObjectRef.from_dict(r) for r in plan.recompile_objects or ()]
         if extra:
             rec = self.adapter.sweep(conn, extra, before)
             for ref in extra:
@@ -993,7 +973,7 @@ class DdlLoop:
             checks += self._far_side_checks(plan)
         return VerifyReport(tuple(checks)), after
 
-    def _smoke(self, conn: Connection, plan: Mapping[str, Any]) -> list[Check]:
+    def _smoke(self, conn: Connection, plan: DdlPlan) -> list[Check]:
         """Each smoke call in an engine-enforced read-only transaction, rolled back after.
 
         A call that writes fails (the engine refuses the write) and leaves nothing;
@@ -1001,7 +981,7 @@ class DdlLoop:
         any other -- it passes unless the call declared an ``expect``.
         """
         out: list[Check] = []
-        for s in plan.get("smoke") or []:
+        for s in plan.smoke:
             name = f"smoke:{s['name']}"
             binds = dict(s.get("binds") or {})
             expect = s.get("expect")
@@ -1029,9 +1009,9 @@ class DdlLoop:
                              detail + " (read-only transaction)", EXECUTED))
         return out
 
-    def _far_side_checks(self, plan: Mapping[str, Any]) -> list[Check]:
+    def _far_side_checks(self, plan: DdlPlan) -> list[Check]:
         out: list[Check] = []
-        for s in plan.get("far_side_steps") or []:
+        for s in plan.far_side_steps:
             name = f"far_side:{s['name']}"
             url = self.far_side.get(str(s["link"]))
             if url is None:
@@ -1064,7 +1044,7 @@ class DdlLoop:
                                  f"error: {first_line(exc.orig)}", EXECUTED))
             finally:
                 eng.dispose()
-            self._emit(ev.FAR_SIDE, {"plan_hash": plan["plan_hash"], "step": s["name"],
+            self._emit(ev.FAR_SIDE, {"plan_hash": plan.plan_hash, "step": s["name"],
                                      "passed": out[-1].passed, "detail": out[-1].detail})
         return out
 
@@ -1116,10 +1096,10 @@ class DdlLoop:
         return {k: ObjectStatus.from_dict(ObjectRef.parse(k) if ":" in k else ref, v)
                 for k, v in found.items()}
 
-    def verify(self, plan: Mapping[str, Any]) -> VerifyReport:
+    def verify(self, plan: PlanLike) -> VerifyReport:
         """Check the live state against the plan: compile status, landed text, dependents, smoke."""
-        check_plan(plan)
-        items = [_Item.from_plan(o) for o in plan["objects"]]
+        plan = DdlPlan.of(plan)
+        items = [_Item.from_plan(o) for o in plan.objects]
         before = _plan_before(plan)
         with self.engine.connect() as conn:
             dep_refs = self._dependent_refs(conn, plan, items)
@@ -1130,10 +1110,10 @@ class DdlLoop:
 
     # -- compensate ------------------------------------------------------------------------
     def _compensate(
-        self, plan: Mapping[str, Any], items: Sequence[_Item], snaps: Mapping[str, Snapshot],
+        self, plan: DdlPlan, items: Sequence[_Item], snaps: Mapping[str, Snapshot],
         dep_refs: Sequence[ObjectRef], before: Mapping[str, ObjectStatus],
     ) -> CompensationReport:
-        ph = plan["plan_hash"]
+        ph = plan.plan_hash
         snapshot_ids = {it.key: it.base_snapshot_id for it in items}
         self._emit(ev.COMPENSATION_STARTED, {"plan_hash": ph, "snapshot_ids": snapshot_ids})
         actions: list[dict[str, Any]] = []
@@ -1171,7 +1151,7 @@ class DdlLoop:
                 conn.commit()
             for it in items:
                 live_sigs[it.key] = str(self._live(conn, it.ref)[1])
-            plain = {**plan, "smoke": [], "far_side_steps": []}
+            plain = replace(plan, smoke=(), far_side_steps=())
             report, _ = self._verify(conn, plain, [
                 _Item(it.ref, it.base_snapshot_id, snap_sigs[it.key], snaps[it.key].source,
                       snap_sigs[it.key], snap_sigs[it.key] if snaps[it.key].exists else None,
@@ -1196,15 +1176,15 @@ class DdlLoop:
                    {"plan_hash": ph, **comp.to_dict()})
         return comp
 
-    def compensate(self, plan: Mapping[str, Any]) -> CompensationReport:
+    def compensate(self, plan: PlanLike) -> CompensationReport:
         """Restore every object of the plan from its snapshot (where it differs), then verify.
 
         For a case resumed as ``partly_applied``; each snapshot is applied at most once.
         The restored objects and the dependents are judged against their statuses
         before the apply (recorded in the plan).
         """
-        check_plan(plan)
-        items = [_Item.from_plan(o) for o in plan["objects"]]
+        plan = DdlPlan.of(plan)
+        items = [_Item.from_plan(o) for o in plan.objects]
         snaps = {it.key: self.store.get(it.base_snapshot_id) for it in items}
         before = _plan_before(plan)
         with self._locked([it.ref for it in items]):
@@ -1215,15 +1195,15 @@ class DdlLoop:
 
     # -- recovery -----------------------------------------------------------------------------
     def classify(
-        self, plan: Mapping[str, Any], observed: Mapping[str, str] | None = None
+        self, plan: PlanLike, observed: Mapping[str, str] | None = None
     ) -> RecoveryReport:
         """After a crash past "apply started": what landed, judged by live signatures.
 
         ``observed`` maps object keys to applied signatures the ledger recorded
         (``ddl.object_applied`` events), as extra evidence.
         """
-        check_plan(plan)
-        items = [_Item.from_plan(o) for o in plan["objects"]]
+        plan = DdlPlan.of(plan)
+        items = [_Item.from_plan(o) for o in plan.objects]
         rows: list[ObjectRecovery] = []
         with self.engine.connect() as conn:
             for it in items:
@@ -1261,7 +1241,7 @@ class DdlLoop:
             cls = "applied"
         else:
             cls = "partly_applied"
-        return RecoveryReport(cls, str(plan["plan_hash"]), tuple(rows))
+        return RecoveryReport(cls, plan.plan_hash, tuple(rows))
 
     # -- guard for callers that build their own recompile lists --------------------------
     @staticmethod
@@ -1287,11 +1267,11 @@ def _status_from(d: Mapping[str, Any]) -> ObjectStatus:
     return ObjectStatus.from_dict(ObjectRef.from_dict(d["object"]), d["status_before"])
 
 
-def _plan_before(plan: Mapping[str, Any]) -> dict[str, ObjectStatus]:
+def _plan_before(plan: DdlPlan) -> dict[str, ObjectStatus]:
     """The statuses a plan recorded before the change: its objects' and its dependents'."""
-    out = {str(d["key"]): _status_from(d) for d in plan.get("dependents") or []
+    out = {str(d["key"]): _status_from(d) for d in plan.dependents
            if d.get("status_before")}
-    for o in plan.get("objects") or []:
+    for o in plan.objects:
         if o.get("status_before"):
             out[str(o["key"])] = _status_from(o)
     return out

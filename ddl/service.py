@@ -63,7 +63,8 @@ from sqlalchemy.engine import URL, Connection
 from ddl import events as ev
 from ddl.catalog import SPEC_OF_BODY, Dependent, ObjectRef, Progress
 from ddl.events import ListSink
-from ddl.loop import PLAN_FORMAT, DdlLoop, check_plan
+from ddl.loop import DdlLoop
+from ddl.plan import PLAN_FORMAT, DdlPlan
 from ddl.results import (
     APPLIED_VERIFIED,
     COMPENSATED,
@@ -357,39 +358,43 @@ class DdlService:
                 "`capgate call`", operation_id=row.operation_id, version=row.version)
         return row, cfg
 
-    def _row_of_plan(self, plan: Mapping[str, Any]) -> tuple[Row, ConnectorConfig]:
-        row, cfg = self.resolve_row(str(plan["operation_id"]), int(plan["version"]))
-        if row.row_hash != plan.get("row_hash"):
+    def _row_of_plan(self, plan: DdlPlan) -> tuple[Row, ConnectorConfig]:
+        bound = plan.bound
+        for name in ("operation_id", "version"):
+            if name not in bound:
+                raise PlanTampered(f"the plan names no {name}: it was not made for a ddl row "
+                                   "(capgate ddl plan); make a new plan", field=name)
+        row, cfg = self.resolve_row(str(bound["operation_id"]), int(bound["version"]))
+        if row.row_hash != bound.get("row_hash"):
             raise PlanTampered(
-                f"the plan was made against {row.ref} with hash {plan.get('row_hash')}, the "
+                f"the plan was made against {row.ref} with hash {bound.get('row_hash')}, the "
                 f"registry now has {row.row_hash}; make a new plan",
-                recorded=plan.get("row_hash"), current=row.row_hash)
-        if cfg.name != plan.get("connector") or cfg.environment != plan.get("environment"):
+                recorded=bound.get("row_hash"), current=row.row_hash)
+        if cfg.name != bound.get("connector") or cfg.environment != bound.get("environment"):
             raise PlanTampered(
-                f"the plan is for connector {plan.get('connector')} ({plan.get('environment')}),"
+                f"the plan is for connector {bound.get('connector')} ({bound.get('environment')}),"
                 f" the row now runs on {cfg.name} ({cfg.environment}); make a new plan",
-                plan_connector=plan.get("connector"), connector=cfg.name)
+                plan_connector=bound.get("connector"), connector=cfg.name)
         return row, cfg
 
-    def _recorded_plan(self, plan_hash: str) -> tuple[dict[str, Any], str, str]:
+    def _recorded_plan(self, plan_hash: str) -> tuple[DdlPlan, str, str]:
         """The recorded DDL plan (checked intact), its case and its requester."""
         record = self.executor.ledger.get_plan(plan_hash)
-        plan = dict(record.plan)
-        if plan.get("format") != PLAN_FORMAT:
+        if record.plan.get("format") != PLAN_FORMAT:
             raise UsageError(
                 f"plan {plan_hash} is not a DDL plan; run it with `capgate call --plan "
                 f"{plan_hash}`", plan_hash=plan_hash)
-        check_plan(plan)
-        if plan["plan_hash"] != plan_hash:
+        plan = DdlPlan.of(record.plan)
+        if plan.plan_hash != plan_hash:
             raise PlanTampered(f"plan {plan_hash} is recorded with content of another hash",
-                               recorded=plan_hash, computed=plan["plan_hash"])
+                               recorded=plan_hash, computed=plan.plan_hash)
         return plan, record.case_id, record.requester
 
     @staticmethod
     def _scope_objects(loop: DdlLoop, conn: Connection, row: Row,
-                       plan: Mapping[str, Any]) -> None:
+                       plan: DdlPlan) -> None:
         default = loop.adapter.default_schema(conn)
-        for o in plan["objects"]:
+        for o in plan.objects:
             check_scope(row, ObjectRef.from_dict(o["object"]), default)
 
     # -- capture, snapshots, export, verify -----------------------------------------------------
@@ -439,7 +444,7 @@ class DdlService:
         fresh: bool = False,
         smoke: Sequence[SmokeCall] = (),
         recompile: Sequence[str] = (),
-    ) -> dict[str, Any]:
+    ) -> DdlPlan:
         """Make, check and record the plan for new sources of a ddl row's objects.
 
         No DDL is committed.  Returns the plan (with ``plan_hash``); raises the
@@ -505,7 +510,7 @@ class DdlService:
             except CapgateError:
                 self._record_case_events(case, who, row, sink)
                 raise
-        self.executor.ledger.record_plan(plan["plan_hash"], case, who, plan)
+        self.executor.ledger.record_plan(plan.plan_hash, case, who, plan.to_dict())
         self._record_case_events(case, who, row, sink)
         return plan
 
@@ -555,8 +560,8 @@ class DdlService:
         def on_apply_started(snapshot_ids: list[str]) -> None:
             ledger.append(case, APPLY_STARTED, {
                 "snapshot_ids": list(snapshot_ids),
-                "objects": [o["key"] for o in plan["objects"]],
-                "transactional": bool(plan.get("transactional_ddl")),
+                "objects": [o["key"] for o in plan.objects],
+                "transactional": plan.transactional_ddl,
                 "state": {"attempt": 1, "apply_started_at": self._now()},
             }, intent_id=intent_id)
             started.append(True)
@@ -617,7 +622,7 @@ class DdlService:
                 case=case, intents=open_intents)
 
     def _check_approval(self, plan_hash: str, who: str, row: Row,
-                        plan: Mapping[str, Any]) -> None:
+                        plan: DdlPlan) -> None:
         """Refuse (exit 4) unless an unused, unexpired approval usable by ``who`` exists."""
         approvals = self.executor.ledger.approvals_for(plan_hash)
         now = self.executor.clock()
@@ -627,7 +632,7 @@ class DdlService:
             return
         roles = "|".join(row.authorization.approver_roles)
         details = {"plan_hash": plan_hash, "approver_roles": list(row.authorization.approver_roles),
-                   "four_eyes": four_eyes, "objects": [o["key"] for o in plan["objects"]]}
+                   "four_eyes": four_eyes, "objects": [o["key"] for o in plan.objects]}
         if valid:
             raise SelfApproval(f"the only approval of plan {plan_hash} is {who!r}'s own; four "
                                "eyes requires another approver", **details)
@@ -647,32 +652,32 @@ class DdlService:
         return self.executor.clock().isoformat()
 
     def _prepared(self, case: str, intent_id: str, row: Row, cfg: ConnectorConfig,
-                  plan: Mapping[str, Any], who: str, approval_id: str) -> None:
-        snapshot_ids = {str(o["key"]): str(o["base_snapshot_id"]) for o in plan["objects"]}
-        objects = [str(o["key"]) for o in plan["objects"]]
+                  plan: DdlPlan, who: str, approval_id: str) -> None:
+        snapshot_ids = {str(o["key"]): str(o["base_snapshot_id"]) for o in plan.objects}
+        objects = [str(o["key"]) for o in plan.objects]
         self.executor.ledger.append(case, "prepared", {
             "request": {"operation_id": row.operation_id, "version": row.version,
-                        "plan_hash": plan["plan_hash"], "objects": objects, "who": who,
+                        "plan_hash": plan.plan_hash, "objects": objects, "who": who,
                         "connector": cfg.name, "environment": cfg.environment},
             "state": {"operation_id": row.operation_id, "version": row.version,
                       "row_hash": row.row_hash, "effect_class": str(row.effect_class),
-                      "recovery": str(row.recovery), "plan_hash": plan["plan_hash"],
+                      "recovery": str(row.recovery), "plan_hash": plan.plan_hash,
                       "snapshot_ids": snapshot_ids, "objects": objects,
-                      "dialect": plan["dialect"],
-                      "transactional_ddl": bool(plan.get("transactional_ddl")),
+                      "dialect": plan.dialect,
+                      "transactional_ddl": plan.transactional_ddl,
                       "connector": cfg.name, "environment": cfg.environment, "who": who,
                       "approval_id": approval_id, "idempotency_key": None,
-                      "fingerprint": _fingerprint(row, cfg, str(plan["plan_hash"])),
+                      "fingerprint": _fingerprint(row, cfg, plan.plan_hash),
                       "attempt": 0},
         }, intent_id=intent_id)
 
     def _refused_after_prepared(self, case: str, intent_id: str, row: Row,
-                                cfg: ConnectorConfig, plan: Mapping[str, Any],
+                                cfg: ConnectorConfig, plan: DdlPlan,
                                 exc: BaseException) -> None:
         """A refusal between ``prepared`` and the first DDL: nothing applied, close the intent."""
         reason = {"kind": RollbackReason.REFUSED_BEFORE_APPLY, "error": error_details(exc)}
-        record = _outcome(case, intent_id, row, cfg, str(plan["plan_hash"]), ROLLED_BACK,
-                          {"applied": False, "objects": [o["key"] for o in plan["objects"]]},
+        record = _outcome(case, intent_id, row, cfg, plan.plan_hash, ROLLED_BACK,
+                          {"applied": False, "objects": [o["key"] for o in plan.objects]},
                           reason)
         with contextlib.suppress(CapgateError, sa.exc.SQLAlchemyError):
             self.executor.ledger.append(case, "observed", {
@@ -680,9 +685,9 @@ class DdlService:
             }, intent_id=intent_id)
 
     def _observe(self, case: str, intent_id: str, row: Row, cfg: ConnectorConfig,
-                 plan: Mapping[str, Any], result: DdlOutcome,
+                 plan: DdlPlan, result: DdlOutcome,
                  classified: RecoveryReport | None) -> Outcome:
-        out = Outcome.from_dict(_outcome(case, intent_id, row, cfg, str(plan["plan_hash"]),
+        out = Outcome.from_dict(_outcome(case, intent_id, row, cfg, plan.plan_hash,
                                          result.outcome, result.to_dict(),
                                          None if result.error is None else dict(result.error)))
         record = out.to_dict()
@@ -708,7 +713,7 @@ class DdlService:
 
     # -- compensate and recover -----------------------------------------------------------------
     def _intent_plan(self, case: str, intent_id: str
-                     ) -> tuple[dict[str, Any], dict[str, Any], Row, ConnectorConfig]:
+                     ) -> tuple[dict[str, Any], DdlPlan, Row, ConnectorConfig]:
         state = self.executor.ledger.intent(case, intent_id)
         if state.get("effect_class") != "ddl" or not state.get("plan_hash"):
             raise UsageError(f"intent {intent_id} of case {case!r} is not a DDL apply",
@@ -754,7 +759,7 @@ class DdlService:
             "causes": list(comp.causes),
             "snapshot_ids": dict(comp.snapshot_ids),
             "live_signatures": dict(comp.live_signatures)}
-        record = _outcome(case, intent_id, row, cfg, str(plan["plan_hash"]), status,
+        record = _outcome(case, intent_id, row, cfg, plan.plan_hash, status,
                           {"compensation": comp.to_dict(), "before": before.to_dict(),
                            "by": who}, reason)
         new_state: dict[str, Any] = {"outcome": status, "outcome_record": record}
@@ -804,7 +809,7 @@ def classify_ddl_intent(executor: Executor, case_id: str, intent_id: str,
     service = DdlService(executor)
     try:
         plan, _, _ = service._recorded_plan(str(state["plan_hash"]))
-        connector = str(state.get("connector") or plan["connector"])
+        connector = str(state.get("connector") or plan.bound["connector"])
         with service.loop(connector) as lp:
             report = lp.classify(plan, _observed(state))
     except (CapgateError, sa.exc.SQLAlchemyError) as exc:
@@ -860,7 +865,7 @@ def settle_ddl_intent(executor: Executor, case_id: str, intent_id: str, *,
     if classification == "applied" and row is not None and cfg is not None:
         assert report is not None
         if report.passed:
-            record = _outcome(case_id, intent_id, row, cfg, str(plan["plan_hash"]),
+            record = _outcome(case_id, intent_id, row, cfg, plan.plan_hash,
                               APPLIED_VERIFIED, {"reconciled": evidence}, None)
             ledger.append(case_id, "reconciled", {"evidence": evidence, "state": {
                 "classification": classification, "rule": evidence["rule"],
@@ -916,7 +921,7 @@ def _observed(state: Mapping[str, Any]) -> dict[str, str] | None:
     return None
 
 
-def _try_classify(lp: DdlLoop, plan: Mapping[str, Any],
+def _try_classify(lp: DdlLoop, plan: DdlPlan,
                   applied: Mapping[str, str]) -> RecoveryReport | None:
     try:
         return lp.classify(plan, dict(applied) or None)
@@ -939,12 +944,12 @@ def _outcome(case: str, intent_id: str, row: Row, cfg: ConnectorConfig, plan_has
                    reason=reason).to_dict()
 
 
-def _merge_required(plan: Mapping[str, Any], pre: PreflightResult) -> MergeRequired:
+def _merge_required(plan: DdlPlan, pre: PreflightResult) -> MergeRequired:
     keys = [m.object for m in pre.mismatches]
     return MergeRequired(
         f"{', '.join(keys)} changed since the snapshot; a three-way merge proposal is attached "
         "-- review it, capture again and make a new plan (nothing was recorded or applied)",
-        plan_hash=plan["plan_hash"],
+        plan_hash=plan.plan_hash,
         objects=keys,
         live=dict(pre.live),
         merge=[m.to_dict() for m in pre.mismatches],

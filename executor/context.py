@@ -62,14 +62,14 @@ _SAFE_INT = 2**53 - 1
 def _fast_yes(row_hash: str, schema_json: str) -> Callable[[Any], bool] | None:
     """The contract compiled to a plain function that says only "valid" quickly.
 
-    :mod:`registry.fastschema` answers True only where draft 2020-12 would;
+    :mod:`registry.fastload.fastschema` answers True only where draft 2020-12 would;
     a False (or a contract it cannot compile: None) goes to jsonschema, which
     decides and words the errors.  A call's start-up then never imports
     jsonschema for a valid request.
     """
     import json
 
-    from registry.fastschema import Unsupported, compile_validator
+    from registry.fastload.fastschema import Unsupported, compile_validator
 
     try:
         return compile_validator(json.loads(schema_json))

@@ -37,7 +37,13 @@ from typing import Any
 
 from registry.checks import RowContext, _sql_sites, binds_of
 from registry.errors import Problem
-from registry.yamlpos import Path
+from registry.fastload.yamlpos import Path
+from registry.rules import (
+    DATE_BOUND_AS_TEXT,
+    DIALECT_SQL_INVALID,
+    LEASED_ON_ORACLE,
+    TRANSACTION_CONTROL_IN_WRITE,
+)
 
 
 @dataclass(frozen=True)
@@ -205,7 +211,7 @@ def transaction_control_problems(ctx: RowContext, dialects: Sequence[str] = ()
     for path, sql in _write_sites(ctx.row):
         reason = control_reason(sql, dialects)
         if reason:
-            out.append(ctx.at(path, "CG171",
+            out.append(ctx.at(path, TRANSACTION_CONTROL_IN_WRITE.code,
                               f"a write statement must not commit, roll back or run DDL: it "
                               f"{reason}; capgate owns the transaction (marker, COMMIT)"))
     return out
@@ -245,7 +251,7 @@ def dialect_problems(ctx: RowContext, dialects: Sequence[str]) -> list[Problem]:
         for dialect in dialects:
             reason = dialect_reason(sql, dialect)
             if reason:
-                out.append(ctx.at(path, "CG170", f"{dialect}: {reason}"))
+                out.append(ctx.at(path, DIALECT_SQL_INVALID.code, f"{dialect}: {reason}"))
                 break  # one finding per statement
     return out
 
@@ -280,12 +286,12 @@ def dialect_warnings(ctx: RowContext, dialects: Sequence[str]) -> list[Problem]:
                 continue
             if spec.get("type") == "string" and "format" not in spec \
                     and _admits_iso_dates(spec.get("pattern")):
-                out.append(ctx.at(("input", "properties", name), "CG172",
+                out.append(ctx.at(("input", "properties", name), DATE_BOUND_AS_TEXT.code,
                                   f"input {name!r} takes ISO dates but is bound as text: on "
                                   "Oracle a DATE column meets it through NLS_DATE_FORMAT; "
                                   "declare `format: date` and capgate binds a DATE"))
     if leases and row.get("shape") == "leased":
-        out.append(ctx.at(("shape",), "CG173",
+        out.append(ctx.at(("shape",), LEASED_ON_ORACLE.code,
                           "a leased row is refused on Oracle (CG326): nothing there ends a "
                           "hung executor's transaction at the deadline"))
     return out

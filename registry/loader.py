@@ -30,11 +30,11 @@ from registry.model import EffectClass, Row
 from registry.registry import Registry
 
 if TYPE_CHECKING:
-    from registry.filecheck import CheckedFile
+    from registry.fastload.filecheck import CheckedFile
 
 # The checking modules (YAML with positions, JSON Schema, the SQL checks and the
 # workers) are imported where files are checked: a load whose files all come from
-# the validation cache (registry.cache) checks none, and a CLI call should not pay
+# the validation cache (registry.fastload.cache) checks none, and a CLI call should not pay
 # for their import.
 
 SUFFIXES = (".yaml", ".yml")
@@ -124,14 +124,14 @@ def validate_texts(items: Iterable[tuple[str, str]], *, workers: int | None = No
     """Validate ``(source_name, yaml_text)`` pairs without touching the disk.
 
     ``workers`` is the number of processes to check files in; ``None`` decides
-    from the machine and the amount of text (see ``registry.parallel``).
+    from the machine and the amount of text (see ``registry.fastload.parallel``).
     """
     with _cyclic_gc_paused():
         return _validate_texts(list(items), workers)
 
 
 def _validate_texts(items: list[tuple[str, str]], workers: int | None) -> Validation:
-    from registry.parallel import check_files
+    from registry.fastload.parallel import check_files
 
     result = Validation(files=[source for source, _ in items])
     # Files finish in any order (see check_files); each file's rows are built as soon
@@ -238,7 +238,7 @@ def _version_positions(result: Validation, texts: dict[str, str],
     A clean load keeps only where rows start; the lock's findings are rare
     enough to pay for a second, fully located parse of the files they name.
     """
-    from registry.yamlpos import load_located
+    from registry.fastload.yamlpos import load_located
 
     located = {}
     for source in sources & texts.keys():
@@ -260,14 +260,14 @@ def load_registry(paths: Sequence[str | Path] = (DEFAULT_PATH,), *,
     """Validate and load; raise ``RegistryError`` listing every problem.
 
     ``workers``: processes to check the files in (``None``: decided by
-    ``registry.parallel.worker_count``; 1: all in the calling thread).
+    ``registry.fastload.parallel.worker_count``; 1: all in the calling thread).
     ``cache``: skip the per-file checks of files that passed them before, as
-    recorded by content in ``registry.cache`` (the command line's calls use
+    recorded by content in ``registry.fastload.cache`` (the command line's calls use
     it); the rows are then built when first used.  Any finding is reported
     exactly as without the cache.
     """
     if cache:
-        from registry.cache import cache_dir
+        from registry.fastload.cache import cache_dir
 
         directory = cache_dir()
         if directory is not None:
@@ -289,7 +289,7 @@ def _load_cached(paths: Sequence[str | Path], *, check_lock: bool, workers: int 
     with the files (a finding, a duplicate, the lock): the uncached path then
     reports every problem with its exact position.
     """
-    from registry.cache import (
+    from registry.fastload.cache import (
         IndexedRow,
         LazyRegistry,
         duplicate_problems,
@@ -313,7 +313,7 @@ def _load_cached(paths: Sequence[str | Path], *, check_lock: bool, workers: int 
                                                                             strict=True)]
         missing = [i for i, found in enumerate(per_file) if found is None]
         if missing:
-            from registry.parallel import check_files
+            from registry.fastload.parallel import check_files
 
             items = [texts[i] for i in missing]
             for position, checked in check_files(items, workers):

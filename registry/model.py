@@ -491,46 +491,92 @@ class Row:
     """One ``(operation_id, version)`` capability, as reviewed by a DBA."""
 
     operation_id: str
+    """The name a caller calls (``policy.add_note``); with ``version``, the row's identity."""
     version: int
+    """The row's version: a changed row is a new version, reviewed and locked on its own."""
     connector: str
+    """The configured connector (target database) the row's SQL runs on."""
     description: str
+    """What the operation does, in the DBA's words: shown to callers and on the review card."""
     input: Mapping[str, Any]
+    """The JSON Schema every call's inputs must satisfy before any SQL is sent; its
+    properties are the only names the SQL may bind."""
     target: Target
+    """The business object the row changes or reads (system, table, key inputs): the
+    impact key that claims, symptoms and coordination are keyed by."""
     effect_class: EffectClass
+    """What a call can do to the database: read, transactional, compensable, irreversible
+    or ddl -- it decides which fields are required and how a failure is undone."""
     authorization: Authorization
+    """Which grant a call needs (read, write, or a gate with approver roles and four eyes)."""
     environments: tuple[str, ...]
+    """The environments (dev, qa, staging, prod) whose connectors may run the row."""
     timeout: Timeout
+    """How long the statements may run (and wait for locks), and what a timeout means:
+    rolled back, or unknown until reconciled."""
     recovery: Recovery
+    """What may follow a failure: retry at once, reconcile first, or never retry."""
     row_hash: str
+    """The SHA-256 of the row's canonical JSON: what the lock pins and an approval binds."""
     source_path: str
+    """The capability file the row was read from (for findings and the review card)."""
     source_line: int
+    """The line in ``source_path`` where the row starts."""
     shape: Shape | None = None
+    """A write's shape: ``collapsed`` (one transaction: apply, verify, replay, commit) or
+    ``leased`` (ordered steps under a lease).  None for reads and ddl rows."""
     retired: bool = False
+    """Kept in the registry for the ledger's sake, refused at call time."""
     idempotency_key: str | None = None
+    """The template (``{case}:{operation_id}:{policy_id}``) of the key written with the
+    effect as its landing marker: a repeat with the same key is answered, not applied again."""
     idempotent: bool = False
+    """Declared safe to repeat (the MCP ``idempotentHint``): a retry cannot double the effect."""
     accepts_caller_key: bool = False
     """Whether a caller may add its own key (``capgate call --key``); it is combined with
     the row's reviewed template, never substituted for it."""
     max_rows: int | None = None
+    """A read's row cap: the executor fetches at most this many rows."""
     statements: tuple[Statement, ...] = ()
+    """A collapsed write's SQL, run in order in one transaction, each with the row count it
+    must affect (else the transaction rolls back)."""
     steps: tuple[Step, ...] = ()
+    """A leased write's ordered steps: statements, checks that branch, step functions."""
     verify: tuple[Check, ...] = ()
+    """Queries run in the same session after the statements and before COMMIT; one that
+    fails rolls the write back."""
     replay: Replay | None = None
+    """The consuming query (what the application would read), re-run in the write's session
+    before COMMIT: its rows are the evidence of what the caller will see."""
     landed_probe: Probe | None = None
+    """A query that tells after the fact whether the effect is present: how ``resume``
+    settles a call whose outcome was lost (required for irreversible rows)."""
     symptom: Symptom | None = None
+    """What the screen shows for the target, re-read before the fix and at a checkpoint."""
     compensation: tuple[Statement, ...] = ()
+    """For compensable rows: the reviewed statements that undo a committed effect."""
     post_commit: tuple[Check, ...] = ()
+    """Checks that can only run after COMMIT; a failure runs the compensation."""
     compensation_verify: tuple[Check, ...] = ()
     """Checks run after the compensation committed: a re-read of the restored state.
     Only when they pass is the outcome ``compensated``."""
     evidence: tuple[str, ...] = ()
+    """What the result of a call returns as evidence (counts, verify results, replay rows)."""
     ddl: DdlScope | None = None
+    """For ddl rows: the stored-code objects the row may change, and the checker warnings
+    and far-side dependents declared for them."""
     examples: tuple[Example, ...] = ()
+    """Calls ``capgate rehearse`` runs (rolled back) with the outcome each must have."""
     expected_effects: tuple[ExpectedEffect, ...] = ()
     """Effects no transaction covers (issue 16): listed by ``show`` and the MCP tool."""
     required_context: tuple[ContextItem, ...] = ()
+    """What must be known, and is shown to the caller, before the operation is used."""
     simulation: SimulationSpec | None = None
+    """How the row is simulated first: baseline queries, the declared exemption points,
+    the reconciliation query."""
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    """The row as written in its file (frozen plain data): what ``row_hash`` is computed
+    from and what ``to_dict`` returns."""
 
     @property
     def key(self) -> tuple[str, int]:

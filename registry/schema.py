@@ -19,8 +19,8 @@ import jsonschema
 from jsonschema.exceptions import ValidationError
 
 from registry.errors import Problem
-from registry.fastschema import Check, Unsupported, compile_validator
-from registry.yamlpos import Located, Path, field_path, render_path
+from registry.fastload.fastschema import Check, Unsupported, compile_validator
+from registry.fastload.yamlpos import Located, Path, field_path, render_path
 
 
 @cache
@@ -38,7 +38,7 @@ def _validator() -> jsonschema.Draft202012Validator:
 
 @cache
 def _fast_validator() -> Check | None:
-    """A quick "valid" for the common case; see ``registry.fastschema``."""
+    """A quick "valid" for the common case; see ``registry.fastload.fastschema``."""
     try:
         return compile_validator(file_schema())
     except Unsupported:  # pragma: no cover - the shipped schema compiles; a test says so

@@ -16,8 +16,13 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from registry.errors import Problem
+from registry.fastload.yamlpos import Path
 from registry.model import leading_keyword
-from registry.yamlpos import Path
+from registry.rules import (
+    EFFECT_NAMES_NO_RETURN,
+    INVALID_VALUE,
+    RETURNS_MISMATCH,
+)
 
 
 class _Located(Protocol):
@@ -74,34 +79,36 @@ def simulation_problems(ctx: _Located) -> list[Problem]:
             continue
         path = ("statements", i, "returns")
         if row["effect_class"] == "read":
-            out.append(ctx.at(path, "CG680", "a read returns rows, not keys: only a write "
-                                             "statement declares `returns`"))
+            out.append(ctx.at(path, RETURNS_MISMATCH.code,
+                              "a read returns rows, not keys: only a write "
+                              "statement declares `returns`"))
             continue
         kind, table = written_table(st["sql"])
         if kind is None:
-            out.append(ctx.at(path, "CG680", f"the statement {table}"))
+            out.append(ctx.at(path, RETURNS_MISMATCH.code, f"the statement {table}"))
         elif leading_keyword(st["sql"]) != kind:
-            out.append(ctx.at(path, "CG680", f"the statement is an {kind} but does not begin "
-                                             f"with {kind} (write it as a plain {kind})"))
+            out.append(ctx.at(path, RETURNS_MISMATCH.code,
+                              f"the statement is an {kind} but does not begin "
+                              f"with {kind} (write it as a plain {kind})"))
         elif (table or "").lower() != spec["table"].lower():
-            out.append(ctx.at(("statements", i, "returns", "table"), "CG680",
+            out.append(ctx.at(("statements", i, "returns", "table"), RETURNS_MISMATCH.code,
                               f"the statement writes {table!r}, not {spec['table']!r}"))
         if spec["key"] in returned:
-            out.append(ctx.at(("statements", i, "returns", "key"), "CG680",
+            out.append(ctx.at(("statements", i, "returns", "key"), RETURNS_MISMATCH.code,
                               f"another statement already returns {spec['key']!r}: each "
                               "returned name is one value of the outcome"))
         returned.add(spec["key"])
     for i, effect in enumerate(row.get("expected_effects", ())):
         ways = [k for k in ("probe", "returned", "unobservable") if k in effect]
         if len(ways) != 1:
-            out.append(ctx.at(("expected_effects", i), "CG104",
+            out.append(ctx.at(("expected_effects", i), INVALID_VALUE.code,
                               "an expected effect is observed exactly one way -- `probe` (a "
                               "query that finds it), `returned` (a value a statement returns) "
                               "or `unobservable` (why nothing can see it); found "
                               f"{' and '.join(ways) or 'none'}"))
         name = effect.get("returned")
         if name is not None and name not in returned:
-            out.append(ctx.at(("expected_effects", i, "returned"), "CG681",
+            out.append(ctx.at(("expected_effects", i, "returned"), EFFECT_NAMES_NO_RETURN.code,
                               f"no statement returns {name!r} (returned: "
                               f"{', '.join(sorted(returned)) or 'none'})"))
     return out

@@ -292,8 +292,9 @@ def test_pg_capture_plan_approve_apply_verify_compensate(pg_cli: tuple[Cli, URL,
     assert scalar(url, "SELECT premium_due_total(9)") == before_due  # no DDL committed
     # the approver's text names the changed blocks with their lines, never a bare count
     from capgate.handlers.ddl import _plan_text
+    from ddl.plan import DdlPlan
 
-    text = _plan_text(plan)
+    text = _plan_text(DdlPlan.from_dict(plan))
     first = obj["changed_blocks"][0]
     assert f"#{first['block']} lines {first['lines'][0]}-{first['lines'][1]}" in text, text
     assert "(blocks: none changed)" not in text

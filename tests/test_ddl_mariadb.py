@@ -143,14 +143,14 @@ def test_whole_loop_on_a_package_spec_and_body(loop: DdlLoop, target: URL) -> No
         [Change(SPEC_V2, base_snapshot_id=spec.id), Change(BODY_V2, base_snapshot_id=body.id)],
         smoke=[*SMOKE, SmokeCall("discount", "SELECT billing.discount(100)", 90, session=ORACLE)],
     )
-    assert [o["object"]["kind"] for o in plan["objects"]] == ["package", "package_body"]
-    for o in plan["objects"]:
+    assert [o["object"]["kind"] for o in plan.objects] == ["package", "package_body"]
+    for o in plan.objects:
         assert o["expected_signature"] == o["new_signature"]  # packages render predictably
     assert any("holds state" in w and "calls INT := 0" in w and "ORA-04068" in w
-               for w in plan["warnings"])
-    deps = {d["key"].rsplit(".", 1)[1]: d["via"] for d in plan["dependents"]}
+               for w in plan.warnings)
+    deps = {d["key"].rsplit(".", 1)[1]: d["via"] for d in plan.dependents}
     assert deps == {"v_prem": "source search", "doubled": "source search"}
-    hits = {h["object"].rsplit(".", 1)[1] for h in plan["caller_search"][0]["hits"]}
+    hits = {h["object"].rsplit(".", 1)[1] for h in plan.caller_search[0]["hits"]}
     assert {"v_prem", "doubled"} <= hits
 
     seen_at_hook: list[str] = []
@@ -166,7 +166,7 @@ def test_whole_loop_on_a_package_spec_and_body(loop: DdlLoop, target: URL) -> No
     kinds = sink(loop).kinds()
     assert kinds.index("ddl.apply_started") < kinds.index("ddl.object_applied")
     assert [o.applied_signature for o in outcome.objects] == [
-        o["expected_signature"] for o in plan["objects"]]
+        o["expected_signature"] for o in plan.objects]
     assert scalar(target, "SELECT billing.discount(100)") == 90
     assert scalar(target, "SELECT p FROM v_prem WHERE id = 1") == 120
     assert {s.object.rsplit(".", 1)[1]: (s.before.state if s.before else None,
@@ -272,7 +272,7 @@ def test_edit_by_another_session_is_refused_with_a_merge_proposal(loop: DdlLoop,
         loop.execute(plan, on_apply_started=called.append)
     merge = exc.value.details["merge"][0]
     assert merge["signatures"] == {"base": str(body.signature),
-                                   "ours": plan["objects"][0]["expected_signature"],
+                                   "ours": plan.objects[0]["expected_signature"],
                                    "theirs": theirs}
     assert merge["clean"] and "base + 15" in merge["merged"] and "hotfix by ops" in merge["merged"]
     assert [c["block"] for c in merge["theirs_changed_blocks"]] == [0]
@@ -290,7 +290,7 @@ def test_routines_views_and_triggers(loop: DdlLoop, target: URL) -> None:
     new_fn = ("CREATE OR REPLACE FUNCTION doubled(x INT) RETURN INT AS "
               "BEGIN RETURN billing.premium(x) * 3; END;")
     plan = loop.plan([Change(new_fn, base_snapshot_id=fn.id, attributes=ORACLE)])
-    assert plan["objects"][0]["expected_signature"] is None  # header re-rendered by MariaDB
+    assert plan.objects[0]["expected_signature"] is None  # header re-rendered by MariaDB
     outcome = loop.execute(plan)
     assert outcome.outcome == "applied_verified", outcome.to_dict()
     landed = [c for c in outcome.verify.checks if c.name == "landed"] if outcome.verify else []
@@ -313,7 +313,7 @@ def test_routines_views_and_triggers(loop: DdlLoop, target: URL) -> None:
     new_trig = ("CREATE OR REPLACE TRIGGER pol_audit AFTER INSERT ON pol FOR EACH ROW "
                 "INSERT INTO audit VALUES (NEW.id * 10)")
     tplan = loop.plan([Change(new_trig, base_snapshot_id=trig.id)])
-    assert tplan["objects"][0]["expected_signature"] == tplan["objects"][0]["new_signature"]
+    assert tplan.objects[0]["expected_signature"] == tplan.objects[0]["new_signature"]
     assert loop.execute(tplan).outcome == "applied_verified"
     run(target, ["INSERT INTO pol VALUES (3, 300)"], mode="STRICT_TRANS_TABLES")
     assert scalar(target, "SELECT MAX(id) FROM audit") == 30
@@ -418,7 +418,7 @@ def test_crash_after_apply_started_is_classified(
     plan = loop.plan([Change(SPEC_V2, base_snapshot_id=spec.id),
                       Change(BODY_V2, base_snapshot_id=body.id)], smoke=SMOKE)
     plan_path = tmp_path / "plan.json"
-    plan_path.write_text(json.dumps(plan))
+    plan_path.write_text(json.dumps(plan.to_dict()))
     lines = _run_child_until(target, ledger, plan_path, kind, index)
     assert lines[lines.index(f"HOOK {spec.id},{body.id}") + 1] == "ddl.apply_started"
 

@@ -81,8 +81,8 @@ def test_package_loop_with_dependents(loop: DdlLoop) -> None:
          Change(BODY_V1.replace("1.1", "1.2"), base_snapshot_id=body.id)],
         smoke=[SmokeCall("premium", "SELECT billing.premium(100) FROM dual", 120)],
     )
-    assert any(d["key"].endswith(".DOUBLED") for d in plan["dependents"])
-    assert any("ORA-04068" in w for w in plan["warnings"])
+    assert any(d["key"].endswith(".DOUBLED") for d in plan.dependents)
+    assert any("ORA-04068" in w for w in plan.warnings)
     outcome = loop.execute(plan)
     assert outcome.outcome == "applied_verified", outcome.to_dict()
     assert loop.classify(plan).classification == "applied"

@@ -135,22 +135,22 @@ def test_whole_loop_function_with_dependent_views_and_functions(loop: DdlLoop,
     loop.progress = lambda done, total, label: progress.append((done, total, label))
     plan = loop.plan([Change(new, base_snapshot_id=snap.id)],
                      smoke=[SmokeCall("total premium", "SELECT total()", 360)])
-    deps = {d["key"].split(":", 1)[1].split(".", 1)[1]: d["via"] for d in plan["dependents"]}
+    deps = {d["key"].split(":", 1)[1].split(".", 1)[1]: d["via"] for d in plan.dependents}
     assert deps["v_prem"] == "pg_depend"
     assert deps["plus_one(numeric)"] == "pg_depend"
     assert deps["total()"] == "plpgsql_check"
     assert deps["stamp()"] == "plpgsql_check"
     # the trigger uses stamp(), which uses premium(): a dependent of a dependent
-    (trig,) = [d for d in plan["dependents"] if d["key"].endswith("pol_stamp on pol")]
+    (trig,) = [d for d in plan.dependents if d["key"].endswith("pol_stamp on pol")]
     assert trig["depth"] == 2 and trig["on"].endswith("stamp()")
-    hits = {h["object"].split(".", 1)[1] for h in plan["caller_search"][0]["hits"]}
+    hits = {h["object"].split(".", 1)[1] for h in plan.caller_search[0]["hits"]}
     assert {"total()", "plus_one(numeric)", "stamp()", "v_prem"} <= hits
-    obj = plan["objects"][0]
+    obj = plan.objects[0]
     assert obj["base_signature"] == obj["live_signature"] == str(snap.signature)
     assert obj["expected_signature"] != obj["new_signature"]  # the catalog re-renders the header
     assert obj["changed_blocks"][0]["block"] == 0
-    assert all(p["passed"] for p in plan["prohibitions"])
-    assert plan["approval"]["required"]
+    assert all(p["passed"] for p in plan.prohibitions)
+    assert plan.approval["required"]
     assert progress and progress[-1][0] == progress[-1][1]  # the sweep reported its progress
 
     outcome = loop.execute(plan)
@@ -372,7 +372,7 @@ def test_lock_held_elsewhere_refuses_the_apply(loop: DdlLoop) -> None:
 def test_tampered_or_misdirected_plan_is_refused(loop: DdlLoop, store: SqlSnapshotStore,
                                                  far_url: URL) -> None:
     plan = loop.plan([Change(PREMIUM_V1.replace("1.10", "1.20"))])
-    edited = {**plan, "objects": [{**plan["objects"][0],
+    edited = {**plan.to_dict(), "objects": [{**plan.objects[0],
                                    "new_source": PREMIUM_V1.replace("1.10", "5.00")}]}
     with pytest.raises(PlanTampered):
         loop.execute(edited)
@@ -388,7 +388,7 @@ def test_views_and_triggers_are_captured_and_replaced(loop: DdlLoop, target: URL
     assert trig.source.startswith("CREATE OR REPLACE TRIGGER pol_stamp BEFORE INSERT")
     new_view = "CREATE OR REPLACE VIEW v_prem AS SELECT id, premium(base) AS p, base FROM pol"
     plan = loop.plan([Change(new_view, base_snapshot_id=view.id)])
-    assert {d["key"].rsplit(".", 1)[1] for d in plan["dependents"]} >= {"v_total"}
+    assert {d["key"].rsplit(".", 1)[1] for d in plan.dependents} >= {"v_total"}
     assert loop.execute(plan).outcome == "applied_verified"
     assert scalar(target, "SELECT count(*) FROM v_prem WHERE base IS NOT NULL") == 2
 
@@ -397,7 +397,7 @@ def test_new_function_is_created_and_classified(loop: DdlLoop) -> None:
     src = "CREATE FUNCTION discount(x numeric, pct int) RETURNS numeric LANGUAGE sql " \
           "RETURN x * (100 - pct) / 100"
     plan = loop.plan([Change(src)])
-    obj = plan["objects"][0]
+    obj = plan.objects[0]
     assert obj["change"] == "create" and obj["key"].endswith("discount(numeric, integer)")
     assert loop.classify(plan).classification == "not_applied"
     assert loop.execute(plan).outcome == "applied_verified"

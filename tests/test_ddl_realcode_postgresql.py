@@ -147,7 +147,7 @@ def test_the_engine_runs_one_statement_per_ddl_whatever_the_parse(loop: DdlLoop)
 def test_aggregate_over_a_changed_state_function_and_the_views_on_it_are_dependents(
         loop: DdlLoop) -> None:
     plan = loop.plan([Change(STEP_V1.replace("+ x", "+ x * 1"))])
-    deps = {d["key"].split(".", 1)[1]: d for d in plan["dependents"]}
+    deps = {d["key"].split(".", 1)[1]: d for d in plan.dependents}
     assert deps["acc_sum(numeric)"]["object"]["kind"] == "aggregate"
     assert deps["acc_sum(numeric)"]["depth"] == 1
     assert deps["v_acc"]["depth"] == 2 and deps["v_acc"]["on"].endswith("acc_sum(numeric)")
@@ -163,7 +163,7 @@ def test_aggregate_over_a_changed_state_function_and_the_views_on_it_are_depende
 
 def test_sql_language_and_plpgsql_callers_are_dependents_and_rechecked(loop: DdlLoop) -> None:
     plan = loop.plan([Change(PREMIUM_V2)])
-    via = {d["key"].split(".", 1)[1]: d["via"] for d in plan["dependents"]}
+    via = {d["key"].split(".", 1)[1]: d["via"] for d in plan.dependents}
     assert via["sql_caller(numeric)"] == "sql body"
     assert via["plpgsql_caller()"] == "plpgsql_check"
     outcome = loop.execute(plan)
@@ -192,14 +192,14 @@ def test_compensation_that_restores_the_snapshot_exactly_is_compensated(
 
 def test_checker_false_positive_is_shown_at_plan_time_and_can_be_accepted(loop: DdlLoop) -> None:
     plan = loop.plan([Change(TMP_V2)])
-    found = [w for w in plan["warnings"] if "tmp_totals" in w]
+    found = [w for w in plan.warnings if "tmp_totals" in w]
     assert found and "NOT accepted" in found[0]
     assert loop.execute(plan).outcome == "rolled_back"  # undeclared: the checker's word stands
 
     accepted = [{"object": "function:tmp_report", "message": 'relation "tmp_totals" does not',
                  "reason": "created at run time by the function itself"}]
     plan = loop.plan([Change(TMP_V2)], accepted_warnings=accepted)
-    assert any("accepted on the row (created at run time" in w for w in plan["warnings"])
+    assert any("accepted on the row (created at run time" in w for w in plan.warnings)
     outcome = loop.execute(plan)
     assert outcome.outcome == "applied_verified", outcome.to_dict()
     assert outcome.verify is not None
@@ -297,7 +297,7 @@ def test_an_aggregate_is_captured_and_a_misspelt_name_is_refused(loop: DdlLoop,
     assert "SFUNC = acc_step" in snap.source and "INITCOND = '0'" in snap.source
     # the captured source applies as it is, and lands as the same object
     plan = loop.plan([Change(snap.source, base_snapshot_id=snap.id)])
-    assert plan["objects"][0]["expected_signature"] == str(snap.signature)
+    assert plan.objects[0]["expected_signature"] == str(snap.signature)
     assert loop.execute(plan).outcome == "applied_verified"
     before = len(store.history())
     with pytest.raises(CapgateError) as exc:

@@ -135,7 +135,7 @@ def test_a_to_b_to_a_plans_against_a_again(target: URL, tmp_path: Path) -> None:
         execute(target, PREMIUM_V1)  # ... and puts A back
         plan = svc.plan("code.premium", [PREMIUM_V1.replace("1.10", "1.20")], case="AB",
                         who="agent")
-        assert plan["objects"][0]["base_snapshot_id"] == a.id != b.id
+        assert plan.objects[0]["base_snapshot_id"] == a.id != b.id
 
 
 def test_capgates_own_apply_is_the_base_of_the_next_plan(target: URL, tmp_path: Path) -> None:
@@ -146,14 +146,14 @@ def test_capgates_own_apply_is_the_base_of_the_next_plan(target: URL, tmp_path: 
         svc.capture("code", ["function:premium"])
         plan = svc.plan("code.premium", [PREMIUM_V1.replace("1.10", "1.20")], case="C1",
                         who="agent")
-        executor.approve(plan["plan_hash"], by="bob", role="dba", key=KEYS["bob"])
-        outcome, result = svc.apply(plan["plan_hash"], case="C1", who="agent")
+        executor.approve(plan.plan_hash, by="bob", role="dba", key=KEYS["bob"])
+        outcome, result = svc.apply(plan.plan_hash, case="C1", who="agent")
         assert outcome.status == "applied_verified"
         plan2 = svc.plan("code.premium", [PREMIUM_V1.replace("1.10", "1.30")], case="C2",
                          who="agent")
         assert result is not None
-        assert plan2["objects"][0]["base_snapshot_id"] == result.new_bases[
-            plan["objects"][0]["key"]]
+        assert plan2.objects[0]["base_snapshot_id"] == result.new_bases[
+            plan.objects[0]["key"]]
 
 
 # --- 7. a checker false positive declared on the row ----------
@@ -172,9 +172,9 @@ def test_a_false_positive_declared_on_the_row_lets_the_change_through(target: UR
         new = TMP_V1.replace("DECLARE n bigint;", "DECLARE n bigint;  -- rows")
         plan = svc.plan("code.tmp", [new], case="T1", who="agent")
         assert any("accepted on the row (the function creates tmp_totals" in w
-                   for w in plan["warnings"])
-        executor.approve(plan["plan_hash"], by="bob", role="dba", key=KEYS["bob"])
-        outcome, _ = svc.apply(plan["plan_hash"], case="T1", who="agent")
+                   for w in plan.warnings)
+        executor.approve(plan.plan_hash, by="bob", role="dba", key=KEYS["bob"])
+        outcome, _ = svc.apply(plan.plan_hash, case="T1", who="agent")
         assert outcome.status == "applied_verified", outcome.to_dict()
 
 

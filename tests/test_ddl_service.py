@@ -152,9 +152,9 @@ def test_pg_failed_verify_is_rolled_back_and_recorded(
               "RETURNS NUMERIC(12,2) LANGUAGE plpgsql AS $$\nBEGIN\n"
               "  RETURN (SELECT sum(amount) FROM no_such_premiums);\nEND $$;\n")
     plan = svc.plan("code.premium_due_total", [broken], case="C1", who="agent")
-    _approve(svc.executor, plan["plan_hash"])
+    _approve(svc.executor, plan.plan_hash)
     before = live_signature(url, "function:premium_due_total")
-    outcome, result = svc.apply(plan["plan_hash"], case="C1", who="agent")
+    outcome, result = svc.apply(plan.plan_hash, case="C1", who="agent")
     assert outcome.status == "rolled_back" and outcome.exit_code == 1
     assert result is not None and result.restored and result.error is not None
     assert live_signature(url, "function:premium_due_total") == before
@@ -166,7 +166,7 @@ def test_pg_failed_verify_is_rolled_back_and_recorded(
     state = svc.executor.ledger.intent("C1", outcome.intent_id)
     assert state["status"] == "observed" and state["outcome"] == "rolled_back"
     (snap,) = svc.store.history()  # kept in the ledger's own store
-    assert state["snapshot_ids"] == {plan["objects"][0]["key"]: snap.id}
+    assert state["snapshot_ids"] == {plan.objects[0]["key"]: snap.id}
     assert svc.executor.ledger.verify().ok
 
 
@@ -175,15 +175,15 @@ def test_pg_save_between_plan_and_apply_is_refused_before_anything_is_recorded(
         pg: tuple[DdlService, Cli, URL, Path]) -> None:
     svc, _, url, _ = pg
     plan = svc.plan("code.premium_due_total", [PG_NEW], case="C2", who="agent")
-    _approve(svc.executor, plan["plan_hash"])
+    _approve(svc.executor, plan.plan_hash)
     theirs = PG_NEW.replace("AND p.status <> 'void'", "AND p.status <> 'cancelled'")
     run_sql(url, [theirs])  # another session saves in between
     with pytest.raises(MergeRequired) as exc:
-        svc.apply(plan["plan_hash"], case="C2", who="agent")
+        svc.apply(plan.plan_hash, case="C2", who="agent")
     (merge,) = exc.value.details["merge"]
     assert merge["conflicts"] == 1 and "<<<<<<<" in merge["merged"]
     assert (svc.executor.ledger.snapshot("C2") or {}).get("intents") == {}
-    (approval,) = svc.executor.ledger.approvals_for(plan["plan_hash"])
+    (approval,) = svc.executor.ledger.approvals_for(plan.plan_hash)
     assert approval.used_by_intent is None  # still usable once the object is merged
     assert scalar(url, "SELECT premium_due_total(9)") > 0  # the other session's version
 
@@ -210,8 +210,8 @@ def test_mariadb_failed_verify_is_compensated_and_recorded(
     plan = svc.plan("code.billing", [SPEC_V2, BODY_V2], case="M1", who="agent",
                     smoke=[SmokeCall("premium of 100", "SELECT billing.premium(100)", 999,
                                      session=ORACLE)])
-    _approve(svc.executor, plan["plan_hash"])
-    outcome, result = svc.apply(plan["plan_hash"], case="M1", who="agent")
+    _approve(svc.executor, plan.plan_hash)
+    outcome, result = svc.apply(plan.plan_hash, case="M1", who="agent")
     assert outcome.status == "compensated", outcome.to_dict()
     assert result is not None and result.restored
     assert live_signature(url, "package:billing") == spec_before
@@ -221,7 +221,7 @@ def test_mariadb_failed_verify_is_compensated_and_recorded(
                      "ddl.object_applied", "ddl.verify_failed", "ddl.compensation_started",
                      "ddl.compensated", "ddl.outcome", "observed"]
     state = svc.executor.ledger.intent("M1", outcome.intent_id)
-    assert set(state["applied_signatures"]) == {o["key"] for o in plan["objects"]}
+    assert set(state["applied_signatures"]) == {o["key"] for o in plan.objects}
     assert svc.executor.ledger.verify().ok
 
 
@@ -230,11 +230,11 @@ def _crash_apply(svc: DdlService, cli: Cli, tmp: Path, case: str,
     (tmp / "spec.sql").write_text(SPEC_V2)
     (tmp / "body.sql").write_text(BODY_V2)
     plan = svc.plan("code.billing", [SPEC_V2, BODY_V2], case=case, who="agent")
-    _approve(svc.executor, plan["plan_hash"])
-    cli("ddl", "apply", plan["plan_hash"], "--case", case, "--as", "agent", rc=-9,
+    _approve(svc.executor, plan.plan_hash)
+    cli("ddl", "apply", plan.plan_hash, "--case", case, "--as", "agent", rc=-9,
         env_extra={"CAPGATE_CRASH_AT": point})
     (intent_id,) = (svc.executor.ledger.snapshot(case) or {})["intents"]
-    return str(intent_id), str(plan["plan_hash"])
+    return str(intent_id), str(plan.plan_hash)
 
 
 @pytest.mark.mariadb

@@ -45,10 +45,10 @@ def test_view_loop_success_and_dependents(loop: DdlLoop) -> None:
                 base_snapshot_id=snap.id)],
         smoke=[SmokeCall("total", "SELECT total FROM v_total", 360)],
     )
-    assert [d["key"] for d in plan["dependents"]] == ["view:main.v_total"]
+    assert [d["key"] for d in plan.dependents] == ["view:main.v_total"]
     outcome = loop.execute(plan)
     assert outcome.outcome == "applied_verified", outcome.to_dict()
-    assert outcome.objects[0].applied_signature == plan["objects"][0]["expected_signature"]
+    assert outcome.objects[0].applied_signature == plan.objects[0]["expected_signature"]
     assert loop.classify(plan).classification == "applied"
 
 

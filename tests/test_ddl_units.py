@@ -9,8 +9,9 @@ import pytest
 
 from ddl import prohibitions, sqltext
 from ddl.catalog import ObjectRef, adapter_for, registered_dialects
-from ddl.loop import PLAN_FORMAT, DdlLoop, _order, check_plan, plan_hash
+from ddl.loop import DdlLoop, _order
 from ddl.merge import propose
+from ddl.plan import PLAN_FORMAT, DdlPlan, check_plan, plan_hash
 from registry.errors import (
     DdlError,
     FeatureNotSupported,
@@ -185,6 +186,65 @@ def test_plan_hash_detects_any_edit() -> None:
     with pytest.raises(PlanTampered) as exc:
         check_plan(edited)
     assert exc.value.code == "CG514"
+
+
+def _full_plan(**over: object) -> dict[str, object]:
+    """A plan as ``DdlLoop.plan`` and the service write it: every field, and bound ones."""
+    plan = _plan(dialect="postgresql", target="postgresql://app@db/app", recipe="v1",
+                 transactional_ddl=True, recompile_objects=[], accepted_warnings=[],
+                 warnings=["w"], approval={"required": True, "reason": "gated"},
+                 case="C-1", operation_id="code.pkg", version=2, row_hash="sha256:r")
+    plan["objects"][0].update(new_signature="v1:sha256:" + "c" * 64)  # type: ignore[index]
+    plan["prohibitions"] = prohibitions.summary(plan)
+    plan.update(over)
+    plan["plan_hash"] = plan_hash(plan)
+    return plan
+
+
+def test_ddl_plan_round_trips_to_the_same_json_and_hash() -> None:
+    data = _full_plan()
+    plan = DdlPlan.from_dict(data)
+    assert plan.to_dict() == data
+    # the key order the loop has always written: the bound fields before the prohibitions
+    assert list(plan.to_dict()) == [
+        "format", "dialect", "target", "recipe", "transactional_ddl", "objects", "dependents",
+        "caller_search", "far_side_steps", "smoke", "recompile", "recompile_objects",
+        "accepted_warnings", "warnings", "approval", "case", "operation_id", "version",
+        "row_hash", "prohibitions", "plan_hash"]
+    assert plan_hash(plan) == data["plan_hash"] == plan.plan_hash
+    assert plan.bound == {"case": "C-1", "operation_id": "code.pkg", "version": 2,
+                          "row_hash": "sha256:r"}
+    assert DdlPlan.of(data) == plan and DdlPlan.of(plan) is plan
+    # a plan recorded before accepted_warnings / recompile_objects existed keeps its hash
+    old = _full_plan()
+    del old["accepted_warnings"], old["recompile_objects"]
+    old["plan_hash"] = plan_hash(old)
+    again = DdlPlan.of(old)
+    assert again.accepted_warnings is None and again.to_dict() == old
+    edited = dict(data, warnings=["another"])
+    with pytest.raises(PlanTampered, match="does not match its plan_hash"):
+        DdlPlan.of(edited)
+
+
+@pytest.mark.parametrize(("edit", "field"), [
+    ({"dialect": None}, "dialect"),
+    ({"transactional_ddl": "yes"}, "transactional_ddl"),
+    ({"objects": {}}, "objects"),
+    ({"objects": [{"key": "package:app.pkg"}]}, "objects[0].object"),
+    ({"warnings": [1]}, "warnings[0]"),
+    ({"approval": []}, "approval"),
+    ({"format": "capgate.ddl.plan/0"}, "format"),
+])
+def test_ddl_plan_from_dict_names_the_bad_field(edit: dict[str, object], field: str) -> None:
+    with pytest.raises(PlanTampered) as exc:
+        DdlPlan.from_dict({**_full_plan(), **edit})
+    assert exc.value.code == "CG514"
+    assert exc.value.details["field"] == field
+    missing = _full_plan()
+    del missing["smoke"]
+    with pytest.raises(PlanTampered, match="has no smoke") as exc:
+        DdlPlan.from_dict(missing)
+    assert exc.value.details["field"] == "smoke"
 
 
 def test_merge_proposal_clean_and_conflicting() -> None:

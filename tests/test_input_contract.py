@@ -1,6 +1,6 @@
 """A call's input check: the compiled contract's quick "valid" never disagrees with jsonschema.
 
-``executor.context.validate_input`` first asks :mod:`registry.fastschema`'s
+``executor.context.validate_input`` first asks :mod:`registry.fastload.fastschema`'s
 compiled form of the row's contract, and only on a False asks jsonschema
 (which decides and words the errors).  The quick answer must never accept
 what jsonschema refuses: checked here on every example row's contract with

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from registry.checks import binds_of, writing_reason
+from registry.fastload.yamlpos import load_located
 from registry.loader import validate_texts
 from registry.model import ExpectRows
 from registry.schema import row_schema
-from registry.yamlpos import load_located
 
 GOOD = Path(__file__).resolve().parent / "data" / "good"
 

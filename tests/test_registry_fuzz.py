@@ -21,13 +21,13 @@ from hypothesis import strategies as st
 
 from registry import errors
 from registry.errors import CapgateError
-from registry.fastschema import compile_validator, plain_contract
-from registry.filecheck import _check_file, check_file
+from registry.fastload.fastschema import compile_validator, plain_contract
+from registry.fastload.filecheck import _check_file, check_file
+from registry.fastload.yamlpos import load_located
 from registry.loader import Validation, validate_texts
 from registry.registry import Registry
 from registry.review import card, diff
 from registry.schema import file_schema
-from registry.yamlpos import load_located
 
 GOOD = Path(__file__).resolve().parent / "data" / "good"
 TEXTS = {p.name: p.read_text("utf-8") for p in sorted(GOOD.glob("*.yaml"))}

@@ -1,7 +1,7 @@
 """Checking files in forked workers, and with row-level positions only, changes nothing.
 
 A large registry is checked in several processes and a clean file is loaded
-with the positions of its rows only (``registry.parallel``,
+with the positions of its rows only (``registry.fastload.parallel``,
 ``yamlpos.load_located(positions="rows")``).  These tests hold both to the
 plain path: the same rows with the same hashes and lines, the same findings at
 the same lines and columns.  The parallel runs happen in a fresh interpreter,
@@ -28,10 +28,10 @@ from hypothesis import given, settings
 
 from registry.canonical import canonical_bytes
 from registry.errors import ConfigError
-from registry.filecheck import _check_file, check_file
+from registry.fastload.filecheck import _check_file, check_file
+from registry.fastload.parallel import WORKERS_ENV, worker_count
+from registry.fastload.yamlpos import load_located
 from registry.loader import validate_texts
-from registry.parallel import WORKERS_ENV, worker_count
-from registry.yamlpos import load_located
 from tests.test_canonical import json_values
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -78,7 +78,7 @@ PARALLEL = """
     import json, sys
     sys.path.insert(0, "tests")
     from test_registry_parallel import _summary, _texts
-    from registry.parallel import worker_count
+    from registry.fastload.parallel import worker_count
     items = _texts()
     assert worker_count(items, 3) == 3, "the fresh interpreter must be allowed to fork"
     print(json.dumps(_summary(items, 3)))
@@ -99,7 +99,7 @@ def test_parallel_workers_give_the_same_registry_and_findings() -> None:
 
 DYING_WORKER = """
     import os, signal, sys
-    import registry.parallel as parallel
+    import registry.fastload.parallel as parallel
     from registry.errors import LoadWorkerFailed
     real = parallel.check_file
 
@@ -168,7 +168,7 @@ def test_the_loaders_plain_flag_only_skips_what_rfc8785_agrees_with(value: Any) 
 
 ORPHANED_WORKER = """
     import os, sys, time
-    import registry.parallel as parallel
+    import registry.fastload.parallel as parallel
     real = parallel.check_file
 
     def slow_check(source, text):
@@ -217,7 +217,7 @@ def test_workers_stop_when_the_loading_process_is_killed(tmp_path: Path) -> None
 
 RAISING_WORKER = """
     import os
-    import registry.parallel as parallel
+    import registry.fastload.parallel as parallel
     real = parallel.check_file
     PARENT = os.getpid()
 

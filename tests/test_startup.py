@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from registry import cache
-from registry.cache import LazyRegistry, entry_key
 from registry.errors import RegistryError, UnknownOperation
+from registry.fastload import cache
+from registry.fastload.cache import LazyRegistry, entry_key
 from registry.loader import load_registry
 from tests.test_init import ROOT, capgate, clean_env
 

@@ -22,6 +22,7 @@ from capgate.api import open as open_executor
 from capgate.commands import ddl as ddl_commands
 from capgate.handlers.console import caller, emit, parse_operation
 from ddl.catalog import ObjectRef
+from ddl.plan import DdlPlan
 from ddl.results import SmokeCall, VerifyReport
 from ddl.service import DdlService
 from ddl.snapshots import Snapshot
@@ -222,20 +223,21 @@ def cmd_plan(args: argparse.Namespace) -> int:
         except StaleExtract as exc:
             _print_merge(args, exc.details.get("merge") or [])
             raise
-    emit(args, plan, _plan_text(plan))
+    emit(args, plan.to_dict(), _plan_text(plan))
     return EXIT_OK
 
 
-def _plan_text(plan: dict[str, Any]) -> str:
+def _plan_text(plan: DdlPlan) -> str:
     """The plan as an approver reads it: each source's diff against its base, the named
     dependents (with their status and how it was checked) and callers, the checker's
     findings on the new source, the prohibitions."""
-    h = plan["plan_hash"]
+    h = plan.plan_hash
+    bound = plan.bound
     lines = [f"plan {h}",
-             f"  {plan['operation_id']}@{plan['version']} on {plan['connector']} "
-             f"({plan['environment']}), {plan['dialect']}"
-             f"{', transactional DDL' if plan['transactional_ddl'] else ', DDL commits'}"]
-    for o in plan["objects"]:
+             f"  {bound['operation_id']}@{bound['version']} on {bound['connector']} "
+             f"({bound['environment']}), {plan.dialect}"
+             f"{', transactional DDL' if plan.transactional_ddl else ', DDL commits'}"]
+    for o in plan.objects:
         changed = o.get("changed_blocks") or []
         # the block numbers and their lines, never a bare "0" that reads as "none changed"
         blocks = (f"{len(changed)} changed: " + ", ".join(
@@ -254,7 +256,7 @@ def _plan_text(plan: dict[str, Any]) -> str:
                 lines.append(f"            ... {len(diff) - 200} more diff line(s) in --json")
         else:
             lines.append("          source diff against the base: none (same text)")
-    deps = plan.get("dependents") or []
+    deps = plan.dependents
     lines.append(f"  dependents: {len(deps)}")
     for d in deps[:50]:
         st = d.get("status_before") or {}
@@ -263,7 +265,7 @@ def _plan_text(plan: dict[str, Any]) -> str:
         lines.append(f"    {d['key']}  {via}  ({st.get('state', '-')}{how})")
     if len(deps) > 50:
         lines.append(f"    ... and {len(deps) - 50} more (all of them in --json)")
-    for s in plan.get("caller_search") or []:
+    for s in plan.caller_search or ():
         hits = s.get("hits") or []
         objs = sorted({h["object"] for h in hits})
         lines.append(f"  callers of {s['object']}: {len(hits)} line(s) in "
@@ -273,16 +275,16 @@ def _plan_text(plan: dict[str, Any]) -> str:
             lines.append(f"    {obj}  line {first['line']}: {first['text'][:80]}")
         if len(objs) > 50:
             lines.append(f"    ... and {len(objs) - 50} more")
-    if plan.get("recompile_objects"):
-        keys = [ObjectRef.from_dict(r).key for r in plan["recompile_objects"]]
+    if plan.recompile_objects:
+        keys = [ObjectRef.from_dict(r).key for r in plan.recompile_objects]
         lines.append(f"  also recompiled and checked: {', '.join(keys)}")
-    for a in plan.get("accepted_warnings") or []:
+    for a in plan.accepted_warnings or ():
         lines.append(f"  accepted on the row: {a['object']}: {a['message']!r} ({a['reason']})")
-    for w in plan.get("warnings") or []:
+    for w in plan.warnings:
         lines.append(f"  warning: {w}")
-    passed = [p for p in plan["prohibitions"] if p["passed"]]
-    lines.append(f"  prohibitions: {len(passed)}/{len(plan['prohibitions'])} passed")
-    auth = plan.get("authorization") or {}
+    passed = [p for p in plan.prohibitions if p["passed"]]
+    lines.append(f"  prohibitions: {len(passed)}/{len(plan.prohibitions)} passed")
+    auth = bound.get("authorization") or {}
     roles = "|".join(auth.get("approver_roles") or [])
     lines.append(f"  approval needed from: {roles}"
                  f"{' (four eyes)' if auth.get('four_eyes') else ''}")

@@ -34,7 +34,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from registry.errors import ConfigError, LoadWorkerFailed
-from registry.filecheck import CheckedFile, check_file
+from registry.fastload.filecheck import CheckedFile, check_file
 
 #: Below this much YAML (about 900 rows) starting workers costs more than it saves.
 PARALLEL_MIN_CHARS = 1_000_000

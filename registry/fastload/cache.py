@@ -7,7 +7,8 @@ call.  A file that passed every per-file check is recorded under a key made of
 * the SHA-256 of the file's bytes,
 * capgate's version,
 * the SHA-256 of the capability JSON Schema,
-* the SHA-256 of the validating code (this package's ``*.py`` files), and
+* the SHA-256 of the validating code (``registry``'s ``*.py`` files, and
+  ``registry.fastload``'s), and
 * the versions of the libraries that take part in checking (sqlglot,
   jsonschema, PyYAML, SQLAlchemy),
 
@@ -51,6 +52,8 @@ CACHE_FORMAT = "capgate-validation/1"
 CACHE_ENV = "CAPGATE_CACHE"
 CACHE_DIR_ENV = "CAPGATE_CACHE_DIR"
 _LIBRARIES = ("sqlglot", "jsonschema", "PyYAML", "SQLAlchemy", "capgate")
+#: The ``registry`` package: its checks (and this machinery's) decide a file's validity.
+_REGISTRY = Path(__file__).resolve().parent.parent
 
 
 def cache_dir(env: Mapping[str, str] | None = None) -> Path | None:
@@ -107,21 +110,20 @@ def installed_versions(names: Iterable[str]) -> dict[str, str]:
 @lru_cache(maxsize=1)
 def validator_digest() -> str:
     """What decides a file's validity besides its text: code, schema, library versions."""
-    here = Path(__file__).resolve().parent
     digest = hashlib.sha256(CACHE_FORMAT.encode())
     versions = installed_versions(_LIBRARIES)
     for name in _LIBRARIES:
         digest.update(f"\0{name}={versions[name]}".encode())
-    for path in sorted(here.glob("*.py")) + sorted(here.glob("*.json")):
-        digest.update(b"\0" + path.name.encode() + b"\0")
+    for path in (sorted(_REGISTRY.glob("*.py")) + sorted(_REGISTRY.glob("fastload/*.py"))
+                 + sorted(_REGISTRY.glob("*.json"))):
+        digest.update(b"\0" + path.relative_to(_REGISTRY).as_posix().encode() + b"\0")
         digest.update(hashlib.sha256(path.read_bytes()).digest())
     return digest.hexdigest()
 
 
 def schema_digest() -> str:
     """The SHA-256 of the capability JSON Schema (also part of :func:`validator_digest`)."""
-    return hashlib.sha256((Path(__file__).resolve().parent / "capability.schema.json")
-                          .read_bytes()).hexdigest()
+    return hashlib.sha256((_REGISTRY / "capability.schema.json").read_bytes()).hexdigest()
 
 
 def entry_key(text: str) -> str:
@@ -163,7 +165,7 @@ class IndexedRow:
 
     def _from_source(self) -> dict[str, Any]:
         from registry.errors import RegistryError
-        from registry.filecheck import check_file
+        from registry.fastload.filecheck import check_file
 
         try:
             checked = check_file(self.source, Path(self.source).read_text("utf-8"))
