@@ -580,10 +580,13 @@ def test_the_oracle_ci_job_runs_every_oracle_suite_and_requires_oracle() -> None
     assert dsn.get_backend_name() == "oracle" and dsn.port == 1521
     assert dsn.password == job["services"]["oracle"]["env"]["ORACLE_PASSWORD"]
     command = " ".join(step.get("run", "") for step in job["steps"])
+    # every test marked oracle, in every suite (the shared engine suites included) ...
+    assert re.search(r"pytest\b[^\n]* -m oracle tests\b", command), command
+    # ... and the offline Oracle suites, which need no server and so carry no marker
     suites = re.findall(r"tests/\S+\.py", command)
-    on_disk = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "tests").glob("test_*.py")
-                     if "oracle" in p.name)
-    assert sorted(suites) == on_disk  # every Oracle suite, and only existing files
+    offline = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "tests").glob("test_*.py")
+                     if "oracle" in p.name and "offline" in p.name)
+    assert sorted(suites) == offline
 
 
 def test_the_readme_oracle_connector_reads_cleanly(tmp_path: Path) -> None:
