@@ -72,7 +72,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -644,6 +644,44 @@ class Counter:
         sa.event.listen(engine, "commit", self._commit)
         sa.event.listen(engine, "rollback", self._rollback)
 
+    def watch_hot(self, backend: Any, name: str) -> None:
+        """The ledger's hot path runs on the driver connection (executor/ledger/backends.py:
+        ``hot_transaction`` and its ``HotTx``), where SQLAlchemy's events never see it:
+        count its statements and commits by wrapping that backend instance's methods."""
+        counts = self.counts[name]
+        statements = self.statements[name]
+        original = backend.hot_transaction
+        counter = self
+
+        @contextlib.contextmanager
+        def counted(conns: Any, *, durable: bool, write: bool) -> Iterator[Any]:
+            with original(conns, durable=durable, write=write) as tx:
+                run, run_many = tx.run, tx.run_many
+                wrote = False
+
+                def one(sql: str, params: Any = None) -> Any:
+                    nonlocal wrote
+                    counts["statements"] += 1
+                    statements.append(" ".join(sql.split())[:90])
+                    wrote = wrote or counter._is_write(sql)
+                    return run(sql, params)
+
+                def many(sql: str, rows: Any) -> None:
+                    nonlocal wrote
+                    counts["statements"] += 1
+                    statements.append(" ".join(sql.split())[:90])
+                    wrote = wrote or counter._is_write(sql)
+                    run_many(sql, rows)
+
+                tx.run, tx.run_many = one, many
+                yield tx
+            if write:
+                counts["commits"] += 1
+                if wrote:
+                    counts["write_commits"] += 1
+
+        backend.hot_transaction = counted
+
     def reset(self) -> None:
         for c in self.counts.values():
             for k in c:
@@ -694,6 +732,7 @@ def section_counts(scratch: Scratch, args: argparse.Namespace) -> dict[str, Any]
         counter = Counter()
         try:
             counter.watch(side.gate.ledger.engine, "ledger")
+            counter.watch_hot(side.gate.ledger._backend, "ledger")
             counter.watch(side.gate.connectors.get("bench").engine, "target")
             for _ in range(args.case_calls):  # one whole case first: caches warm
                 side.call()
@@ -720,7 +759,7 @@ def section_counts(scratch: Scratch, args: argparse.Namespace) -> dict[str, Any]
             "sample_call": sample,
         }
     print(f"\n## statements per capgate call (mean of {n} calls after one warm case; "
-          "SQLAlchemy events; not timed)")
+          "SQLAlchemy events and the ledger's driver-level hot path; not timed)")
     print(f"{'ledger':<12} {'to target':>9} {'to ledger':>9} {'ledger commits':>15}"
           f" {'of which wrote':>15}")
     for ledger, label in (("sqlite", "SQLite"), ("pg", "PostgreSQL")):
@@ -728,7 +767,7 @@ def section_counts(scratch: Scratch, args: argparse.Namespace) -> dict[str, Any]
         print(f"{label:<12} {s['target_statements']:>9.1f} {s['ledger_statements']:>9.1f}"
               f" {s['ledger_commits']:>15.1f} {s['ledger_durable_writes']:>15.1f}")
     print("  raw psycopg: 2 statements (UPDATE, SELECT) + COMMIT (psycopg sends BEGIN itself)."
-          "  'ledger commits': SQLAlchemy commit events;"
+          "  'ledger commits': write transactions committed (SQLAlchemy events + the hot path);"
           " 'of which wrote': transactions that wrote + autocommit writes"
           " (each a durable commit)")
     return out
