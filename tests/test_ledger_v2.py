@@ -545,6 +545,46 @@ def test_append_each_falls_back_to_one_by_one_and_refuses_an_edited_case(
         assert [e.kind for e in led.events("b")] == ["prepared"]
 
 
+def test_append_each_can_skip_what_a_best_effort_writer_would_not_raise(
+        ledger_url: URL) -> None:
+    """``skip``: the edited case's event is left out; every other case's is recorded once."""
+    with open_ledger(ledger_url) as led:
+        for case in ("a", "b", "c"):
+            _open(led, case)
+    with raw(ledger_url) as conn:
+        conn.execute(sa.text("UPDATE cg_cases SET snapshot = replace(snapshot, 'op.x', "
+                             "'op.y') WHERE case_id = 'b'"))
+    with open_ledger(ledger_url) as led:
+        items = [(c, "reconciled", {"state": {"outcome": "applied"}}, "i0") for c in "abc"]
+        written = led.append_each(items, skip=(LedgerTampered,))
+        assert sorted(e.case_id for e in written) == ["a", "c"]
+        assert [e.kind for e in led.events("a")] == ["prepared", "reconciled"]
+        assert [e.kind for e in led.events("b")] == ["prepared"]
+        assert [e.kind for e in led.events("c")] == ["prepared", "reconciled"]
+
+
+def test_intents_many_is_intents_of_each_case(ledger_url: URL) -> None:
+    """Resume reads back a thousand settled cases at once: the same states as one by one,
+    an unknown case empty, and a payload that is not JSON refused as tampering."""
+    with open_ledger(ledger_url) as led:
+        cases = [f"m-{i:02d}" for i in range(12)]
+        for i, case in enumerate(cases):
+            _open(led, case)
+            if i % 2:
+                led.append(case, "reconciled", {"state": {"outcome": "applied"}},
+                           intent_id="i0")
+        many = led.intents_many([*cases, "no-such-case", cases[0]])
+        assert set(many) == {*cases, "no-such-case"}
+        for case in cases:
+            assert many[case] == led.intents(case)
+        assert many["no-such-case"] == {}
+    with raw(ledger_url) as conn:
+        conn.execute(sa.text("UPDATE cg_events SET payload = 'not json' "
+                             "WHERE case_id = 'm-03' AND seq = 1"))
+    with open_ledger(ledger_url) as led, pytest.raises(LedgerTampered):
+        led.intents_many(cases)
+
+
 def test_append_each_from_eight_threads_on_overlapping_cases(ledger_url: URL) -> None:
     """Batches that share cases serialise (one lock order): no deadlock, nothing lost."""
     import threading
