@@ -366,6 +366,36 @@ def test_a_person_accepts_a_changed_target(crash: Crash) -> None:
                          who="agent").status == "applied_verified"
 
 
+def test_the_rechecks_read_in_one_batch_read_what_one_by_one_would(target_url: URL) -> None:
+    """``Dialect.read_many`` (pipelined on PostgreSQL) answers each statement with its own
+    rows, binds and SQLAlchemy's text syntax exactly as ``conn.execute(sa.text())``."""
+    from executor.dialects import dialect_for
+
+    engine = sa.create_engine(target_url, poolclass=sa.pool.NullPool)
+    dialect = dialect_for(engine.dialect.name)
+    if target_url.get_backend_name() == "oracle":
+        statements = [("SELECT :a FROM dual", {"a": 1}),
+                      ("SELECT 'x:y' || :b FROM dual", {"b": "\U0001f600"})]
+    else:
+        statements = [("SELECT :a", {"a": 1}),
+                      ("SELECT 'x:y' || :b", {"b": "\U0001f600"}),
+                      ("SELECT :n + 1 UNION ALL SELECT :n + 2 UNION ALL SELECT :n + 3",
+                       {"n": 2**53 - 10}),
+                      ("SELECT '100%' WHERE 1 = :one", {"one": 1}),
+                      ("SELECT 1 WHERE 1 = :zero", {"zero": 0})]
+    try:
+        with engine.connect() as conn:
+            one_by_one = [[tuple(r) for r in conn.execute(sa.text(sql), binds).fetchmany(2)]
+                          for sql, binds in statements]
+            batched = [[tuple(r) for r in rows]
+                       for rows in dialect.read_many(conn, statements, 2)]
+            conn.rollback()
+    finally:
+        engine.dispose()
+    assert batched == one_by_one
+    assert len(batched[0]) == 1 and batched[-1] == []
+
+
 # --- identity of the case ------------------------------------------------------------------
 
 

@@ -158,6 +158,32 @@ class PostgresqlDialect(Dialect, name="postgresql", aliases=("postgres",)):
             " set_config('statement_timeout', :st, true)"
         ), {"app": tag.text(), "st": _ms(timeout_s)})
 
+    def read_many(self, conn: sa.Connection,
+                  statements: Sequence[tuple[str, Mapping[str, Any]]],
+                  limit: int) -> list[list[Sequence[Any]]]:
+        """psycopg's pipeline mode: every statement sent, then every result read once.
+
+        Each text is compiled by SQLAlchemy (its bind syntax and escaping, exactly as
+        ``conn.execute(sa.text(...))`` would send it) and run on the same session and
+        transaction.  A failing statement fails the batch, as it would fail the loop.
+        """
+        driver = conn.connection.driver_connection
+        if driver is None or not hasattr(driver, "pipeline"):
+            return super().read_many(conn, statements, limit)
+        compiled = [(sa.text(sql).compile(dialect=conn.dialect), binds)
+                    for sql, binds in statements]
+        cursors = []
+        with driver.pipeline():
+            for c, binds in compiled:
+                cursor = driver.cursor()
+                cursor.execute(c.string, c.construct_params(dict(binds)))
+                cursors.append(cursor)
+        try:
+            return [list(cursor.fetchmany(limit)) for cursor in cursors]
+        finally:
+            for cursor in cursors:
+                cursor.close()
+
     def is_timeout(self, exc: BaseException) -> bool:
         # 57014 query_canceled (statement_timeout), 55P03 lock_not_available (lock_timeout)
         return sqlstate(exc) in ("57014", "55P03")

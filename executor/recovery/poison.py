@@ -104,12 +104,14 @@ def recheck(executor: Executor, deps: list[Dependency]) -> list[Recheck]:
             with connector.engine.connect() as conn:
                 try:
                     dialect.begin_read(conn, tag, 10.0)
+                    # every check of every dependency sent together (pipelined where the
+                    # driver can), then each evaluated against its own rows
+                    answers = iter(dialect.read_many(conn, [
+                        (dialect.sql(check.sql, tag), binds_for(check.sql, d.inputs))
+                        for d in items for check in d.row.verify], 1001))
                     for d in items:
-                        results = []
-                        for check in d.row.verify:
-                            rows = conn.execute(sa.text(dialect.sql(check.sql, tag)),
-                                                binds_for(check.sql, d.inputs)).fetchmany(1001)
-                            results.append(evaluate(check.name, check.expect, rows).to_dict())
+                        results = [evaluate(check.name, check.expect, next(answers)).to_dict()
+                                   for check in d.row.verify]
                         out.append(Recheck(d, tuple(results)))
                 finally:
                     conn.rollback()
