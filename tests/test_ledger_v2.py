@@ -523,8 +523,17 @@ def test_append_each_records_what_one_append_each_would(ledger_url: URL) -> None
             assert led.snapshot(case)["intents"] == led.snapshot("one-" + case)["intents"] == {}
         report = led.verify()
         assert report.ok, report
-        with pytest.raises(Exception, match="at most once"):
-            led.append_each([items[0], items[0]])
+        # a case's several events: in the order given, in the one transaction of its chunk
+        pair = led.append_each([(cases[0], "recovery_point", {"n": 1}, None),
+                                (cases[1], "recovery_point", {"n": 1}, None),
+                                (cases[0], "continuation", {"n": 2}, None)])
+        assert [(e.case_id, e.kind) for e in pair] == [
+            (cases[0], "recovery_point"), (cases[0], "continuation"),
+            (cases[1], "recovery_point")]
+        assert [e.kind for e in led.events(cases[0])][-2:] == ["recovery_point",
+                                                                "continuation"]
+        assert pair[1].seq == pair[0].seq + 1
+        assert led.verify().ok
 
 
 def test_append_each_falls_back_to_one_by_one_and_refuses_an_edited_case(

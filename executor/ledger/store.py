@@ -708,37 +708,40 @@ class Ledger:
     def append_each(self, items: Sequence[tuple[str, str, Mapping[str, Any], str | None]], *,
                     chunk: int = 250, continuing: bool = True,
                     skip: tuple[type[Exception], ...] = ()) -> list[Event]:
-        """One event for each of many cases -- ``(case_id, kind, payload, intent_id)`` --
-        committed together, ``chunk`` cases to a transaction.
+        """Events of many cases -- ``(case_id, kind, payload, intent_id)`` -- committed
+        together, ``chunk`` cases to a transaction; a case's events in the order given.
 
         For a writer that settles many cases at once (resume closing a thousand
-        applied intents): each event is exactly what :meth:`append` would record
-        (the same chain, snapshot and head, each case verified before it is
-        continued), but one durable commit covers a chunk instead of one per
-        event.  ``continuing`` as for :meth:`append_many` (by default every case
-        is verified before it is continued, in O(1), unless this process verified
-        its head last).  Each case appears at most once per call.  When anything in a
-        chunk's transaction goes wrong (a head moved, a connection lost, a case
-        that does not check out), the whole chunk is rolled back and its events
-        are appended one by one, each with its own errors -- so the outcome is
-        never worse than appending them separately.  ``skip``: errors of these types
-        (one-by-one, after a chunk failed) leave that one event out instead of raising,
-        for events a writer would record best effort anyway.
+        applied intents): each case's events are exactly what :meth:`append_many`
+        would record (the same chain, snapshot and head, each case verified before
+        it is continued), but one durable commit covers a chunk instead of one per
+        case.  ``continuing`` as for :meth:`append_many` (by default every case is
+        verified before it is continued, in O(1), unless this process verified its
+        head last).  When anything in a chunk's transaction goes wrong (a head
+        moved, a connection lost, a case that does not check out), the whole chunk
+        is rolled back and its cases are appended one by one, each with its own
+        errors -- so the outcome is never worse than appending them separately.
+        ``skip``: errors of these types (one by one, after a chunk failed) leave that
+        case's events out instead of raising, for events a writer records best effort.
         """
-        cases = [case_id for case_id, *_ in items]
-        if len(set(cases)) != len(cases):
-            raise LedgerError("append_each takes each case at most once per call")
+        by_case: dict[str, list[EventSpec]] = {}
+        for case_id, kind, payload, intent_id in items:
+            by_case.setdefault(case_id, []).append((kind, payload, intent_id))
+        order = list(by_case)
         out: list[Event] = []
-        for start in range(0, len(items), max(1, chunk)):
-            part = items[start:start + max(1, chunk)]
-            specs: list[tuple[str, _Spec]] = []
-            for case_id, kind, payload, intent_id in part:
+        for start in range(0, len(order), max(1, chunk)):
+            part = order[start:start + max(1, chunk)]
+            specs: list[tuple[str, list[_Spec]]] = []
+            for case_id in part:
                 _check_id("case_id", case_id)
-                _check_id("kind", kind)
-                if intent_id is not None:
-                    _check_id("intent_id", intent_id)
-                plain, text = normalise_payload_text(payload, intent_id=intent_id)
-                specs.append((case_id, (kind, plain, intent_id, text)))
+                built: list[_Spec] = []
+                for kind, payload, intent_id in by_case[case_id]:
+                    _check_id("kind", kind)
+                    if intent_id is not None:
+                        _check_id("intent_id", intent_id)
+                    plain, text = normalise_payload_text(payload, intent_id=intent_id)
+                    built.append((kind, plain, intent_id, text))
+                specs.append((case_id, built))
             try:
                 with self._guard("append to many cases"):
                     out.extend(self._append_each_tx(specs, check=continuing))
@@ -748,15 +751,15 @@ class Ledger:
             except Exception as exc:  # a driver error (a unique violation: an edited store)
                 if not self._backend.is_driver_error(exc):
                     raise
-            for case_id, kind, payload, intent_id in part:  # one by one, errors and all
+            for case_id in part:  # one by one, errors and all
                 try:
-                    out.append(self.append(case_id, kind, payload, intent_id=intent_id,
-                                           continuing=continuing))
+                    out.extend(self.append_many(case_id, by_case[case_id],
+                                                continuing=continuing))
                 except skip:
                     continue
         return out
 
-    def _append_each_tx(self, specs: Sequence[tuple[str, _Spec]], *,
+    def _append_each_tx(self, specs: Sequence[tuple[str, list[_Spec]]], *,
                         check: bool) -> list[Event]:
         """The chunk of :meth:`append_each` in one transaction; raises on any trouble."""
         done: list[tuple[str, StoredHead | None, NewHead, HotResult]] = []
@@ -767,9 +770,9 @@ class Ledger:
             # together (pipelined on PostgreSQL), their results read once at the end
             ordered = sorted(specs, key=lambda s: s[0])
             heads = self._read_heads(tx, [case_id for case_id, _ in ordered], check=check)
-            for case_id, spec in ordered:
+            for case_id, case_specs in ordered:
                 head = heads.get(case_id)
-                new, written, rows = self._build(case_id, head, [spec], None,
+                new, written, rows = self._build(case_id, head, case_specs, None,
                                                  self._closed_in(tx, case_id))
                 if head is None:
                     result = tx.run(_CREATE_CASE, _head_params(new))

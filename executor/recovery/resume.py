@@ -337,8 +337,8 @@ def _record_recoveries(executor: Executor,
     """Each case's recovery point and continuation decision, recorded for all cases at once.
 
     The intents are read back after everything this resume recorded (one read per 500
-    cases), and the two events of each case are appended ``append_each``-style: 250
-    cases to a commit, recovery points first, so every case keeps its order.  Best
+    cases), and the two events of each case are appended together, 250 cases to a
+    commit (``append_each``).  Best
     effort, as one case's record always was: a case whose append fails is left out.
     """
     ledger = executor.ledger
@@ -353,11 +353,11 @@ def _record_recoveries(executor: Executor,
         out[case.case_id] = _recovery_of(executor, case, states.get(case.case_id) or
                                          case.intents, done, found,
                                          by_case.get(case.case_id, []), rows)
-    for kind, field_name in (("recovery_point", "recovery_point"),
-                             (CONTINUATION, "continuation")):
-        with contextlib.suppress(LedgerError):
-            ledger.append_each([(c, kind, {field_name: out[c][field_name]}, None)
-                                for c in ids], skip=(LedgerError,))
+    with contextlib.suppress(LedgerError):
+        ledger.append_each([item for c in ids for item in (
+            (c, "recovery_point", {"recovery_point": out[c]["recovery_point"]}, None),
+            (c, CONTINUATION, {"continuation": out[c]["continuation"]}, None))],
+            skip=(LedgerError,))
     return out
 
 
