@@ -659,21 +659,15 @@ class Counter:
                 run, run_many = tx.run, tx.run_many
                 wrote = False
 
-                def one(sql: str, params: Any = None) -> Any:
+                def seen(sql: str) -> str:
                     nonlocal wrote
                     counts["statements"] += 1
                     statements.append(" ".join(sql.split())[:90])
                     wrote = wrote or counter._is_write(sql)
-                    return run(sql, params)
+                    return sql
 
-                def many(sql: str, rows: Any) -> None:
-                    nonlocal wrote
-                    counts["statements"] += 1
-                    statements.append(" ".join(sql.split())[:90])
-                    wrote = wrote or counter._is_write(sql)
-                    run_many(sql, rows)
-
-                tx.run, tx.run_many = one, many
+                tx.run = lambda sql, params=None: run(seen(sql), params)
+                tx.run_many = lambda sql, rows: run_many(seen(sql), rows)
                 yield tx
             if write:
                 counts["commits"] += 1

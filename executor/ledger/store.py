@@ -1230,17 +1230,7 @@ class Ledger:
         out: dict[str, dict[str, dict[str, Any]]] = {}
         with self._guard("read cases"), self._read_one.connect() as conn:
             for i in range(0, len(wanted), _CHUNK):
-                chunk = wanted[i:i + _CHUNK]
-                chains: dict[str, list[Event]] = {c: [] for c in chunk}
-                for row in conn.execute(sa.select(events).where(events.c.case_id.in_(chunk))
-                                        .order_by(events.c.case_id, events.c.seq)):
-                    event = _event_from_row(row)
-                    if event is None:
-                        raise LedgerTampered(
-                            f"event {row.seq} of case {row.case_id!r} has a payload that is "
-                            f"not JSON; run `capgate ledger verify --case {row.case_id}`",
-                            case_id=row.case_id, seq=int(row.seq))
-                    chains[row.case_id].append(event)
+                chains = _read_chains(conn, wanted[i:i + _CHUNK], _tampered_event)
                 out.update((c, intent_states(chain)) for c, chain in chains.items())
         return out
 
@@ -1417,10 +1407,7 @@ class Ledger:
                                            r.head_mac)
                         for r in conn.execute(sa.select(cases).where(
                             cases.c.case_id.in_(chunk)))}
-                chains: dict[str, list[Event]] = {c: [] for c in chunk}
-                for r in conn.execute(sa.select(events).where(events.c.case_id.in_(chunk))
-                                      .order_by(events.c.case_id, events.c.seq)):
-                    chains[r.case_id].append(_event_from_row(r) or _unreadable_event(r))
+                chains = _read_chains(conn, chunk, _unreadable_event)
                 for case_id in chunk:
                     out[case_id] = self._verified_case(case_id, chains[case_id],
                                                        rows.get(case_id))
@@ -1995,18 +1982,29 @@ def _read_events(conn: Connection, case_id: str, intent_id: str | None = None) -
     stmt = sa.select(events).where(events.c.case_id == case_id)
     if intent_id is not None:
         stmt = stmt.where(events.c.intent_id == intent_id)
-    out = []
-    for row in conn.execute(stmt.order_by(events.c.seq)):
-        event = _event_from_row(row)
-        if event is None:
-            raise LedgerTampered(
-                f"event {row.seq} of case {case_id!r} has a payload that is not JSON; run "
-                f"`capgate ledger verify --case {case_id}`",
-                case_id=case_id,
-                seq=int(row.seq),
-            )
-        out.append(event)
-    return out
+    return [_event_from_row(row) or _tampered_event(row)
+            for row in conn.execute(stmt.order_by(events.c.seq))]
+
+
+def _tampered_event(row: Any) -> Event:
+    """A reader that must not go on past an event whose payload is not JSON refuses here."""
+    raise LedgerTampered(
+        f"event {row.seq} of case {row.case_id!r} has a payload that is not JSON; run "
+        f"`capgate ledger verify --case {row.case_id}`",
+        case_id=row.case_id,
+        seq=int(row.seq),
+    )
+
+
+def _read_chains(conn: Connection, case_ids: Sequence[str],
+                 unreadable: Callable[[Any], Event]) -> dict[str, list[Event]]:
+    """The events of each of ``case_ids`` (one chunk, one query), in seq order; a payload
+    that is not JSON goes to ``unreadable`` (a stand-in that will not verify, or a refusal)."""
+    chains: dict[str, list[Event]] = {c: [] for c in case_ids}
+    for row in conn.execute(sa.select(events).where(events.c.case_id.in_(list(case_ids)))
+                            .order_by(events.c.case_id, events.c.seq)):
+        chains[row.case_id].append(_event_from_row(row) or unreadable(row))
+    return chains
 
 
 def _idempotency_record(

@@ -555,28 +555,23 @@ class _Batch:
     """``reconciled`` events of many cases, committed together (``Ledger.append_each``).
 
     Only events nothing else in this resume waits for go here (an applied intent
-    without post-commit checks); a second event for a case already waiting
-    flushes the batch first, so every case's events keep their order.
+    without post-commit checks); ``append_each`` keeps each case's events in order.
     """
 
     def __init__(self, executor: Executor, size: int = 250) -> None:
         self.executor = executor
         self.size = size
         self.items: list[tuple[str, str, Mapping[str, Any], str | None]] = []
-        self.cases: set[str] = set()
 
     def add(self, case_id: str, kind: str, payload: Mapping[str, Any],
             intent_id: str | None) -> None:
-        if case_id in self.cases:
-            self.flush()
         self.items.append((case_id, kind, payload, intent_id))
-        self.cases.add(case_id)
         if len(self.items) >= self.size:
             self.flush()
 
     def flush(self) -> None:
         if self.items:
-            items, self.items, self.cases = self.items, [], set()
+            items, self.items = self.items, []
             self.executor.ledger.append_each(items, chunk=self.size)
 
 
