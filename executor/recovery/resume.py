@@ -338,8 +338,8 @@ def _record_recoveries(executor: Executor,
 
     The intents are read back after everything this resume recorded (one read per 500
     cases), and the two events of each case are appended together, 250 cases to a
-    commit (``append_each``).  Best
-    effort, as one case's record always was: a case whose append fails is left out.
+    commit (``append_each``).  Best effort, as one case's record always was: a case
+    whose append fails is left out.
     """
     ledger = executor.ledger
     ids = [s.case.case_id for s, _, _ in continued]
