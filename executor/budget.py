@@ -71,7 +71,7 @@ if TYPE_CHECKING:
     from executor.connectors import Connector
     from executor.context import CallContext
     from executor.ledger import Ledger
-    from executor.ledger.backends import HotTx
+    from executor.ledger.backends import HotResult, HotTx
 
 __all__ = ["BUDGET_MARGIN_SECONDS", "SessionBudgets", "SlotStore", "Ticket", "holding",
            "scopes_for", "slot_store"]
@@ -207,11 +207,18 @@ class SlotStore:
 
     def take_on(self, tx: HotTx, scope: Scope, ticket: str, *, ttl: float,
                 case_id: str | None, intent_id: str | None) -> int | None:
-        """:meth:`try_take` inside the caller's transaction (the ``prepared`` append)."""
-        row = tx.run(self._take, {
-            "scope": scope.name, "n": scope.budget, "ticket": ticket, "ttl": float(ttl),
-            "case_id": case_id, "intent_id": intent_id, "holder": f"{_HOST}:{os.getpid()}"}).first()
+        """:meth:`try_take` inside the caller's transaction."""
+        row = self.ask_on(tx, scope, ticket, ttl=ttl, case_id=case_id,
+                          intent_id=intent_id).first()
         return None if row is None else int(row[0])
+
+    def ask_on(self, tx: HotTx, scope: Scope, ticket: str, *, ttl: float,
+               case_id: str | None, intent_id: str | None) -> HotResult:
+        """:meth:`take_on`, its answer read later: a row ``(slot,)``, or none when no slot
+        is free (the ``prepared`` append reads it with the rest of its results)."""
+        return tx.run(self._take, {
+            "scope": scope.name, "n": scope.budget, "ticket": ticket, "ttl": float(ttl),
+            "case_id": case_id, "intent_id": intent_id, "holder": f"{_HOST}:{os.getpid()}"})
 
     def holders(self, scope: Scope) -> list[dict[str, Any]]:
         with self.store.write("read session budget slots") as tx:
@@ -439,21 +446,31 @@ class SessionBudgets(CallHooks):
             if ctx.intent_id in self._calls:
                 return
         ticket = Ticket(uuid.uuid4().hex, (), self.store)
-        taken: list[tuple[str, int]] = []
+        asked: list[tuple[Scope, HotResult]] = []
         seeding: list[Scope] = []
         for scope in scopes_for(ctx.connector, ctx.case_id):
             if not self.store.seeded(scope):  # a case's first call here: its slot rows
                 self.store.seed_on(tx, scope)
                 seeding.append(scope)
-            slot = self.store.take_on(tx, scope, ticket.ticket, ttl=_ttl(ctx.connector, ctx),
-                                      case_id=ctx.case_id, intent_id=ctx.intent_id)
-            if slot is None:
-                raise RetryOutside(lambda: self._wait_for_slot(ctx))
-            taken.append((scope.name, slot))
-        ticket.slots = tuple(taken)
-        with self._lock:  # may run again (a retried transaction): the last run counts
-            self._pending[ctx.intent_id] = _CallSlot(ctx.connector.name, ticket, False)
-            self._seeding[ctx.intent_id] = seeding
+            asked.append((scope, self.store.ask_on(tx, scope, ticket.ticket,
+                                                   ttl=_ttl(ctx.connector, ctx),
+                                                   case_id=ctx.case_id,
+                                                   intent_id=ctx.intent_id)))
+
+        def settle() -> None:
+            """The slots' answers, read with the rest of ``prepared``'s (one round trip)."""
+            taken: list[tuple[str, int]] = []
+            for scope, answer in asked:
+                row = answer.first()
+                if row is None:  # none free: wait for one outside, then prepare again
+                    raise RetryOutside(lambda: self._wait_for_slot(ctx))
+                taken.append((scope.name, int(row[0])))
+            ticket.slots = tuple(taken)
+            with self._lock:  # may run again (a retried transaction): the last run counts
+                self._pending[ctx.intent_id] = _CallSlot(ctx.connector.name, ticket, False)
+                self._seeding[ctx.intent_id] = seeding
+
+        tx.defer(settle)
 
     def _wait_for_slot(self, ctx: CallContext) -> None:
         """No slot free in ``prepared``: wait for one outside it (BudgetExhausted after

@@ -107,7 +107,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -298,27 +298,49 @@ class ClaimStore:
         no key kept), and a call that loses its idempotency key to an identical
         call never joins a claim at all.
         """
+        return self.ask_on(tx, keys, case_id=case_id, intent_id=intent_id,
+                           operation_id=operation_id, ttl=ttl, takeover=takeover,
+                           case_mode=case_mode)()
+
+    def ask_on(self, tx: HotTx, keys: Sequence[str], *, case_id: str,
+               intent_id: str | None, operation_id: str, ttl: float,
+               takeover: bool = False, case_mode: bool = False) -> Callable[[], HeldClaim]:
+        """:meth:`acquire_on` in two steps: every key's claim is sent now, and the
+        function returned reads the answers -- the claim, or the conflict raised as
+        :meth:`acquire_on` raises it (a key found held is looked at, and claimed again
+        when its holder let go meanwhile).  The ``prepared`` append reads them with the
+        rest of its results, in one round trip."""
         ordered = sorted(set(keys))
         params = {"case_id": case_id, "intent_id": intent_id, "operation_id": operation_id,
                   "holder": _holder(), "ttl": float(ttl), "takeover": int(takeover)}
-        tokens: dict[str, int] = {}
-        expires = 0.0
-        for key in ordered:
-            for _ in range(_ACQUIRE_ATTEMPTS):
-                row = tx.run(self._acquire, {**params, "k": key}).first()
-                if row is not None:
-                    tokens[key] = int(row[0])
-                    expires = float(row[1])
-                    break
-                try:
-                    self._refuse(tx, key, case_id, case_mode)
-                except _Released:
-                    continue  # the holder let go between our claim and our look: again
-            else:
-                raise ImpactConflict(f"impact key {key!r} changed hands too often to be "
-                                     "claimed; retry", impact_keys=ordered,
-                                     requested_by_case=case_id)
-        return HeldClaim(case_id, intent_id, tokens, expires)
+        asked = [tx.run(self._acquire, {**params, "k": key}) for key in ordered]
+
+        def answer() -> HeldClaim:
+            tokens: dict[str, int] = {}
+            expires = 0.0
+            for key, first in zip(ordered, asked, strict=True):
+                row = first.first()
+                if row is None:
+                    row = self._claim_held_key(tx, key, params, case_id, case_mode, ordered)
+                tokens[key] = int(row[0])
+                expires = float(row[1])
+            return HeldClaim(case_id, intent_id, tokens, expires)
+
+        return answer
+
+    def _claim_held_key(self, tx: HotTx, key: str, params: dict[str, Any], case_id: str,
+                        case_mode: bool, ordered: list[str]) -> tuple[Any, ...]:
+        """A key whose claim came back empty: refuse, or claim it again once its holder
+        let go (``_ACQUIRE_ATTEMPTS`` claims in all, the first one included)."""
+        for _ in range(_ACQUIRE_ATTEMPTS - 1):
+            with contextlib.suppress(_Released):  # the holder let go meanwhile: again
+                self._refuse(tx, key, case_id, case_mode)
+            row = tx.run(self._acquire, {**params, "k": key}).first()
+            if row is not None:
+                return row
+        raise ImpactConflict(f"impact key {key!r} changed hands too often to be "
+                             "claimed; retry", impact_keys=ordered,
+                             requested_by_case=case_id)
 
     def _refuse(self, tx: HotTx, key: str, case_id: str, case_mode: bool = False) -> None:
         conflict = self._describe(tx, key)
@@ -563,12 +585,17 @@ class ImpactClaims(CallHooks):
             return
         keys = impact_keys(ctx.row, ctx.inputs, ctx.connector.environment)
         started = time.monotonic()
-        taken = self.store.acquire_on(tx, keys, case_id=ctx.case_id, intent_id=ctx.intent_id,
-                                      operation_id=ctx.row.operation_id, ttl=claim_ttl(ctx),
-                                      case_mode=case_held(ctx))
-        taken = dataclasses.replace(taken, since=started)
-        with self._lock:  # may run again (a lost race is retried): the last run counts
-            self._pending[ctx.intent_id] = taken
+        answer = self.store.ask_on(tx, keys, case_id=ctx.case_id, intent_id=ctx.intent_id,
+                                   operation_id=ctx.row.operation_id, ttl=claim_ttl(ctx),
+                                   case_mode=case_held(ctx))
+
+        def settle() -> None:
+            """The claims' answers, read with the rest of ``prepared``'s (one round trip)."""
+            taken = dataclasses.replace(answer(), since=started)
+            with self._lock:  # may run again (a lost race is retried): the last run counts
+                self._pending[ctx.intent_id] = taken
+
+        tx.defer(settle)
 
     def after_prepared(self, ctx: CallContext) -> None:
         with self._lock:

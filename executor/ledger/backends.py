@@ -31,7 +31,7 @@ import os
 import re
 import sqlite3
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -93,6 +93,12 @@ class Backend(Registered):
     without the database checking it.
     """
 
+    failing_swap: ClassVar[bool] = False
+    """True when a statement can abort its transaction by itself (PostgreSQL: a division
+    by zero), so that a head swap that missed fails instead of answering "0 rows": the
+    append then queues COMMIT behind it, one round trip for the whole transaction, and
+    the failure comes back as an error :meth:`is_missed_swap` recognises."""
+
     now_sql: ClassVar[str] = ""
     """The store's clock as epoch seconds (coordination rows compare expiries on it)."""
     greatest: ClassVar[str] = "max"
@@ -128,6 +134,10 @@ class Backend(Registered):
 
     def is_driver_error(self, exc: BaseException) -> bool:
         """An error the driver raised (the store refused or failed), not a bug of ours."""
+        return False
+
+    def is_missed_swap(self, exc: BaseException) -> bool:
+        """The error of a failing head swap that missed (see :attr:`failing_swap`)."""
         return False
 
     def consistent_read_options(self) -> dict[str, Any]:
@@ -280,7 +290,9 @@ class SQLiteBackend(Backend, name="sqlite"):
             try:
                 conn.execute("BEGIN IMMEDIATE")
                 try:
-                    yield _SQLiteTx(self, conn)
+                    tx = _SQLiteTx(self, conn)
+                    yield tx
+                    tx.require_settled()
                     conn.execute("COMMIT")
                 except BaseException:
                     with contextlib.suppress(sqlite3.Error):
@@ -350,6 +362,7 @@ class PostgreSQLBackend(Backend, name="postgresql"):
     drivers = frozenset({"postgresql+psycopg"})
     row_lock = " FOR UPDATE"
     single_statement_append = True
+    failing_swap = True
     now_sql = "CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION)"
     greatest = "GREATEST"
     skip_locked = " FOR UPDATE SKIP LOCKED"
@@ -378,6 +391,7 @@ class PostgreSQLBackend(Backend, name="postgresql"):
                 if not durable:
                     conn.execute("SET LOCAL synchronous_commit TO OFF")
                 yield tx
+                tx.require_settled()
                 conn.execute("COMMIT")
         except BaseException as exc:
             tx._pipeline = None
@@ -387,7 +401,9 @@ class PostgreSQLBackend(Backend, name="postgresql"):
                     raise HotDisconnect(str(exc)) from exc
                 raise
             try:
-                conn.execute("ROLLBACK")
+                # psycopg's own rollback also forgets the statements it believes prepared:
+                # a pipeline aborted by an error skipped their Parse on the server
+                conn.rollback()
             except Exception:
                 conns.drop()
             raise
@@ -396,6 +412,9 @@ class PostgreSQLBackend(Backend, name="postgresql"):
 
     def is_unique_violation(self, exc: BaseException) -> bool:
         return getattr(exc, "sqlstate", None) == "23505"
+
+    def is_missed_swap(self, exc: BaseException) -> bool:
+        return getattr(exc, "sqlstate", None) == "22012"  # division_by_zero
 
     def is_driver_error(self, exc: BaseException) -> bool:
         import psycopg
@@ -622,9 +641,38 @@ class HotResult:
 
 
 class HotTx:
-    """One write (or read) transaction on a store, statements in ``:name`` style."""
+    """One write (or read) transaction on a store, statements in ``:name`` style.
+
+    A statement's result is read when asked for (:class:`HotResult`): on
+    PostgreSQL that is what lets several statements share one round trip.  A
+    writer that needs a result only to decide whether the transaction may
+    commit queues the statement and hands the decision to :meth:`defer`; the
+    owner of the transaction runs every deferred check, in order, with
+    :meth:`settle` before it commits (``Ledger.append``: the ``prepared``
+    append's key, budget slot and impact claims, one round trip instead of one
+    each).
+    """
 
     backend: Backend
+    _deferred: list[Callable[[], None]] | None = None
+
+    def defer(self, check: Callable[[], None]) -> None:
+        """Run ``check`` at :meth:`settle` (before COMMIT); it refuses by raising."""
+        if self._deferred is None:
+            self._deferred = []
+        self._deferred.append(check)
+
+    def settle(self) -> None:
+        """Every deferred check, in the order given (each may read its results)."""
+        checks, self._deferred = self._deferred or [], None
+        for check in checks:
+            check()
+
+    def require_settled(self) -> None:
+        """Before COMMIT: a deferred check never run would commit what it should judge."""
+        if self._deferred:
+            raise LedgerError(f"{len(self._deferred)} deferred check(s) of this transaction "
+                              "were never settled; nothing was committed")
 
     def run(self, sql: str, params: Mapping[str, Any] | None = None) -> HotResult:
         raise NotImplementedError
@@ -657,18 +705,23 @@ class _PgTx(HotTx):
         self.backend = backend
         self._conn = conn
         self._pipeline: Any = None
+        self._queued = False
 
     def run(self, sql: str, params: Mapping[str, Any] | None = None) -> HotResult:
         cur = self._conn.cursor()
         cur.execute(_pg_sql(sql), dict(params or {}))
+        self._queued = True
         return HotResult(self, cur)
 
     def run_many(self, sql: str, rows: Sequence[Mapping[str, Any]]) -> None:
         cur = self._conn.cursor()
         cur.executemany(_pg_sql(sql), [dict(r) for r in rows])
+        self._queued = True
 
     def sync(self) -> None:
-        if self._pipeline is not None:
+        """One round trip for everything queued since the last one (none if nothing was)."""
+        if self._pipeline is not None and self._queued:
+            self._queued = False
             self._pipeline.sync()
 
 

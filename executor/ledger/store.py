@@ -469,6 +469,8 @@ class Ledger:
         )
         self._hot = HotConnections(backend, url)
         self._head_sql = _HEAD + backend.row_lock
+        self._swap_sql = _SWAP_HEAD_OR_FAIL if backend.failing_swap else _SWAP_HEAD
+        """An append's head swap: one that fails when it missed, where the store can."""
         """The case row's read on an append, locked where the store has row locks."""
         self._heads: OrderedDict[str, StoredHead] = OrderedDict()
         self._verified: OrderedDict[str, StoredHead] = OrderedDict()
@@ -822,12 +824,24 @@ class Ledger:
         except _HeadMoved:
             self._remember(case_id, None)  # another writer moved it: read it, then again
             return None
+        except _CreateRaced:
+            # Two writers created the case at once (PostgreSQL: no row to lock yet): the
+            # other one's row is there now, so this one continues it.  With no row, events
+            # exist without their case -- the store was edited.
+            with self._hot.transaction(write=False) as tx:
+                if tx.run(_HEAD, {"case_id": case_id}).first() is None:
+                    raise self._damaged(tx, case_id) from None
+            self._remember(case_id, None)
+            return None
         except _ClaimLost as lost:
             owner = self.get_idempotency(lost.key)
             if owner is None:
                 return None  # released meanwhile (never: a claim is kept for good); again
             raise KeyAlreadyClaimed(owner) from None
         except Exception as exc:
+            if self._backend.is_missed_swap(exc):
+                self._remember(case_id, None)  # the failing swap missed: read it, then again
+                return None
             if not self._backend.is_unique_violation(exc):
                 raise
             if cached is not None:  # the head moved on past the cached one: read it, again
@@ -852,6 +866,33 @@ class Ledger:
         continuing: bool,
         cached: StoredHead | None,
     ) -> list[Event]:
+        """One append's transaction; a key refused while creating the case is
+        :class:`_CreateRaced` (another writer created it meanwhile, or the store lost the
+        case row: :meth:`_append_once` tells which)."""
+        creating: list[bool] = []
+        try:
+            return self._append_in_tx(case_id, specs, tried, suspect, claim, within, fence,
+                                      guard, durable, continuing, cached, creating)
+        except Exception as exc:
+            if creating and self._backend.is_unique_violation(exc):
+                raise _CreateRaced from exc
+            raise
+
+    def _append_in_tx(
+        self,
+        case_id: str,
+        specs: list[_Spec],
+        tried: dict[str, list[Event]],
+        suspect: dict[str, list[Event]] | None,
+        claim: KeyClaim | None,
+        within: Within | None,
+        fence: tuple[str, int] | None,
+        guard: Guard | None,
+        durable: bool,
+        continuing: bool,
+        cached: StoredHead | None,
+        creating: list[bool],
+    ) -> list[Event]:
         with self._hot.transaction(durable=durable) as tx:
             if cached is not None:
                 head: StoredHead | None = cached
@@ -860,30 +901,51 @@ class Ledger:
                 landed = _landed_hot(tx, case_id, suspect)
                 if landed is not None:
                     return landed
-            if claim is not None:
-                row = tx.run(_CLAIM_KEY, self._claim_row(case_id, claim)).first()
-                if row is None:
-                    raise _ClaimLost(claim.key)
-            if guard is not None:  # before anything is claimed: a refusal claims nothing
-                try:
-                    guard(self._state_of(case_id, head.snapshot)[0] if head else None)
-                except CapgateError:
-                    if cached is not None:
-                        raise _HeadMoved from None  # refuse only on the stored state
-                    raise
-            if within is not None:
-                within(tx)
-            new, written, rows = self._build(case_id, head, specs, fence,
-                                             self._closed_in(tx, case_id))
-            tried[new.digest] = written
             if head is None:
-                created = tx.run(_CREATE_CASE, _head_params(new))
-            else:
-                swapped = tx.run(_SWAP_HEAD, {**_head_params(new), "old_seq": head.seq,
-                                              "old_digest": head.digest,
-                                              "old_snapshot": head.snapshot})
-            tx.run_many(_INSERT_EVENT, rows)
-            ok = (created.first() is not None) if head is None else swapped.rowcount == 1
+                creating.append(True)
+            # The key's claim, the hooks' statements (budget slot, impact claims), the head
+            # swap and the events are queued, and their results read together (PostgreSQL:
+            # one round trip for them all); the decisions are taken in the order they
+            # always were -- a key another intent owns answers first, whatever else refuses.
+            claimed = tx.run(_CLAIM_KEY, self._claim_row(case_id, claim)) \
+                if claim is not None else None
+
+            def key_first() -> None:
+                if claim is not None and claimed is not None and claimed.first() is None:
+                    raise _ClaimLost(claim.key)
+
+            try:
+                if guard is not None:  # before anything is claimed: a refusal claims nothing
+                    try:
+                        guard(self._state_of(case_id, head.snapshot)[0] if head else None)
+                    except CapgateError:
+                        if cached is not None:
+                            raise _HeadMoved from None  # refuse only on the stored state
+                        raise
+                if within is not None:
+                    within(tx)
+                new, written, rows = self._build(case_id, head, specs, fence,
+                                                 self._closed_in(tx, case_id))
+                tried[new.digest] = written
+                if head is None:
+                    created = tx.run(_CREATE_CASE, _head_params(new))
+                else:
+                    swapped = tx.run(self._swap_sql, {**_head_params(new),
+                                                      "old_seq": head.seq,
+                                                      "old_digest": head.digest,
+                                                      "old_snapshot": head.snapshot})
+                tx.run_many(_INSERT_EVENT, rows)
+                key_first()
+                tx.settle()
+            except Exception as exc:  # a refusal (the guard's, a hook's): a lost key first
+                if not isinstance(exc, _HeadMoved | HotDisconnect) \
+                        and not self._backend.is_driver_error(exc):
+                    key_first()  # an identical call prepared first: its execution answers
+                raise
+            if head is None:
+                ok = created.first() is not None
+            else:  # a failing swap that missed aborts the transaction (see _append_once)
+                ok = self._backend.failing_swap or swapped.rowcount == 1
             if not ok:
                 raise _HeadMoved
         self._remember(case_id, StoredHead(new.seq, new.digest, new.snapshot), base=head,
@@ -1854,6 +1916,10 @@ class _HeadMoved(Exception):
     """Internal: the cached head was not the stored one; the attempt rolled back."""
 
 
+class _CreateRaced(Exception):
+    """Internal: an append that created the case met a key already taken (rolled back)."""
+
+
 class _ClaimLost(Exception):
     """Internal: the idempotency key is another intent's; the attempt rolled back."""
 
@@ -1882,6 +1948,9 @@ _SWAP_HEAD = ("UPDATE cg_cases SET snapshot = :snapshot, head_seq = :head_seq, "
               "head_digest = :head_digest, head_mac = :head_mac, updated_at = :updated_at "
               "WHERE case_id = :case_id AND head_seq = :old_seq AND head_digest = :old_digest "
               "AND snapshot = :old_snapshot")
+_SWAP_HEAD_OR_FAIL = f"WITH swapped AS ({_SWAP_HEAD} RETURNING 1) SELECT 1 / count(*) FROM swapped"
+""":data:`_SWAP_HEAD` that fails (division by zero) when it missed: see
+:attr:`~executor.ledger.backends.Backend.failing_swap`."""
 _CLAIM_KEY = ("INSERT INTO cg_idempotency (idem_key, case_id, intent_id, fingerprint, "
               "operation_id, version, created_at) VALUES (:idem_key, :case_id, :intent_id, "
               ":fingerprint, :operation_id, :version, :created_at) "
