@@ -716,6 +716,60 @@ class Counter:
         self.counts[self._name(conn)]["rollbacks"] += 1
 
 
+class RoundTrips:
+    """Round trips per driver connection, counted where psycopg waits for the server.
+
+    Outside a pipeline, ``psycopg.Connection.wait`` runs one exchange with the server
+    (a statement, BEGIN, COMMIT); in a pipeline (the PostgreSQL ledger's
+    transactions), statements are only queued and each ``sync`` -- and the exit,
+    which syncs -- is the round trip.  The ledger's connections are told apart by
+    their ``application_name`` (``capgate-ledger``).
+    """
+
+    def __init__(self) -> None:
+        self.ledger = 0
+        self.target = 0
+        self._saved: list[tuple[Any, str, Any]] = []
+
+    def _count(self, conn: Any) -> None:
+        if conn.info.parameter_status("application_name") == "capgate-ledger":
+            self.ledger += 1
+        else:
+            self.target += 1
+
+    def __enter__(self) -> RoundTrips:
+        counter = self
+        wait, sync = psycopg.Connection.wait, psycopg.Pipeline.sync
+        leave = psycopg.Pipeline.__exit__
+
+        def counted_wait(conn: Any, *args: Any, **kwargs: Any) -> Any:
+            if conn._pipeline is None:
+                counter._count(conn)
+            return wait(conn, *args, **kwargs)
+
+        def counted_sync(pipeline: Any) -> None:
+            counter._count(pipeline._conn)
+            sync(pipeline)
+
+        def counted_exit(pipeline: Any, *exc: Any) -> None:
+            counter._count(pipeline._conn)
+            leave(pipeline, *exc)
+
+        self._saved = [(psycopg.Connection, "wait", wait), (psycopg.Pipeline, "sync", sync),
+                       (psycopg.Pipeline, "__exit__", leave)]
+        for (owner, name, _), patched in zip(
+                self._saved, (counted_wait, counted_sync, counted_exit), strict=True):
+            setattr(owner, name, patched)  # counted, then put back at the end
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for owner, name, original in self._saved:
+            setattr(owner, name, original)
+
+    def reset(self) -> None:
+        self.ledger = self.target = 0
+
+
 def section_counts(scratch: Scratch, args: argparse.Namespace) -> dict[str, Any]:
     """Statements and ledger commits per call, averaged over ``--count-calls`` calls."""
     out: dict[str, Any] = {}
@@ -724,20 +778,24 @@ def section_counts(scratch: Scratch, args: argparse.Namespace) -> dict[str, Any]
         side = CapgateSide(scratch.config(ledger), 7 if ledger == "sqlite" else 8,
                            f"count-{ledger}", args.case_calls)
         counter = Counter()
+        trips = RoundTrips()
         try:
             counter.watch(side.gate.ledger.engine, "ledger")
             counter.watch_hot(side.gate.ledger._backend, "ledger")
             counter.watch(side.gate.connectors.get("bench").engine, "target")
-            for _ in range(args.case_calls):  # one whole case first: caches warm
-                side.call()
-            counter.reset()
-            sample: dict[str, list[str]] = {}
-            middle = args.case_calls // 2  # a call in the middle of a case, for the record
-            for i in range(n):
-                before = {name: len(s) for name, s in counter.statements.items()}
-                side.call()
-                if i == middle:
-                    sample = {name: s[before[name]:] for name, s in counter.statements.items()}
+            with trips:
+                for _ in range(args.case_calls):  # one whole case first: caches warm
+                    side.call()
+                counter.reset()
+                trips.reset()
+                sample: dict[str, list[str]] = {}
+                middle = args.case_calls // 2  # a call in the middle of a case, for the record
+                for i in range(n):
+                    before = {name: len(s) for name, s in counter.statements.items()}
+                    side.call()
+                    if i == middle:
+                        sample = {name: s[before[name]:]
+                                  for name, s in counter.statements.items()}
         finally:
             side.close()
         per = {name: {k: v / n for k, v in c.items()} for name, c in counter.counts.items()}
@@ -749,21 +807,26 @@ def section_counts(scratch: Scratch, args: argparse.Namespace) -> dict[str, Any]
             "ledger_commits": per["ledger"]["commits"],
             "ledger_durable_writes": durable,
             "other_statements": per.get("other", {}).get("statements", 0.0),
+            "target_round_trips": trips.target / n,
+            "ledger_round_trips": trips.ledger / n if ledger == "pg" else None,
             "calls": n,
             "sample_call": sample,
         }
     print(f"\n## statements per capgate call (mean of {n} calls after one warm case; "
           "SQLAlchemy events and the ledger's driver-level hot path; not timed)")
     print(f"{'ledger':<12} {'to target':>9} {'to ledger':>9} {'ledger commits':>15}"
-          f" {'of which wrote':>15}")
+          f" {'of which wrote':>15} {'target trips':>12} {'ledger trips':>12}")
     for ledger, label in (("sqlite", "SQLite"), ("pg", "PostgreSQL")):
         s = out[ledger]
+        trips_text = "-" if s["ledger_round_trips"] is None else f"{s['ledger_round_trips']:.1f}"
         print(f"{label:<12} {s['target_statements']:>9.1f} {s['ledger_statements']:>9.1f}"
-              f" {s['ledger_commits']:>15.1f} {s['ledger_durable_writes']:>15.1f}")
-    print("  raw psycopg: 2 statements (UPDATE, SELECT) + COMMIT (psycopg sends BEGIN itself)."
-          "  'ledger commits': write transactions committed (SQLAlchemy events + the hot path);"
-          " 'of which wrote': transactions that wrote + autocommit writes"
-          " (each a durable commit)")
+              f" {s['ledger_commits']:>15.1f} {s['ledger_durable_writes']:>15.1f}"
+              f" {s['target_round_trips']:>12.1f} {trips_text:>12}")
+    print("  raw psycopg: 2 statements (UPDATE, SELECT) + COMMIT (psycopg sends BEGIN itself):"
+          " 4 round trips.  'ledger commits': write transactions committed (SQLAlchemy events"
+          " + the hot path); 'of which wrote': transactions that wrote + autocommit writes"
+          " (each a durable commit); 'trips': round trips, counted where psycopg waits for"
+          " the server (the SQLite ledger is in-process: none)")
     return out
 
 
