@@ -105,7 +105,6 @@ import hashlib
 import os
 import socket
 import threading
-import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -205,8 +204,6 @@ class HeldClaim:
     expires_at: float
     release_on_observed: bool = False
     """True when taken by ``run_transaction`` itself (resume, compensation)."""
-    since: float | None = None
-    """``time.monotonic()`` before the claiming transaction began (see ``before_commit``)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"keys": dict(self.tokens), "expires_at": self.expires_at}
@@ -584,14 +581,13 @@ class ImpactClaims(CallHooks):
         if not self._wants(ctx):
             return
         keys = impact_keys(ctx.row, ctx.inputs, ctx.connector.environment)
-        started = time.monotonic()
         answer = self.store.ask_on(tx, keys, case_id=ctx.case_id, intent_id=ctx.intent_id,
                                    operation_id=ctx.row.operation_id, ttl=claim_ttl(ctx),
                                    case_mode=case_held(ctx))
 
         def settle() -> None:
             """The claims' answers, read with the rest of ``prepared``'s (one round trip)."""
-            taken = dataclasses.replace(answer(), since=started)
+            taken = answer()
             with self._lock:  # may run again (a lost race is retried): the last run counts
                 self._pending[ctx.intent_id] = taken
 
@@ -607,7 +603,6 @@ class ImpactClaims(CallHooks):
         if not self._wants(ctx) or self.held(ctx.intent_id) is not None:
             return
         keys = impact_keys(ctx.row, ctx.inputs, ctx.connector.environment)
-        started = time.monotonic()
         try:
             taken = self.store.acquire(keys, case_id=ctx.case_id, intent_id=ctx.intent_id,
                                        operation_id=ctx.row.operation_id, ttl=claim_ttl(ctx),
@@ -617,18 +612,20 @@ class ImpactClaims(CallHooks):
             raise
         with self._lock:
             self._held[ctx.intent_id] = dataclasses.replace(
-                taken, release_on_observed=not case_held(ctx), since=started)
+                taken, release_on_observed=not case_held(ctx))
 
     def before_commit(self, ctx: CallContext, conn: Connection) -> None:
         """Just before COMMIT: refuse (roll back) a write whose claim was taken over.
 
-        The target's fence row moves to our token first.  The ledger-side
-        renewal is needed only once the claim could have expired: while less
-        than half its lifetime has passed since it was taken (measured from
-        before the claiming transaction began, on this machine's monotonic
-        clock), no other case can have taken it over, and it still covers the
-        COMMIT by more than the fence margin -- a collapsed call's usual case,
-        which then sends nothing more to the ledger here.
+        The target's fence row moves to our token first (a newer token there:
+        another holder already wrote).  Then one read of the ledger, no commit,
+        confirms by the store's own clock that every key is still ours for the
+        fence margin past COMMIT: a key handed to another case by a coordination
+        decision (``override``, ``hand_over``), or one that expired early (the
+        store's clock stepped, its row was edited) and was taken over, is seen
+        here even though that holder has not written yet.  Only when the read
+        says no does a renewal transaction re-validate the tokens, extending
+        what is still ours and refusing (rolling back) when a key was lost.
         """
         claim = self.held(ctx.intent_id)
         if claim is None:
