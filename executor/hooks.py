@@ -79,7 +79,14 @@ class CallHooks:
         a new case); raise to refuse, or RetryOutside to do work outside and prepare again."""
 
     def within_prepared(self, ctx: CallContext, tx: HotTx) -> None:
-        """In the ``prepared`` transaction, on the ledger's connection; raising undoes it."""
+        """In the ``prepared`` transaction, on the ledger's connection; raising undoes it.
+
+        A hook that needs a statement's answer to decide should send the statement
+        and hand the decision to ``tx.defer(check)``: the ledger reads every answer
+        of ``prepared`` together (one round trip on PostgreSQL) and runs the checks
+        in the order they were deferred, after the idempotency key's own -- a check
+        that raises (RetryOutside included) refuses the whole transaction.
+        """
 
     def after_prepared(self, ctx: CallContext) -> None:
         """``prepared`` (and what ``within_prepared`` did) committed."""
