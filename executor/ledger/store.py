@@ -866,34 +866,8 @@ class Ledger:
         continuing: bool,
         cached: StoredHead | None,
     ) -> list[Event]:
-        """One append's transaction; a key refused while creating the case is
-        :class:`_CreateRaced` (another writer created it meanwhile, or the store lost the
-        case row: :meth:`_append_once` tells which)."""
-        creating: list[bool] = []
-        try:
-            return self._append_in_tx(case_id, specs, tried, suspect, claim, within, fence,
-                                      guard, durable, continuing, cached, creating)
-        except Exception as exc:
-            if creating and self._backend.is_unique_violation(exc):
-                raise _CreateRaced from exc
-            raise
-
-    def _append_in_tx(
-        self,
-        case_id: str,
-        specs: list[_Spec],
-        tried: dict[str, list[Event]],
-        suspect: dict[str, list[Event]] | None,
-        claim: KeyClaim | None,
-        within: Within | None,
-        fence: tuple[str, int] | None,
-        guard: Guard | None,
-        durable: bool,
-        continuing: bool,
-        cached: StoredHead | None,
-        creating: list[bool],
-    ) -> list[Event]:
-        with self._hot.transaction(durable=durable) as tx:
+        creating: list[bool] = []  # set when no case row was there: this append creates it
+        with self._creation_raced(creating), self._hot.transaction(durable=durable) as tx:
             if cached is not None:
                 head: StoredHead | None = cached
             else:
@@ -951,6 +925,18 @@ class Ledger:
         self._remember(case_id, StoredHead(new.seq, new.digest, new.snapshot), base=head,
                        verified=head is None)
         return written
+
+    @contextlib.contextmanager
+    def _creation_raced(self, creating: list[bool]) -> Iterator[None]:
+        """A key refused while the append creates its case is :class:`_CreateRaced`:
+        another writer created the case meanwhile, or the store lost the case row
+        (:meth:`_append_once` tells which)."""
+        try:
+            yield
+        except Exception as exc:
+            if creating and self._backend.is_unique_violation(exc):
+                raise _CreateRaced from exc
+            raise
 
     def _read_heads(self, tx: HotTx, case_ids: Sequence[str], *,
                     check: bool) -> dict[str, StoredHead]:
