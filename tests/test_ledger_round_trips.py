@@ -18,6 +18,7 @@ from typing import Any
 
 import psycopg
 import pytest
+import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
 from executor.call import Executor
@@ -238,11 +239,21 @@ def test_eight_processes_open_one_new_case_at_once(sqlite_url: URL,
     # a budget wait that ran out on a slow machine) -- never CG410
     assert not [a for a in answers if a.get("error") == "CG410"], answers
     outcomes = [a for a in answers if "status" in a]
-    assert outcomes and {a["status"] for a in outcomes} == {"applied_verified"}, answers
+    applied = [a for a in outcomes if a["status"] == "applied_verified"]
+    # (a rollback is a truthful outcome too: the SQLite target's write lock can time out)
+    assert applied and {a["status"] for a in outcomes} <= {"applied_verified", "rolled_back"}
     with open_ledger(pg_ledger_url) as led:
         assert led.verify("NEW-CASE").findings == ()
         prepared = [e for e in led.events("NEW-CASE") if e.kind == "prepared"]
         assert len(prepared) == len(outcomes)
+    engine = sa.create_engine(sqlite_url, poolclass=sa.pool.NullPool)
+    try:  # what each outcome says is what the target holds: one note per applied call
+        with engine.connect() as conn:
+            written = conn.execute(sa.text(
+                "SELECT count(*) FROM policy_note WHERE body LIKE 'note %'")).scalar_one()
+    finally:
+        engine.dispose()
+    assert written == len(applied), (written, answers)
 
 
 @pytest.mark.parametrize("store", ["sqlite", "postgresql"])
