@@ -469,9 +469,9 @@ class Ledger:
         )
         self._hot = HotConnections(backend, url)
         self._head_sql = _HEAD + backend.row_lock
+        """The case row's read on an append, locked where the store has row locks."""
         self._swap_sql = _SWAP_HEAD_OR_FAIL if backend.failing_swap else _SWAP_HEAD
         """An append's head swap: one that fails when it missed, where the store can."""
-        """The case row's read on an append, locked where the store has row locks."""
         self._heads: OrderedDict[str, StoredHead] = OrderedDict()
         self._verified: OrderedDict[str, StoredHead] = OrderedDict()
         self._states: OrderedDict[str, tuple[str, dict[str, Any], dict[str, str] | None]] = \
