@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -96,6 +97,26 @@ def registry() -> Registry:
     if _REGISTRY is None:
         _REGISTRY = load_registry([CAPABILITIES], check_lock=False)
     return _REGISTRY
+
+
+def in_threads(count: int, work: Callable[[int], None], *,
+               timeout: float | None = 60.0) -> list[BaseException]:
+    """Run ``work(0) .. work(count - 1)`` in ``count`` threads at once, wait for them all,
+    and return what they raised (empty: every one finished cleanly)."""
+    errors: list[BaseException] = []
+
+    def run(n: int) -> None:
+        try:
+            work(n)
+        except BaseException as exc:  # reported to the caller
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(n,)) for n in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    return errors
 
 
 def install_target(engine: sa.Engine) -> list[str]:

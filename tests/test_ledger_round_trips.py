@@ -11,7 +11,6 @@ a moved head still retries on the head as it is.  On real PostgreSQL and SQLite.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,7 @@ from sqlalchemy.engine import URL
 from executor.call import Executor
 from executor.ledger import open_ledger
 from registry.errors import LedgerError
-from tests.fix_capgate import make_executor
+from tests.fix_capgate import in_threads, make_executor
 
 NOTE = {"policy_id": 1, "author": "jdoe", "body": "A note."}
 
@@ -128,21 +127,12 @@ def test_a_stale_cached_head_misses_its_swap_and_appends_on_the_stored_one(
 
 def test_appends_from_eight_threads_and_two_ledgers_never_fork(pg_ledger_url: URL) -> None:
     with open_ledger(pg_ledger_url) as a, open_ledger(pg_ledger_url) as b:
-        errors: list[BaseException] = []
 
         def work(n: int) -> None:
-            try:
-                for i in range(12):
-                    (a, b)[n % 2].append("busy", "note", {"thread": n, "i": i})
-            except BaseException as exc:  # reported below
-                errors.append(exc)
+            for i in range(12):
+                (a, b)[n % 2].append("busy", "note", {"thread": n, "i": i})
 
-        threads = [threading.Thread(target=work, args=(n,)) for n in range(8)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        assert errors == []
+        assert in_threads(8, work) == []
         events = a.events("busy")
         assert len(events) == 96 and [e.seq for e in events] == list(range(96))
         assert a.verify("busy").findings == ()
@@ -268,31 +258,23 @@ def test_four_ledgers_sixteen_threads_every_kind_of_append(
     url = f"sqlite:///{tmp_path / 'l.db'}" if store == "sqlite" \
         else request.getfixturevalue("pg_ledger_url")
     ledgers = [open_ledger(url) for _ in range(4)]
-    errors: list[BaseException] = []
     cases = [f"case-{c}" for c in range(5)]
 
     def work(n: int) -> None:
         led = ledgers[n % 4]
-        try:
-            for i in range(10):
-                case = cases[(n + i) % len(cases)]
-                if i % 3 == 0:
-                    led.append(case, "note", {"n": n, "i": i})
-                elif i % 3 == 1:
-                    led.append_many(case, [("note", {"n": n, "i": i, "part": 0}, None),
-                                           ("note", {"n": n, "i": i, "part": 1}, None)])
-                else:
-                    led.append_each([(c, "note", {"n": n, "i": i, "bulk": c}, None)
-                                     for c in cases[:3]])
-        except BaseException as exc:  # reported below
-            errors.append(exc)
+        for i in range(10):
+            case = cases[(n + i) % len(cases)]
+            if i % 3 == 0:
+                led.append(case, "note", {"n": n, "i": i})
+            elif i % 3 == 1:
+                led.append_many(case, [("note", {"n": n, "i": i, "part": 0}, None),
+                                       ("note", {"n": n, "i": i, "part": 1}, None)])
+            else:
+                led.append_each([(c, "note", {"n": n, "i": i, "bulk": c}, None)
+                                 for c in cases[:3]])
 
-    threads = [threading.Thread(target=work, args=(n,)) for n in range(16)]
     try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        errors = in_threads(16, work)
         assert errors == [], errors[:3]
         expected = 16 * (4 * 1 + 3 * 2) + 16 * 3 * 3  # singles, pairs, bulk x 3 cases
         total = 0

@@ -27,6 +27,7 @@ from executor.ledger.chain import canonical_text
 from executor.ledger.migrate import MIGRATIONS, head_of_scripts
 from executor.ledger.schema import HEAD_REVISION, metadata
 from registry.errors import AnchorMismatch, LedgerNotMigrated, LedgerTampered
+from tests.fix_capgate import in_threads
 from tests.fix_db import engine_params, fresh_pg, require_server
 
 KEY = b"test-ledger-v2-key"
@@ -596,26 +597,17 @@ def test_intents_many_is_intents_of_each_case(ledger_url: URL) -> None:
 
 def test_append_each_from_eight_threads_on_overlapping_cases(ledger_url: URL) -> None:
     """Batches that share cases serialise (one lock order): no deadlock, nothing lost."""
-    import threading
 
     with open_ledger(ledger_url) as led:
         cases = [f"t{i}" for i in range(12)]
         for case in cases:
             led.append(case, "noted", {"case_state": {"n": 0}})
-        errors: list[BaseException] = []
 
         def work(k: int) -> None:
-            try:
-                mine = cases[k % 4:] + cases[:k % 4]  # different orders, the same cases
-                led.append_each([(c, "noted", {"case_state": {"by": k}}, None) for c in mine])
-            except BaseException as exc:  # reported below
-                errors.append(exc)
+            mine = cases[k % 4:] + cases[:k % 4]  # different orders, the same cases
+            led.append_each([(c, "noted", {"case_state": {"by": k}}, None) for c in mine])
 
-        threads = [threading.Thread(target=work, args=(k,)) for k in range(8)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
+        errors = in_threads(8, work)
         assert not errors, errors
         for case in cases:
             assert len(led.events(case)) == 9  # its first event and one from each thread
