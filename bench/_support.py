@@ -10,7 +10,10 @@ module has its own copies of the little they need:
 * ``fresh_pg``: a PostgreSQL schema of its own, dropped afterwards;
 * ``prepare_lab``: capgate's tables and the lab tables in a target;
 * ``run_workers``: ``lab.bump`` calls in worker processes (this file, run as
-  ``python bench/_support.py worker SPEC_JSON``), retrying impact conflicts.
+  ``python bench/_support.py worker SPEC_JSON``), retrying impact conflicts;
+* ``RoundTrips``: round trips to the target and to a PostgreSQL ledger, counted where
+  psycopg waits for the server (``bench/call_cost.py`` prints them, and
+  ``tests/test_ledger_round_trips.py`` asserts them with the same counter).
 """
 
 from __future__ import annotations
@@ -237,6 +240,62 @@ def run_workers(target: URL | str, ledger: URL | str, calls: Sequence[Sequence[A
         results.append(json.loads(out.strip().splitlines()[-1]))
     return results
 
+
+
+class RoundTrips:
+    """Round trips per driver connection, counted where psycopg waits for the server.
+
+    Outside a pipeline, ``psycopg.Connection.wait`` runs one exchange with the server
+    (a statement, BEGIN, COMMIT); in a pipeline (the PostgreSQL ledger's
+    transactions), statements are only queued and each ``sync`` -- and the exit,
+    which syncs -- is the round trip.  The ledger's connections are told apart by
+    their ``application_name`` (``capgate-ledger``).
+    """
+
+    def __init__(self) -> None:
+        self.ledger = 0
+        self.target = 0
+        self._saved: list[tuple[Any, str, Any]] = []
+
+    def _count(self, conn: Any) -> None:
+        if conn.info.parameter_status("application_name") == "capgate-ledger":
+            self.ledger += 1
+        else:
+            self.target += 1
+
+    def __enter__(self) -> RoundTrips:
+        import psycopg
+
+        counter = self
+        wait, sync = psycopg.Connection.wait, psycopg.Pipeline.sync
+        leave = psycopg.Pipeline.__exit__
+
+        def counted_wait(conn: Any, *args: Any, **kwargs: Any) -> Any:
+            if conn._pipeline is None:
+                counter._count(conn)
+            return wait(conn, *args, **kwargs)
+
+        def counted_sync(pipeline: Any) -> None:
+            counter._count(pipeline._conn)
+            sync(pipeline)
+
+        def counted_exit(pipeline: Any, *exc: Any) -> None:
+            counter._count(pipeline._conn)
+            leave(pipeline, *exc)
+
+        self._saved = [(psycopg.Connection, "wait", wait), (psycopg.Pipeline, "sync", sync),
+                       (psycopg.Pipeline, "__exit__", leave)]
+        for (owner, name, _), patched in zip(
+                self._saved, (counted_wait, counted_sync, counted_exit), strict=True):
+            setattr(owner, name, patched)  # counted, then put back at the end
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for owner, name, original in self._saved:
+            setattr(owner, name, original)
+
+    def reset(self) -> None:
+        self.ledger = self.target = 0
 
 if __name__ == "__main__":
     mode, raw = sys.argv[1], sys.argv[2]

@@ -83,6 +83,8 @@ import sqlalchemy as sa
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from _support import RoundTrips  # noqa: E402
+
 import capgate  # noqa: E402
 from executor.target import install_at  # noqa: E402
 from registry.loader import update_lock  # noqa: E402
@@ -714,60 +716,6 @@ class Counter:
     def _rollback(self, conn: sa.Connection) -> None:
         conn.info.pop("bench_wrote", None)
         self.counts[self._name(conn)]["rollbacks"] += 1
-
-
-class RoundTrips:
-    """Round trips per driver connection, counted where psycopg waits for the server.
-
-    Outside a pipeline, ``psycopg.Connection.wait`` runs one exchange with the server
-    (a statement, BEGIN, COMMIT); in a pipeline (the PostgreSQL ledger's
-    transactions), statements are only queued and each ``sync`` -- and the exit,
-    which syncs -- is the round trip.  The ledger's connections are told apart by
-    their ``application_name`` (``capgate-ledger``).
-    """
-
-    def __init__(self) -> None:
-        self.ledger = 0
-        self.target = 0
-        self._saved: list[tuple[Any, str, Any]] = []
-
-    def _count(self, conn: Any) -> None:
-        if conn.info.parameter_status("application_name") == "capgate-ledger":
-            self.ledger += 1
-        else:
-            self.target += 1
-
-    def __enter__(self) -> RoundTrips:
-        counter = self
-        wait, sync = psycopg.Connection.wait, psycopg.Pipeline.sync
-        leave = psycopg.Pipeline.__exit__
-
-        def counted_wait(conn: Any, *args: Any, **kwargs: Any) -> Any:
-            if conn._pipeline is None:
-                counter._count(conn)
-            return wait(conn, *args, **kwargs)
-
-        def counted_sync(pipeline: Any) -> None:
-            counter._count(pipeline._conn)
-            sync(pipeline)
-
-        def counted_exit(pipeline: Any, *exc: Any) -> None:
-            counter._count(pipeline._conn)
-            leave(pipeline, *exc)
-
-        self._saved = [(psycopg.Connection, "wait", wait), (psycopg.Pipeline, "sync", sync),
-                       (psycopg.Pipeline, "__exit__", leave)]
-        for (owner, name, _), patched in zip(
-                self._saved, (counted_wait, counted_sync, counted_exit), strict=True):
-            setattr(owner, name, patched)  # counted, then put back at the end
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for owner, name, original in self._saved:
-            setattr(owner, name, original)
-
-    def reset(self) -> None:
-        self.ledger = self.target = 0
 
 
 def section_counts(scratch: Scratch, args: argparse.Namespace) -> dict[str, Any]:

@@ -15,62 +15,17 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
+from bench._support import RoundTrips
 from executor.call import Executor
 from executor.ledger import open_ledger
 from registry.errors import LedgerError
 from tests.fix_capgate import in_threads, make_executor
 
 NOTE = {"policy_id": 1, "author": "jdoe", "body": "A note."}
-
-
-class RoundTrips:
-    """Round trips of the ledger's driver connections: every pipeline sync and exit, and
-    every statement sent outside a pipeline, by the thread that sent it."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.count = 0
-        self.on = False
-        counter = self
-        sync, leave = psycopg.Pipeline.sync, psycopg.Pipeline.__exit__
-
-        def counted_sync(pipeline: Any) -> None:
-            if counter.on and counter._ledger(pipeline._conn):
-                counter.count += 1
-            sync(pipeline)
-
-        def counted_exit(pipeline: Any, *exc: Any) -> None:
-            if counter.on and counter._ledger(pipeline._conn):
-                counter.count += 1
-            leave(pipeline, *exc)
-
-        execute = psycopg.Cursor.execute
-
-        def counted_execute(cursor: Any, *args: Any, **kwargs: Any) -> Any:
-            conn = cursor.connection
-            if counter.on and counter._ledger(conn) and conn._pipeline is None:
-                counter.count += 1
-            return execute(cursor, *args, **kwargs)
-
-        monkeypatch.setattr(psycopg.Pipeline, "sync", counted_sync)
-        monkeypatch.setattr(psycopg.Pipeline, "__exit__", counted_exit)
-        monkeypatch.setattr(psycopg.Cursor, "execute", counted_execute)
-
-    @staticmethod
-    def _ledger(conn: Any) -> bool:
-        return bool(conn.info.parameter_status("application_name") == "capgate-ledger")
-
-    def during(self, run: Callable[[], Any]) -> int:
-        self.count, self.on = 0, True
-        try:
-            run()
-        finally:
-            self.on = False
-        return self.count
 
 
 @pytest.fixture
@@ -85,30 +40,31 @@ def pg_gate(sqlite_url: URL, pg_ledger_url: URL) -> Iterator[Executor]:
 def test_a_call_costs_the_postgresql_ledger_four_round_trips(
         pg_gate: Executor, monkeypatch: pytest.MonkeyPatch) -> None:
     """prepared 2 (every answer, then COMMIT), the claims' re-check before COMMIT 1,
-    observed 1 -- it was 5 + 1 + 2 before the checks were deferred and the swap failed."""
-    trips = RoundTrips(monkeypatch)
+    observed 1 -- it was 5 + 1 + 2 before the checks were deferred and the swap failed.
+    Counted with the bench's own counter (``bench/_support.py``), so this is also what
+    ``bench/call_cost.py`` prints."""
     for policy in (1, 2, 3):  # warm: the case exists, its head is cached, slots seeded
         assert pg_gate.call("policy.add_note", {**NOTE, "policy_id": policy}, case="RT",
                             who="agent").status == "applied_verified"
     seen: dict[str, int] = {}
     from executor import boundaries
     prepared, observed = boundaries.prepared, boundaries.observed
+    with RoundTrips() as trips:
 
-    def counting(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-        def run(*args: Any, **kwargs: Any) -> Any:
-            before = trips.count
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                seen[name] = seen.get(name, 0) + trips.count - before
-        return run
+        def counting(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+            def run(*args: Any, **kwargs: Any) -> Any:
+                before = trips.ledger
+                try:
+                    return fn(*args, **kwargs)
+                finally:
+                    seen[name] = seen.get(name, 0) + trips.ledger - before
+            return run
 
-    monkeypatch.setattr(boundaries, "prepared", counting("prepared", prepared))
-    monkeypatch.setattr(boundaries, "observed", counting("observed", observed))
-    total = trips.during(lambda: pg_gate.call("policy.add_note", {**NOTE, "policy_id": 5},
-                                              case="RT", who="agent"))
+        monkeypatch.setattr(boundaries, "prepared", counting("prepared", prepared))
+        monkeypatch.setattr(boundaries, "observed", counting("observed", observed))
+        pg_gate.call("policy.add_note", {**NOTE, "policy_id": 5}, case="RT", who="agent")
     assert seen == {"prepared": 2, "observed": 1}, seen
-    assert total == 4, (total, seen)
+    assert trips.ledger == 4, (trips.ledger, seen)
 
 
 def test_a_stale_cached_head_misses_its_swap_and_appends_on_the_stored_one(
