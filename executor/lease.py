@@ -27,9 +27,10 @@ transaction is open, and it is enforced three times:
    is a constant ``IDLE_GRACE_SECONDS``, because the server counts it from the
    end of the last statement.  So a hung executor (SIGSTOP, a partition) --
    whose watchdog is stopped too -- loses its session and its row locks within
-   a second of the deadline, whether it stopped before, during or after a
-   statement.  A SIGKILLed executor's socket is closed by its kernel: the
-   server rolls back at once.
+   ``Dialect.locks_gone_after_deadline()`` of the deadline (1 s; 1.25 s on
+   MariaDB), whether it stopped before, during or after a statement.  A
+   SIGKILLed executor's socket is closed by its kernel: the server rolls back
+   at once.
 3. **The ledger.**  ``lease_started`` records the deadline (wall clock and
    epoch) before the first step; ``lease_released`` or ``lease_expired``
    (naming the step that was running at the deadline) follows the COMMIT or

@@ -279,6 +279,23 @@ class Dialect(Registered):
     """Whether a key an INSERT drew from a sequence or identity stays consumed after a
     ROLLBACK (PostgreSQL, MariaDB and Oracle: yes; SQLite reuses the rowid)."""
 
+    # --- a hung executor's locks ------------------------------------------------
+
+    idle_grace_seconds: ClassVar[float] = IDLE_GRACE_SECONDS
+    """The idle timeout this engine arms on a write transaction (see
+    :data:`IDLE_GRACE_SECONDS`); an engine whose setting counts coarser says so."""
+
+    @classmethod
+    def locks_gone_after_deadline(cls) -> float:
+        """Seconds past its deadline by which a stopped executor's transaction is over.
+
+        Its last statement ends by the deadline plus :data:`REARM_AFTER_SECONDS`
+        (the statement timeout is the time left, re-armed that often), and the
+        server ends the idle session :attr:`idle_grace_seconds` after it.  The lease
+        sweeper's margin must not be shorter than this.
+        """
+        return REARM_AFTER_SECONDS + cls.idle_grace_seconds
+
     def has_returning(self, verb: str, *, check: bool = False) -> bool:
         """Whether an ``verb`` (INSERT, UPDATE, DELETE) statement can return its keys here."""
         ok = verb in self.returning_verbs

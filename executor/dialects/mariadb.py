@@ -70,20 +70,23 @@ class MariadbDialect(Dialect, name="mariadb", aliases=("mysql",)):
     def sql(self, text: str, tag: SessionTag | None) -> str:
         return tag.comment() + text if tag is not None else text
 
+    # idle_transaction_timeout counts from the end of the last statement and takes
+    # whole seconds, 0 meaning never: 1, whatever the deadline (base.IDLE_GRACE_SECONDS)
+    idle_grace_seconds: ClassVar[float] = 1.0
+
     def _set_timeouts(self, conn: sa.Connection, timeout_s: float,
                       lock_timeout_s: float | None) -> None:
-        # idle_transaction_timeout counts from the end of the last statement and takes
-        # whole seconds: 1, whatever the deadline (executor.dialects.base.IDLE_GRACE_SECONDS)
         conn.exec_driver_sql(
             "SET SESSION max_statement_time = %s, innodb_lock_wait_timeout = %s,"
-            " idle_transaction_timeout = 1",
-            (float(timeout_s), max(1, math.ceil(lock_timeout_s or timeout_s))),
+            " idle_transaction_timeout = %s",
+            (float(timeout_s), max(1, math.ceil(lock_timeout_s or timeout_s)),
+             int(self.idle_grace_seconds)),
         )
 
     def arm_deadline(self, raw: Any, left: float) -> None:
         with raw.cursor() as cursor:
-            cursor.execute("SET SESSION max_statement_time = %s, idle_transaction_timeout = 1",
-                           (round(left + REARM_AFTER_SECONDS, 3),))
+            cursor.execute("SET SESSION max_statement_time = %s, idle_transaction_timeout = %s",
+                           (round(left + REARM_AFTER_SECONDS, 3), int(self.idle_grace_seconds)))
 
     def open_write(self, conn: sa.Connection, tag: SessionTag, timeout_s: float,
                    lock_timeout_s: float | None) -> TxIdentity:

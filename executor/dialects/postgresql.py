@@ -18,7 +18,6 @@ from typing import Any, ClassVar
 import sqlalchemy as sa
 
 from executor.dialects.base import (
-    IDLE_GRACE_SECONDS,
     MARKER_TABLE,
     POLL_SECONDS,
     REARM_AFTER_SECONDS,
@@ -109,7 +108,7 @@ class PostgresqlDialect(Dialect, name="postgresql", aliases=("postgres",)):
             "lt": _ms(lock_timeout_s if lock_timeout_s is not None else timeout_s),
             # the idle timeout counts from the end of the last statement: it stays small
             # whatever the deadline (see executor.dialects.base.IDLE_GRACE_SECONDS)
-            "it": _ms(min(timeout_s, IDLE_GRACE_SECONDS)),
+            "it": _ms(min(timeout_s, self.idle_grace_seconds)),
         }
         self.start_deadline(conn, timeout_s)
         if not conn.in_transaction():
@@ -149,7 +148,7 @@ class PostgresqlDialect(Dialect, name="postgresql", aliases=("postgres",)):
     def arm_deadline(self, raw: Any, left: float) -> None:
         raw.execute("SELECT set_config('statement_timeout', %s, true),"
                     " set_config('idle_in_transaction_session_timeout', %s, true)",
-                    (_ms(left + REARM_AFTER_SECONDS), _ms(min(left, IDLE_GRACE_SECONDS))))
+                    (_ms(left + REARM_AFTER_SECONDS), _ms(min(left, self.idle_grace_seconds))))
 
     def begin_read(self, conn: sa.Connection, tag: SessionTag, timeout_s: float) -> None:
         conn.execute(sa.text("SET TRANSACTION READ ONLY"))
