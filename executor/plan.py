@@ -25,6 +25,37 @@ def binds_for(sql: str, inputs: Mapping[str, Any]) -> dict[str, Any]:
     return {name: inputs.get(name) for name in binds_of(sql)}
 
 
+_EXACT_INT = 2**53
+"""Integral floats up to this magnitude are the integers they equal (IEEE-754 doubles)."""
+
+
+def key_value(value: Any) -> Any:
+    """``value`` as it enters a key: a number the way JSON knows it, whatever its type.
+
+    ``1`` and ``1.0`` are one JSON number (RFC 8785 writes both as ``1``, so the
+    request's fingerprint is the same), but Python prints them differently -- and
+    a key printed from ``1.0`` would be another key: a retry sending ``1.0`` would
+    not find the first call's idempotency key and write again, and another case
+    would not meet the first one's impact claim.  So an integral float (within
+    2^53, where it is exact) is its int here, in lists and objects too, and a
+    tuple is the list JSON makes of it; every other value is left as it is, so
+    keys of other inputs print as they always have.  The binds keep the caller's
+    values: ``:amount / 3`` must compute what the caller sent.
+    """
+    kind = type(value)
+    if kind is float:
+        return int(value) if value.is_integer() and abs(value) <= _EXACT_INT else value
+    if kind is list or kind is tuple:
+        return [key_value(item) for item in value]
+    if kind is dict:
+        return {key: key_value(item) for key, item in value.items()}
+    return value
+
+
+def _key_text(inputs: Mapping[str, Any], name: str) -> str:
+    return str(key_value(inputs.get(name)))
+
+
 def impact_keys(row: Row, inputs: Mapping[str, Any], environment: str) -> list[str]:
     """environment/system/object/key=value...: what two cases must not write at once.
 
@@ -35,7 +66,7 @@ def impact_keys(row: Row, inputs: Mapping[str, Any], environment: str) -> list[s
     product version, account or route collide although their objects differ.
     """
     parts = [environment, row.target.system, row.target.object]
-    keys = [f"{k}={inputs.get(k)!s}" for k in row.target.keys]
+    keys = [f"{k}={_key_text(inputs, k)}" for k in row.target.keys]
     out = ["/".join(parts + keys)]
     if row.target.dimensions:
         out.extend(dimension_keys(row, inputs, environment))
@@ -52,20 +83,20 @@ def dimension_keys(row: Row, inputs: Mapping[str, Any], environment: str) -> lis
     base = f"{environment}/{row.target.system}"
     out: list[str] = []
     if "product" in named:
-        key = f"{base}/product={inputs.get(named['product'])!s}"
+        key = f"{base}/product={_key_text(inputs, named['product'])}"
         if "version" in named:
-            key += f"/version={inputs.get(named['version'])!s}"
+            key += f"/version={_key_text(inputs, named['version'])}"
         out.append(key)
     for dimension in ("account", "route"):
         if dimension in named:
-            out.append(f"{base}/{dimension}={inputs.get(named[dimension])!s}")
+            out.append(f"{base}/{dimension}={_key_text(inputs, named[dimension])}")
     return out
 
 
 def idempotency_key(row: Row, inputs: Mapping[str, Any], case_id: str) -> str | None:
     if row.idempotency_key is None:
         return None
-    values = {**{k: v for k, v in inputs.items()}, "case": case_id,
+    values = {**{k: key_value(v) for k, v in inputs.items()}, "case": case_id,
               "operation_id": row.operation_id, "version": row.version}
     return row.idempotency_key.format_map(_Missing(values))
 

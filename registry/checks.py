@@ -218,11 +218,20 @@ def check_row(ctx: RowContext, declared_connectors: set[str]) -> list[Problem]:
     template = row.get("idempotency_key")
     if template is not None:
         try:
-            fields = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
+            parsed = [(f, spec, conv) for _, f, spec, conv in string.Formatter().parse(template)
+                      if f is not None]
         except ValueError as exc:
             out.append(ctx.at(("idempotency_key",), UNKNOWN_KEY_FIELD.code,
                               f"malformed template: {exc}"))
-            fields = []
+            parsed = []
+        fields = [f for f, _, _ in parsed]
+        for name, spec, conversion in parsed:
+            # a key is the input's value as text; a format spec would fail on some values
+            # (`{id:05d}` on a string) and a conversion would make one value two keys
+            if spec or conversion:
+                out.append(ctx.at(("idempotency_key",), UNKNOWN_KEY_FIELD.code,
+                                  f"template field {{{name}}} takes no format spec or "
+                                  f"conversion (found {template[:80]!r}); write {{{name}}}"))
         for name in fields:
             if name not in props and name not in KEY_BUILTINS:
                 shown = name if name.isidentifier() else repr(name)

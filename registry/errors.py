@@ -379,10 +379,11 @@ class MissingApproverRoles(RegistryError, code="CG115"):
 
 
 class UnknownKeyField(RegistryError, code="CG116"):
-    """The ``idempotency_key`` template names a field that is not an input.
+    """The ``idempotency_key`` template names a field that is not an input, or formats one.
 
     Allowed fields are ``{case}``, ``{operation_id}``, ``{version}`` and the
-    row's input properties.
+    row's input properties, each written bare: no format spec (``{id:05d}``) and
+    no conversion (``{id!r}``).
     """
 
 

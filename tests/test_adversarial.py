@@ -1131,7 +1131,9 @@ def test_validate_warns_on_unbounded_string_inputs() -> None:
 
 
 def test_cli_inputs_at_the_limits_are_usage_errors(tmp_path: Path) -> None:
-    """Item 16: a missing @file and JSON nested 100,000 deep are CG900 (exit 2), not bugs."""
+    """Item 16: a missing @file and JSON nested 100,000 deep are CG900 (exit 2), not bugs;
+    so is an object naming a key twice (JSON leaves it to the reader, Python keeps the
+    last: the request read on the command line would not be the one that ran)."""
     import contextlib
     import io
     import json
@@ -1143,13 +1145,18 @@ def test_cli_inputs_at_the_limits_are_usage_errors(tmp_path: Path) -> None:
                       f'capabilities = ["{CAPABILITIES_DIR}"]\n'
                       f'[connectors.insurance]\nurl = "sqlite:///{tmp_path / "t.db"}"\n'
                       'environment = "dev"\n')
-    for raw in (f"@{tmp_path / 'missing.json'}", "[" * 100_000 + "]" * 100_000):
+    duplicated = tmp_path / "twice.json"
+    duplicated.write_text('{"policy_id": 1, "nested": {"a": 1, "a": 2}}', "utf-8")
+    for raw in (f"@{tmp_path / 'missing.json'}", "[" * 100_000 + "]" * 100_000,
+                '{"policy_id": 1, "policy_id": 2}', f"@{duplicated}"):
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
             code = main(["call", "policy.get", "--input", raw, "--case", "C-cli", "--as",
                          "agent", "--json", "--config", str(config)])
         assert code == errors.EXIT_USAGE, out.getvalue()
         assert json.loads(out.getvalue())["code"] == "CG900"
+        if "twice" in raw or raw.startswith("{"):
+            assert "twice" in json.loads(out.getvalue())["message"], out.getvalue()
     assert not (tmp_path / "l.db").exists() or True
 
 

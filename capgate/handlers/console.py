@@ -14,6 +14,7 @@ import re
 from typing import Any
 
 from registry.errors import UsageError
+from registry.excerpt import cut, excerpt
 
 
 def emit(args: argparse.Namespace, payload: Any, text: str | None = None) -> None:
@@ -42,6 +43,25 @@ def caller(args: argparse.Namespace, doing: str = "is calling") -> str:
     return str(who)
 
 
+class _DuplicateKey(ValueError):
+    """One object of ``--input`` names a key twice."""
+
+
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``object_pairs_hook``: an object, refused when it names a key twice.
+
+    JSON leaves duplicate keys to the reader, and Python keeps the last: the
+    request a reviewer reads on the command line (the first) would not be the
+    one that runs.
+    """
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
+
+
 def read_inputs(raw: str) -> dict[str, Any]:
     """``--input``: a JSON object, or ``@FILE`` holding one; every mistake is a usage error."""
     if raw.startswith("@"):
@@ -54,9 +74,12 @@ def read_inputs(raw: str) -> dict[str, Any]:
         except UnicodeDecodeError:
             raise UsageError(f"--input {raw}: the file is not UTF-8 text", path=raw[1:]) from None
     try:
-        value = json.loads(raw)
+        value = json.loads(raw, object_pairs_hook=_unique_pairs)
     except json.JSONDecodeError as exc:
         raise UsageError(f"--input is not valid JSON: {exc}") from None
+    except _DuplicateKey as exc:
+        raise UsageError(f"--input names the key {excerpt(str(exc), 60)} twice in one "
+                         "object; say it once", key=cut(str(exc), 60)) from None
     except RecursionError:
         raise UsageError("--input is nested too deeply to read") from None
     if not isinstance(value, dict):
