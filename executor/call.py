@@ -40,6 +40,7 @@ from executor.context import (
     crash_point,
     now_utc,
     validate_input,
+    validated_inputs,
 )
 from executor.gaps import record_gap
 from executor.grants import Grants
@@ -178,7 +179,7 @@ class Executor:
         """
         row, connector = self._resolve_or_gap(operation_id, version, case, who, inputs,
                                               venue)
-        validate_input(row, inputs, self.max_request_bytes)
+        inputs, _ = validated_inputs(row, inputs, self.max_request_bytes)
         self.grants.check_call(who, row, connector.name, connector.environment)
         plan = gates.with_promotion(self.rt, render(
             row, inputs, connector.name, connector.environment, case=case, requester=who),
@@ -229,8 +230,7 @@ class Executor:
         """
         row, connector = self._resolve_or_gap(operation_id, version, case, who, inputs,
                                               venue)
-        inputs = dict(inputs)
-        inputs_text = validate_input(row, inputs, self.max_request_bytes)
+        inputs, inputs_text = validated_inputs(row, inputs, self.max_request_bytes)
         self.grants.check_call(who, row, connector.name, connector.environment)
         plan = render(row, inputs, connector.name, connector.environment, case=case,
                       requester=who, inputs_text=inputs_text)

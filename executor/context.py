@@ -172,6 +172,21 @@ def validate_input(row: Row, inputs: Mapping[str, Any],
     return canonical.decode("utf-8")
 
 
+def validated_inputs(row: Row, inputs: Mapping[str, Any],
+                     max_bytes: int = MAX_REQUEST_BYTES) -> tuple[dict[str, Any], str]:
+    """:func:`validate_input`, and the inputs as the ledger records them, with their text.
+
+    The record is canonical JSON, where ``2.0`` is the number ``2`` and a tuple a
+    list; a resumed retry binds what the record holds.  So every attempt binds
+    that -- the first one too -- and ``:amount / 3`` computes the same on each.
+    """
+    import json
+
+    text = validate_input(row, inputs, max_bytes)
+    recorded: dict[str, Any] = json.loads(text)
+    return recorded, text
+
+
 def _check_contract(row: Row, inputs: Mapping[str, Any]) -> None:
     """The row's JSON Schema: a quick compiled "valid", else jsonschema's verdict."""
     schema_json = _schema_json(row)

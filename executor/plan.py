@@ -12,6 +12,7 @@ identity.
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -25,26 +26,23 @@ def binds_for(sql: str, inputs: Mapping[str, Any]) -> dict[str, Any]:
     return {name: inputs.get(name) for name in binds_of(sql)}
 
 
-_EXACT_INT = 2**53
-"""Integral floats up to this magnitude are the integers they equal (IEEE-754 doubles)."""
-
-
 def key_value(value: Any) -> Any:
-    """``value`` as it enters a key: a number the way JSON knows it, whatever its type.
+    """``value`` as it enters a key: as JSON knows it, whatever its Python type.
 
     ``1`` and ``1.0`` are one JSON number (RFC 8785 writes both as ``1``, so the
     request's fingerprint is the same), but Python prints them differently -- and
     a key printed from ``1.0`` would be another key: a retry sending ``1.0`` would
     not find the first call's idempotency key and write again, and another case
-    would not meet the first one's impact claim.  So an integral float (within
-    2^53, where it is exact) is its int here, in lists and objects too, and a
-    tuple is the list JSON makes of it; every other value is left as it is, so
-    keys of other inputs print as they always have.  The binds keep the caller's
-    values: ``:amount / 3`` must compute what the caller sent.
+    would not meet the first one's impact claim.  So a float is the number its
+    canonical JSON reads back as (an integral one is its int), in lists and
+    objects too, and a tuple is the list JSON makes of it; strings, ints,
+    booleans and None are left as they are, so keys print as they always have.
+    A call's inputs arrive here already in that form
+    (:func:`executor.context.validated_inputs`); recorded inputs read back in it.
     """
     kind = type(value)
     if kind is float:
-        return int(value) if value.is_integer() and abs(value) <= _EXACT_INT else value
+        return json.loads(canonical_text(value))
     if kind is list or kind is tuple:
         return [key_value(item) for item in value]
     if kind is dict:

@@ -49,7 +49,7 @@ from executor import boundaries, gates
 from executor import outcome as oc
 from executor.call import Executor
 from executor.connectors import Connector
-from executor.context import TERMINAL, CallContext, validate_input
+from executor.context import TERMINAL, CallContext, validated_inputs
 from executor.dialects import SessionTag
 from executor.expectations import evaluate
 from executor.ledger.store import Guard
@@ -545,8 +545,7 @@ def simulate(executor: Executor, operation_id: str, inputs: Mapping[str, Any], *
     """
     rt = executor.rt
     row, connector = executor.resolve(operation_id, version, venue)
-    inputs = dict(inputs)
-    validate_input(row, inputs, executor.max_request_bytes)
+    inputs, _ = validated_inputs(row, inputs, executor.max_request_bytes)
     rt.grants.check_call(who, row, connector.name, connector.environment)
     if not row.is_write:
         raise SimulationVenueRefused(f"{row.ref} is a read: it changes nothing to simulate",
