@@ -101,12 +101,13 @@ from registry.errors import (
 from registry.loader import SUFFIXES, load_registry
 from registry.lock import LOCK_NAME
 from registry.model import AuthKind, EffectClass, Row, thaw
+from registry.names import NAME_LIMIT, name_problem
 
 SERVER_NAME = "capgate"
 CASE_META_KEY = "capgate/case"
 TOKENS_ENV = "CAPGATE_MCP_TOKENS"
 MIN_TOKEN_LENGTH = 16
-MAX_CASE_LENGTH = 200
+MAX_CASE_LENGTH = NAME_LIMIT
 
 STATUSES = ("ok", "applied_verified", "rolled_back", "compensated", "compensation_failed",
             "approval_required", "refused", "unknown")
@@ -498,11 +499,12 @@ class GateServer:
         meta = ctx.meta or {}
         value = meta.get(CASE_META_KEY)
         if value is not None:
-            if not isinstance(value, str) or not value.strip() or len(value) > MAX_CASE_LENGTH:
+            problem = name_problem(value)
+            if problem is not None:
                 raise MCPError(code=types.INVALID_PARAMS,
-                               message=f"_meta {CASE_META_KEY!r} must be a non-empty string of "
-                                       f"at most {MAX_CASE_LENGTH} characters")
-            return value
+                               message=f"_meta {CASE_META_KEY!r}: a case id {problem} (a line "
+                                       f"of printable text, at most {MAX_CASE_LENGTH} characters)")
+            return str(value)
         return self.default_case or f"mcp-{who}-{self.run_id}"
 
     # --- reload --------------------------------------------------------------------

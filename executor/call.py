@@ -37,6 +37,7 @@ from executor.context import (
     CRASH_POINTS,
     TERMINAL,
     CallContext,
+    check_names,
     crash_point,
     now_utc,
     validate_input,
@@ -177,6 +178,7 @@ class Executor:
         case-held claims): another case's hold refuses it with a coordination
         decision, before it is recorded.
         """
+        check_names(case, who)
         row, connector = self._resolve_or_gap(operation_id, version, case, who, inputs,
                                               venue)
         inputs, _ = validated_inputs(row, inputs, self.max_request_bytes)
@@ -228,6 +230,7 @@ class Executor:
         key, never the promotion's; admitted only for a simulation recorded in
         the case, see :mod:`executor.promotion`).
         """
+        check_names(case, who)
         row, connector = self._resolve_or_gap(operation_id, version, case, who, inputs,
                                               venue)
         inputs, inputs_text = validated_inputs(row, inputs, self.max_request_bytes)

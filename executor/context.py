@@ -172,6 +172,20 @@ def validate_input(row: Row, inputs: Mapping[str, Any],
     return canonical.decode("utf-8")
 
 
+def check_names(case: object, who: object) -> None:
+    """Refuse a case id or an identity that is no short line of printable text
+    (:mod:`registry.names`), before anything is looked up or recorded."""
+    from registry.excerpt import excerpt
+    from registry.names import name_problem
+
+    for field, title, value in (("case", "the case id", case), ("who", "the identity", who)):
+        problem = name_problem(value)
+        if problem is not None:
+            shown = excerpt(value, 60) if isinstance(value, str) else type(value).__name__
+            raise InputInvalid(f"{title} {shown} {problem}; nothing was recorded",
+                               field=field)
+
+
 def validated_inputs(row: Row, inputs: Mapping[str, Any],
                      max_bytes: int = MAX_REQUEST_BYTES) -> tuple[dict[str, Any], str]:
     """:func:`validate_input`, and the inputs as the ledger records them, with their text.

@@ -210,6 +210,15 @@ async def scenario(session: ClientSession, place: Place) -> None:
         assert got["error"]["details"]["field"] == field and field in got["error"]["message"]
     assert table_dump(place.target, "policy_note") == notes
 
+    # a case id that is no short line of printable text (a forged row in `capgate cases`,
+    # a message filled with it): refused before anything runs
+    for bad_case in ("A\nTICKET-9  closed", "x" * 201, "\u202eevil"):
+        with pytest.raises(MCPError, match="a case id"):
+            await session.call_tool("policy.add_note",
+                                    {"policy_id": 1, "author": "a", "body": "b"},
+                                    meta={CASE_META_KEY: bad_case})
+    assert table_dump(place.target, "policy_note") == notes
+
     # an unlisted name: an error, never a fallback
     for name in ("sql.execute", "policy.cancel@1", "policy_get"):
         with pytest.raises(MCPError, match="unknown tool"):

@@ -136,6 +136,8 @@ from registry.errors import (
     UnknownIntent,
     UnknownPlan,
 )
+from registry.excerpt import excerpt
+from registry.names import name_problem
 
 __all__ = [
     "FINDING_KINDS",
@@ -1055,6 +1057,7 @@ class Ledger:
         recorded_at = format_time(self._clock())
         parts: dict[str, str] | None = None
         if head is None:
+            _check_new_case_id(case_id)
             state: dict[str, Any] | None = None
             seq, prev = 0, GENESIS_DIGEST
         else:
@@ -1991,6 +1994,19 @@ _HEAD_WITH_EVENT = sa.select(
 def _check_id(name: str, value: object) -> None:
     if not isinstance(value, str) or not value:
         raise LedgerError(f"{name} must be a non-empty string, not {value!r}")
+
+
+def _check_new_case_id(case_id: str) -> None:
+    """A new case's id is a short line of printable text (:mod:`registry.names`).
+
+    Checked where a case is created, whoever creates it (a call, the DDL loop, a
+    coordination record); a case created before the rule keeps being readable,
+    resumable and verifiable.
+    """
+    problem = name_problem(case_id)
+    if problem is not None:
+        raise LedgerError(f"cannot open case {excerpt(case_id, 60)}: a case id {problem}",
+                          field="case_id")
 
 
 def _event_from_row(row: Any) -> Event | None:

@@ -49,7 +49,7 @@ from executor import boundaries, gates
 from executor import outcome as oc
 from executor.call import Executor
 from executor.connectors import Connector
-from executor.context import TERMINAL, CallContext, validated_inputs
+from executor.context import TERMINAL, CallContext, check_names, validated_inputs
 from executor.dialects import SessionTag
 from executor.expectations import evaluate
 from executor.ledger.store import Guard
@@ -544,6 +544,7 @@ def simulate(executor: Executor, operation_id: str, inputs: Mapping[str, Any], *
     (CG400).
     """
     rt = executor.rt
+    check_names(case, who)
     row, connector = executor.resolve(operation_id, version, venue)
     inputs, _ = validated_inputs(row, inputs, executor.max_request_bytes)
     rt.grants.check_call(who, row, connector.name, connector.environment)
