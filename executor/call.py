@@ -230,7 +230,7 @@ class Executor:
         key, never the promotion's; admitted only for a simulation recorded in
         the case, see :mod:`executor.promotion`).
         """
-        check_names(case, who)
+        check_names(case, who, task)
         row, connector = self._resolve_or_gap(operation_id, version, case, who, inputs,
                                               venue)
         inputs, inputs_text = validated_inputs(row, inputs, self.max_request_bytes)

@@ -172,13 +172,16 @@ def validate_input(row: Row, inputs: Mapping[str, Any],
     return canonical.decode("utf-8")
 
 
-def check_names(case: object, who: object) -> None:
-    """Refuse a case id or an identity that is no short line of printable text
+def check_names(case: object, who: object, task: object = None) -> None:
+    """Refuse a case id, an identity or a task that is no short line of printable text
     (:mod:`registry.names`), before anything is looked up or recorded."""
     from registry.excerpt import excerpt
     from registry.names import name_problem
 
-    for field, title, value in (("case", "the case id", case), ("who", "the identity", who)):
+    named = [("case", "the case id", case), ("who", "the identity", who)]
+    if task is not None:
+        named.append(("task", "the task", task))
+    for field, title, value in named:
         problem = name_problem(value)
         if problem is not None:
             shown = excerpt(value, 60) if isinstance(value, str) else type(value).__name__

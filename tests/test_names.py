@@ -63,6 +63,15 @@ def test_a_call_with_such_a_name_records_nothing(gate: Callable[..., Executor], 
     assert ex.ledger.cases() == [] and table_dump(sqlite_url, "policy_note") == notes
 
 
+def test_a_task_is_a_name_too(gate: Callable[..., Executor], sqlite_url: URL) -> None:
+    ex = gate(sqlite_url)
+    with pytest.raises(errors.InputInvalid) as refused:
+        ex.call("policy.add_note", NOTE, case="T-1", who="agent", task="fix\nthe other")
+    assert refused.value.details["field"] == "task" and ex.ledger.cases() == []
+    assert ex.call("policy.add_note", NOTE, case="T-1", who="agent",
+                   task="fix the note").status == "applied_verified"
+
+
 def test_the_ledger_opens_no_case_under_such_an_id_but_keeps_an_old_one(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with open_ledger(f"sqlite:///{tmp_path / 'l.db'}") as ledger:
