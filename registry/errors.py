@@ -541,6 +541,19 @@ class UnboundedInput(RegistryError, code="CG160"):
     """
 
 
+class FreeTextKey(RegistryError, code="CG161"):
+    """A warning, not an error: a write row's target key (or dimension) is free text.
+
+    capgate's impact claims and idempotency keys compare key values exactly, as
+    text.  The database may not: MariaDB's default collations ignore case and
+    trailing spaces (and ``utf8mb4_unicode_ci`` accents), a PostgreSQL column
+    may use a nondeterministic collation.  Then ``'ABC'`` and ``'abc '`` are one
+    row to the database and two keys to capgate -- two cases could write that
+    row at once, each holding "its own" claim.  Declare an ``enum``, a ``const``
+    or a ``pattern`` that admits one spelling per value (``^[A-Z0-9-]{1,40}$``).
+    """
+
+
 class DialectSqlInvalid(RegistryError, code="CG170"):
     """A row's SQL does not fit a dialect its connector declares (``connectors.NAME.dialects``).
 

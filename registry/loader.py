@@ -163,7 +163,8 @@ def _validate_texts(items: list[tuple[str, str]], workers: int | None) -> Valida
                 result.row_index[key] = index
     result.problems.sort(key=lambda p: (p.path, p.line, p.col, p.code))
     result.warnings = sorted([w for file in checked if file is not None for w in file.warnings]
-                             + [w for row in result.rows for w in unbounded_inputs(row)],
+                             + [w for row in result.rows for w in unbounded_inputs(row)]
+                             + [w for row in result.rows for w in free_text_keys(row)],
                              key=lambda p: (p.path, p.line, p.col, p.code))
     return result
 
@@ -193,6 +194,35 @@ def unbounded_inputs(row: Row) -> list[Problem]:
         if isinstance(schema.get("items"), Mapping):
             stack.append((f"{where}.items", schema["items"]))
     return sorted(out, key=lambda p: p.field)
+
+
+def free_text_keys(row: Row) -> list[Problem]:
+    """CG161 warnings: a write row's target key or dimension that is free text.
+
+    A key input is free text when it may be a string and declares neither an
+    ``enum``, a ``const`` nor a ``pattern``: nothing then says that one value has
+    one spelling, while the database may compare spellings by collation.
+    """
+    if not row.is_write or row.effect_class is EffectClass.DDL:
+        return []
+    properties = (row.input or {}).get("properties") or {}
+    names = list(row.target.keys) + [name for _, name in row.target.dimensions]
+    out: list[Problem] = []
+    for name in dict.fromkeys(names):
+        schema = properties.get(name)
+        if not isinstance(schema, Mapping):
+            continue
+        kinds = schema.get("type")
+        may_be_text = kinds is None or kinds == "string" or (
+            isinstance(kinds, list | tuple) and "string" in kinds)
+        if may_be_text and not any(k in schema for k in ("enum", "const", "pattern")):
+            out.append(Problem(
+                row.source_path, row.source_line, 1, "CG161", f"input.properties.{name}",
+                f"target key {name!r} is free text: capgate compares keys exactly, the "
+                "database may by collation (MariaDB's ignore case and trailing spaces), "
+                "so two spellings of one row would be two impact keys; declare an enum, "
+                "a const or a pattern with one spelling per value"))
+    return out
 
 
 def _bounded_pattern(pattern: Any) -> bool:

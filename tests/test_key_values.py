@@ -129,3 +129,52 @@ def test_every_attempt_binds_the_number_the_intent_records(
              for v in (params.values() if isinstance(params, dict) else params)
              if isinstance(v, int | float) and not isinstance(v, bool)]
     assert bound == [1] and type(bound[0]) is int, inserts
+
+
+FREE_TEXT_ROW = """
+format: 1
+connectors: {{db: {{}}}}
+rows:
+  - operation_id: t.rename
+    version: 1
+    connector: db
+    description: Rename a holder (test-only).
+    input:
+      type: object
+      additionalProperties: false
+      required: [holder, region, name]
+      properties:
+        holder: {holder}
+        region: {region}
+        name: {{type: string, maxLength: 40}}
+    target: {{system: db, object: holder, keys: [holder], dimensions: {{account: region}}}}
+    effect_class: transactional
+    shape: collapsed
+    authorization: {{kind: write_grant}}
+    environments: [dev]
+    idempotency_key: "{{case}}:{{holder}}"
+    timeout: {{seconds: 1, on_timeout: rolled_back}}
+    recovery: retryable
+    statements:
+      - sql: UPDATE holder SET name = :name WHERE holder = :holder AND region = :region
+        expect_rows: 1
+"""
+
+
+@pytest.mark.parametrize(("holder", "region", "warned"), [
+    ("{type: string, maxLength: 40}", "{type: string, maxLength: 8}",
+     ["input.properties.holder", "input.properties.region"]),
+    ("{type: [string, integer], maxLength: 40}", "{type: integer}",
+     ["input.properties.holder"]),
+    ('{type: string, pattern: "^[A-Z0-9-]{1,40}$"}', "{type: string, enum: [EU, US]}", []),
+    ("{type: integer}", "{const: EU}", []),
+])
+def test_validate_warns_on_a_free_text_target_key(holder: str, region: str,
+                                                  warned: list[str]) -> None:
+    """CG161: keys compare exactly in capgate, by collation in the database (MariaDB's
+    default ignores case and trailing spaces): a key input should say its one spelling."""
+    from registry.loader import validate_texts
+
+    result = validate_texts([("k.yaml", FREE_TEXT_ROW.format(holder=holder, region=region))])
+    assert result.ok, result.problems
+    assert sorted(w.field for w in result.warnings if w.code == "CG161") == warned
