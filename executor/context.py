@@ -11,6 +11,7 @@ through this module, so a test can replace it in one place.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import signal
 from collections.abc import Callable, Mapping
@@ -25,6 +26,7 @@ from executor.plan import Plan
 from registry.errors import InputInvalid, RequestTooLarge
 from registry.excerpt import bounded, cut, excerpt
 from registry.model import Row
+from registry.names import name_problem
 
 if TYPE_CHECKING:
     import jsonschema
@@ -175,9 +177,6 @@ def validate_input(row: Row, inputs: Mapping[str, Any],
 def check_names(case: object, who: object, task: object = None) -> None:
     """Refuse a case id, an identity or a task that is no short line of printable text
     (:mod:`registry.names`), before anything is looked up or recorded."""
-    from registry.excerpt import excerpt
-    from registry.names import name_problem
-
     named = [("case", "the case id", case), ("who", "the identity", who)]
     if task is not None:
         named.append(("task", "the task", task))
@@ -197,8 +196,6 @@ def validated_inputs(row: Row, inputs: Mapping[str, Any],
     list; a resumed retry binds what the record holds.  So every attempt binds
     that -- the first one too -- and ``:amount / 3`` computes the same on each.
     """
-    import json
-
     text = validate_input(row, inputs, max_bytes)
     recorded: dict[str, Any] = json.loads(text)
     return recorded, text

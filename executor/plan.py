@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -41,8 +42,8 @@ def key_value(value: Any) -> Any:
     (:func:`executor.context.validated_inputs`); recorded inputs read back in it.
     """
     kind = type(value)
-    if kind is float:
-        return json.loads(canonical_text(value))
+    if kind is float:  # (NaN and infinities are no JSON: refused as inputs, kept here)
+        return json.loads(canonical_text(value)) if math.isfinite(value) else value
     if kind is list or kind is tuple:
         return [key_value(item) for item in value]
     if kind is dict:

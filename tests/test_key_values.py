@@ -38,7 +38,8 @@ def test_an_integral_float_enters_a_key_as_its_integer(given: Any, same_as: Any)
     assert key_value(given) == same_as and str(key_value(given)) == str(same_as)
 
 
-@pytest.mark.parametrize("kept", [1.5, -0.25, 1e300, True, False, None, "1.0", "x", 7])
+@pytest.mark.parametrize("kept", [1.5, -0.25, 1e300, True, False, None, "1.0", "x", 7,
+                                  float("inf"), float("-inf")])
 def test_every_other_value_enters_a_key_as_it_always_has(kept: Any) -> None:
     """From 1e21 RFC 8785 writes an exponent: such a float reads back as a float."""
     assert str(key_value(kept)) == str(kept) and type(key_value(kept)) is type(kept)
