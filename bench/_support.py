@@ -19,12 +19,14 @@ module has its own copies of the little they need:
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import random
 import subprocess
 import sys
 import time
+import types
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -47,6 +49,20 @@ from executor.steps import register_step, registered_steps  # noqa: E402
 from executor.target import install_at  # noqa: E402
 from registry.loader import validate_texts  # noqa: E402
 from registry.registry import Registry  # noqa: E402
+
+
+def bench_module(name: str) -> types.ModuleType:
+    """``bench/<name>.py``, loaded from its file: this folder is not on the path (above),
+    and a spawned worker re-imports its parent's main module with the parent's path."""
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, HERE / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
 
 CONNECTOR = "lab"
 LAB_ROW = """

@@ -81,13 +81,17 @@ import psycopg
 import sqlalchemy as sa
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+# this folder for _support (which then takes it off again), also in a spawned worker, which
+# starts with the parent's path
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
-from _support import RoundTrips  # noqa: E402
+from _support import RoundTrips, bench_module  # noqa: E402
 
 import capgate  # noqa: E402
 from executor.target import install_at  # noqa: E402
 from registry.loader import update_lock  # noqa: E402
+
+lean_call = bench_module("lean_call")
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 OPERATION = "bench.bump"
@@ -433,13 +437,19 @@ def section_latency(scratch: Scratch, args: argparse.Namespace) -> dict[str, Any
     pg = CapgateSide(scratch.config("pg"), 3, "lat-pg", args.case_calls)
     floor_sqlite = FloorSide(scratch, "sqlite", 9)
     floor_pg = FloorSide(scratch, "pg", 10)
+    lean_sqlite = lean_call.LeanSide(scratch.raw_dsn, "sqlite", scratch.folder, 11,
+                                     args.case_calls)
+    lean_pg = lean_call.LeanSide(scratch.raw_dsn,
+                                 libpq(with_search_path(scratch.dsn, scratch.ledger_schema)),
+                                 scratch.folder, 12, args.case_calls)
     try:
         samples = interleaved({"raw": raw.call, "capgate_sqlite": sqlite.call,
                                "capgate_pg": pg.call, "floor_sqlite": floor_sqlite.call,
-                               "floor_pg": floor_pg.call},
+                               "floor_pg": floor_pg.call, "lean_sqlite": lean_sqlite.call,
+                               "lean_pg": lean_pg.call},
                               args.rounds, args.round_calls, args.warmup)
     finally:
-        for side in (raw, sqlite, pg, floor_sqlite, floor_pg):
+        for side in (raw, sqlite, pg, floor_sqlite, floor_pg, lean_sqlite, lean_pg):
             side.close()
     out: dict[str, Any] = {name: s.summary() for name, s in samples.items()}
     base = out["raw"]
@@ -457,14 +467,17 @@ def section_latency(scratch: Scratch, args: argparse.Namespace) -> dict[str, Any
     for name, label in (("raw", "raw psycopg"), ("capgate_sqlite", "capgate, SQLite ledger"),
                         ("capgate_pg", "capgate, PostgreSQL ledger"),
                         ("floor_sqlite", "floor: durable SQLite commit + raw"),
-                        ("floor_pg", "floor: durable PostgreSQL commit + raw")):
+                        ("floor_pg", "floor: durable PostgreSQL commit + raw"),
+                        ("lean_sqlite", "lean: capgate's work inline, SQLite"),
+                        ("lean_pg", "lean: capgate's work inline, PG")):
         s = out[name]
         print(f"{label:<36} {s['p50_ms']:>8.3f} {s['p95_ms']:>8.3f} {s['p50_ratio']:>6.2f}"
               f" {s['p50_ratio_paired']:>6.2f} {s['p95_ratio']:>6.2f}"
               f" {s['cpu_ms_per_call']:>7.3f} {s['cpu_p50_ms']:>7.3f}")
     print("  x: p50 of all calls / raw p50;  x*: median over rounds of the same-round ratio;"
           "  cpu: process CPU per call (mean, median);  floor: one intent row committed"
-          " durably, then the raw transaction (no capgate code)")
+          " durably, then the raw transaction (no capgate code);  lean: the same ledger and"
+          " target work as a capgate call in straight-line Python (bench/lean_call.py)")
     return out
 
 
@@ -522,14 +535,16 @@ def section_growth(scratch: Scratch, args: argparse.Namespace, ledger: str) -> d
     return out
 
 
-def _worker(config: str, dsn: str, account: int, prefix: str, case_calls: int, warmup: int,
-            hmac: str | None, barrier: Any, pipe: Any) -> None:
-    """A worker process: its own raw connection, executor, row and cases."""
+def _worker(config: str, dsn: str, lean_ledger: str, account: int, prefix: str,
+            case_calls: int, warmup: int, hmac: str | None, barrier: Any, pipe: Any) -> None:
+    """A worker process: its own raw connection, executor, lean side, row and cases."""
     if hmac is not None:
         os.environ["CAPGATE_LEDGER_HMAC_KEY"] = hmac
     raw = RawSide(dsn, account)
     cg = CapgateSide(Path(config), account, prefix, case_calls)
-    sides = {"raw": raw.call, "capgate": cg.call}
+    lean = lean_call.LeanSide(dsn, lean_ledger, Path(config).parent, account + 50,
+                              case_calls)
+    sides = {"raw": raw.call, "capgate": cg.call, "lean": lean.call}
     try:
         for call in sides.values():
             timed(call, warmup)
@@ -555,24 +570,30 @@ def _worker(config: str, dsn: str, account: int, prefix: str, case_calls: int, w
     finally:
         raw.close()
         cg.close()
+        lean.close()
 
 
 def section_workers(scratch: Scratch, args: argparse.Namespace) -> dict[str, Any]:
-    """``--workers`` processes; timed rounds alternate raw and capgate (PostgreSQL ledger)."""
+    """``--workers`` processes; timed rounds rotate raw, capgate and lean (PostgreSQL
+    ledgers)."""
     ctx = mp.get_context("spawn")
     n = args.workers
+    lean_ledger = libpq(with_search_path(scratch.dsn, scratch.ledger_schema))
+    lean_call.LeanSide(scratch.raw_dsn, lean_ledger, scratch.folder, 0).close()  # its tables
     barrier = ctx.Barrier(n)
     pipes, procs = [], []
     hmac = None if args.no_hmac else HMAC_KEY
     for w in range(n):
         parent, child = ctx.Pipe()
         proc = ctx.Process(target=_worker, args=(
-            str(scratch.config("pg")), scratch.raw_dsn, 100 + w, f"w{w}", args.case_calls,
+            str(scratch.config("pg")), scratch.raw_dsn, lean_ledger, 100 + w, f"w{w}",
+            args.case_calls,
             args.warmup, hmac, barrier, child), daemon=True)
         proc.start()
         pipes.append(parent)
         procs.append(proc)
-    rounds: dict[str, list[dict[str, Any]]] = {"raw": [], "capgate": []}
+    kinds = ("raw", "capgate", "lean")
+    rounds: dict[str, list[dict[str, Any]]] = {kind: [] for kind in kinds}
     try:
         for p in pipes:
             if not p.poll(300):
@@ -580,7 +601,7 @@ def section_workers(scratch: Scratch, args: argparse.Namespace) -> dict[str, Any
             if p.recv() != "ready":
                 raise RuntimeError("a worker failed to start")
         for r in range(args.worker_rounds):
-            for kind in (("raw", "capgate") if r % 2 == 0 else ("capgate", "raw")):
+            for kind in kinds[r % 3:] + kinds[:r % 3]:
                 for p in pipes:
                     p.send((kind, args.worker_seconds))
                 res = [p.recv() for p in pipes]
@@ -613,17 +634,22 @@ def section_workers(scratch: Scratch, args: argparse.Namespace) -> dict[str, Any
         "raw_cpu_ms_per_call": statistics.median(x["cpu_ms_per_call"] for x in rounds["raw"]),
         "capgate_cpu_ms_per_call": statistics.median(x["cpu_ms_per_call"]
                                                      for x in rounds["capgate"]),
+        "lean_tput": tput["lean"], "lean_ratio": tput["raw"] / tput["lean"],
+        "lean_p50_ms": statistics.median(x["p50_ms"] for x in rounds["lean"]),
+        "lean_p95_ms": statistics.median(x["p95_ms"] for x in rounds["lean"]),
+        "lean_cpu_ms_per_call": statistics.median(x["cpu_ms_per_call"] for x in rounds["lean"]),
         "rounds": rounds,
     }
     print(f"\n## {n} worker processes, PostgreSQL ledger: each its own raw connection, "
           f"executor, target row and cases ({args.case_calls} calls a case); "
-          f"{out['rounds_per_side']} rounds of {args.worker_seconds:g} s per side, alternating")
+          f"{out['rounds_per_side']} rounds of {args.worker_seconds:g} s per side, rotated")
     print(f"{'side':<12} {'calls/s':>9} {'p50 ms':>8} {'p95 ms':>8} {'cpu ms':>7}")
-    for kind in ("raw", "capgate"):
+    for kind in kinds:
         print(f"{kind:<12} {tput[kind]:>9.0f} {out[kind + '_p50_ms']:>8.2f}"
               f" {out[kind + '_p95_ms']:>8.2f} {out[kind + '_cpu_ms_per_call']:>7.3f}")
     print(f"  throughput raw / capgate: {out['ratio']:.2f} (median of the paired rounds "
-          f"{out['ratio_paired']:.2f})")
+          f"{out['ratio_paired']:.2f});  raw / lean (the same work inline, "
+          f"bench/lean_call.py): {out['lean_ratio']:.2f}")
     return out
 
 
@@ -796,17 +822,29 @@ def verdicts(results: dict[str, Any]) -> dict[str, Any]:
         "workers_ratio": results.get("workers", {}).get("ratio"),
     }
     lat = results.get("latency")
+    workers = results.get("workers")
     if lat:
         measured["cpu_ms_per_call"] = max(lat["capgate_sqlite"]["cpu_ms_per_call"],
                                           lat["capgate_pg"]["cpu_ms_per_call"])
     growth = results.get("growth")
     if growth:
         measured["growth_ratio"] = max(g["ratio"] for g in growth.values())
+    # the same work in straight-line Python (bench/lean_call.py), same rounds: what no
+    # structure of capgate's could go below on this machine
+    lean: dict[str, float | None] = {"p50_ratio_sqlite": None, "p50_ratio_pg": None,
+                                     "cpu_ms_per_call": None,
+                                     "workers_ratio": workers["lean_ratio"] if workers else None}
+    if lat:
+        lean["p50_ratio_sqlite"] = lat["lean_sqlite"]["p50_ratio"]
+        lean["p50_ratio_pg"] = lat["lean_pg"]["p50_ratio"]
+        lean["cpu_ms_per_call"] = max(lat["lean_sqlite"]["cpu_ms_per_call"],
+                                      lat["lean_pg"]["cpu_ms_per_call"])
     out = {}
     for key, what, target, _op in TARGETS:
         value = measured[key]
         out[key] = {"what": what, "target": target, "measured": value,
-                    "met": None if value is None else value <= target}
+                    "met": None if value is None else value <= target,
+                    "lean": lean.get(key)}
     return out
 
 
@@ -883,12 +921,15 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"\n## issue 13's targets (load average at the end {info['load_after'][0]:.2f}; "
           f"{info['seconds']:.0f} s)")
-    print(f"{'measurement':<60} {'measured':>9} {'target':>7}  met")
+    print(f"{'measurement':<60} {'measured':>9} {'target':>7}  met  {'lean':>6}")
     for v in results["targets"].values():
         value = "-" if v["measured"] is None else f"{v['measured']:.2f}"
         met = "-" if v["met"] is None else ("yes" if v["met"] else "no")
-        print(f"{v['what']:<60} {value:>9} {'<= ' + format(v['target'], 'g'):>7}  {met}")
-    print("  CPU: the larger of the two ledgers' means; growth: the larger of the ledgers run")
+        lean = "-" if v["lean"] is None else f"{v['lean']:.2f}"
+        print(f"{v['what']:<60} {value:>9} {'<= ' + format(v['target'], 'g'):>7}  {met:<3}"
+              f"  {lean:>6}")
+    print("  CPU: the larger of the two ledgers' means; growth: the larger of the ledgers run;"
+          "  lean: the same work in straight-line Python (bench/lean_call.py), same rounds")
     line = json.dumps(results, default=float, separators=(",", ":"))
     if args.json:
         args.json.write_text(line + "\n", "utf-8")
