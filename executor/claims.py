@@ -120,6 +120,7 @@ from executor.plan import impact_keys
 from registry.errors import (
     CoordinationRequired,
     ImpactConflict,
+    LedgerBehindTarget,
     LedgerError,
     OutcomeUnknown,
     StaleFence,
@@ -632,6 +633,9 @@ class ImpactClaims(CallHooks):
             return
         stale = target_fence(ctx, conn, claim, namespace=self.store.ledger_id())
         if stale is not None:
+            behind = self._ledger_behind(stale)
+            if behind is not None:
+                raise Rollback(behind)
             raise Rollback({"kind": RollbackReason.STALE_FENCE, "code": StaleFence.code,
                             "where": "target",
                             **stale,
@@ -651,6 +655,33 @@ class ImpactClaims(CallHooks):
                             "holder_intent": now.get("intent_id"),
                             "message": "the impact claim expired and was taken over before "
                                        "COMMIT; nothing was committed"})
+
+    def _ledger_behind(self, stale: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The rollback reason when the fence that refused us holds a token this ledger
+        never issued for the key (None: a genuine newer holder, the usual stale fence).
+
+        Tokens are committed in the ledger before their holders write the target, and
+        a key's token only grows, so a fence above the ledger's token means the ledger
+        lost history (a restore from an older backup, an edit, a clone): saying "a newer
+        claim wrote" would be false, and the key stays refused until a person looks.
+        """
+        fenced = stale.get("current_token")
+        if fenced is None:
+            return None
+        row = self.store.current(str(stale["impact_key"]))
+        issued = int(row["token"]) if row is not None else 0
+        if fenced <= issued:
+            return None
+        return {"kind": RollbackReason.LEDGER_BEHIND, "code": LedgerBehindTarget.code,
+                "where": "target", **stale, "ledger_token": issued,
+                "message": f"the target's fence holds token {fenced} (intent "
+                           f"{stale.get('holder_intent')}), but this ledger has issued "
+                           f"only up to {issued} for the key: the ledger is behind the "
+                           "target (restored from an older backup, edited or cloned), and "
+                           "writes the target holds may be missing from it; nothing was "
+                           "committed.  `capgate target fences CONNECTOR` lists the keys "
+                           "and their last writers' landing markers; `--realign` moves "
+                           "the ledger's tokens up once a person has looked"}
 
     def within_observed(self, ctx: CallContext, tx: HotTx) -> None:
         """The claim goes back in the transaction that records the outcome (a case-held

@@ -1024,6 +1024,20 @@ class AnchorMismatch(CapgateError, code="CG415", exit_code=EXIT_USAGE):
     """An anchor file does not fit this ledger (another store, or it was edited)."""
 
 
+class LedgerBehindTarget(CapgateError, code="CG416"):
+    """A target's fence row holds a token this ledger never issued for the impact key.
+
+    Every token is committed in the ledger before its holder writes the target, so
+    the ledger's token for a key is never below the target's -- unless the ledger
+    lost history: it was restored from an older backup, edited, or cloned.  The
+    write is rolled back (nothing committed), and every write to the key would be
+    until the cause is understood: writes the target holds may be missing from the
+    ledger.  ``capgate target fences CONNECTOR`` lists the keys and the landing
+    markers of their last writers; ``--realign`` moves the ledger's tokens up to
+    the target's once a person has looked.
+    """
+
+
 # --- DDL (CG5xx) ---------------------------------------------------------------
 
 

@@ -73,6 +73,9 @@ class RollbackReason(StrEnum):
     """A leased step asked to abort."""
     STALE_FENCE = "stale_fence"
     """The impact claim's fence moved on: a newer holder wrote; this stale one did not."""
+    LEDGER_BEHIND = "ledger_behind"
+    """The target's fence holds a token the ledger never issued: the ledger lost history
+    (restored from an older backup, edited); nothing was committed."""
     STALE_ATTEMPT_APPLIED = "stale_attempt_applied"
     """A woken stale attempt found its effect applied by another attempt."""
     POST_COMMIT_FAILED = "post_commit_failed"

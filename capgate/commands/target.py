@@ -16,8 +16,12 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
 from capgate.config import load_settings
+from executor.call import Executor
+from executor.claims import store_for
 from executor.connectors import ConnectorConfig, connector_engine, safe_url
 from executor.dialects import dialect_for, normalise_url
+from executor.fences import LEDGER_BEHIND, fence_report
+from executor.fences import realign as realign_fences
 from executor.target import TableState, first_line, install_script, table_states
 from executor.target import install as install_tables
 from registry.errors import (
@@ -25,6 +29,7 @@ from registry.errors import (
     ConnectorUnavailable,
     TargetPrivilegeMissing,
     UnknownConnector,
+    UsageError,
 )
 
 
@@ -142,3 +147,23 @@ def check(config_path: str | Path | None, connector: str) -> TablesChecked:
     finally:
         engine.dispose()
     return TablesChecked(connector, list(states))
+
+
+def fences(gate: Executor, connector: str, *, realign: bool = False,
+           by: str | None = None) -> dict[str, Any]:
+    """The target's fence rows against this ledger's tokens (``executor.fences``);
+    ``realign``: raise the ledger's tokens of the keys it is behind on, recorded as ``by``."""
+    live = gate.connectors.get(connector)
+    store = store_for(gate)
+    if realign:
+        if not by:
+            raise UsageError("--realign needs --by NAME: the person who looked at the report "
+                             "is recorded with the change")
+        moved, case = realign_fences(store, gate.ledger, live, by=by)
+        rows = fence_report(store, live)
+        return {"connector": connector, "realigned": [f.to_dict() for f in moved],
+                "recorded_in": case, "fences": [f.to_dict() for f in rows],
+                "behind": sum(f.state == LEDGER_BEHIND for f in rows)}
+    rows = fence_report(store, live)
+    return {"connector": connector, "fences": [f.to_dict() for f in rows],
+            "behind": sum(f.state == LEDGER_BEHIND for f in rows)}
