@@ -1,4 +1,5 @@
-"""The ledger's own commands: verify, anchor, migrate, a case's record, stats, cases, gaps.
+"""The ledger's own commands: verify, anchor, migrate, rekey, a case's record, stats,
+cases, gaps.
 
 They read (or migrate) the configured ledger and touch no target database, so
 they take the settings and open only the ledger.  The work is
@@ -9,7 +10,7 @@ they take the settings and open only the ledger.  The work is
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
     from executor.ledger import Anchor, Event, VerifyReport
     from executor.ledger.migrate import MigrationReport
     from executor.ledger.stats import LedgerStats
+    from executor.ledger.store import RekeyReport
 
 
 def read_anchor(path: str) -> Anchor:
@@ -72,6 +74,28 @@ def anchor(settings: Settings, out: str | None = None) -> Anchored:
             json.dump(recorded.to_dict(), fh, indent=2, sort_keys=True)
             fh.write("\n")
     return Anchored(recorded, signed, out)
+
+
+def rekey(settings: Settings, previous_env: str | None = None,
+          env: Mapping[str, str] | None = None) -> RekeyReport:
+    """Sign every case head and anchor with ``CAPGATE_LEDGER_HMAC_KEY`` (each case verified
+    first under the previous key, read from the variable ``previous_env``; none: the ledger
+    was written without a key)."""
+    import os
+
+    from registry.errors import ConfigError
+
+    env = os.environ if env is None else env
+    previous: bytes | None = None
+    if previous_env is not None:
+        raw = env.get(previous_env, "")
+        if not raw:
+            raise ConfigError(f"--previous-key-env {previous_env}: that variable is not set or "
+                              "empty; it must hold the ledger's previous HMAC key",
+                              variable=previous_env)
+        previous = raw.encode("utf-8")
+    with open_ledger(settings.ledger_url) as ledger:
+        return ledger.rekey(previous)
 
 
 def migrate(settings: Settings) -> MigrationReport:

@@ -1,4 +1,5 @@
-"""``capgate ledger verify | anchor | migrate | show | stats``, ``capgate cases``, ``capgate gaps``.
+"""``capgate ledger verify | anchor | migrate | rekey | show | stats``, ``capgate cases``,
+``capgate gaps``.
 
 Each handler parses its arguments, calls :mod:`capgate.commands.ledger` with
 the settings and prints the answer; a case's record is printed by
@@ -43,6 +44,18 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
                                     "case is verified first; nothing changes if one does not "
                                     "verify. Take a backup first.")
     p.set_defaults(handler=cmd_ledger_migrate)
+    p = lsub.add_parser("rekey", parents=[common],
+                        help="sign every case head and anchor with the ledger's HMAC key "
+                             "(a key turned on, or rotated)",
+                        description="Verifies every case and the anchors under the previous "
+                                    "key (none: the ledger was written without one), then "
+                                    "signs each head and anchor with CAPGATE_LEDGER_HMAC_KEY "
+                                    "in one transaction, and records it in a case of its own. "
+                                    "Any finding refuses it all. Stop the ledger's writers "
+                                    "first; export a new anchor afterwards.")
+    p.add_argument("--previous-key-env", metavar="VAR", default=None,
+                   help="the environment variable holding the previous key (when rotating)")
+    p.set_defaults(handler=cmd_ledger_rekey)
     p = lsub.add_parser("show", parents=[common],
                         help="a case's timeline: time, actor, event, one-line summary",
                         description="Every event of CASE in chain order, one line each; "
@@ -109,6 +122,15 @@ def cmd_ledger_migrate(args: argparse.Namespace) -> int:
         text = (f"migrated the ledger from {report.before or 'an empty store'} to "
                 f"{report.after}; {report.cases_rewritten} case snapshot(s) re-derived")
     emit(args, report.to_dict(), text)
+    return 0
+
+
+def cmd_ledger_rekey(args: argparse.Namespace) -> int:
+    report = ledger.rekey(load_settings(args.config), args.previous_key_env)
+    emit(args, report.to_dict(),
+         f"signed {report.cases} case head(s) and {report.anchors} anchor(s) with key "
+         f"{report.key_id}; recorded in case {report.recorded_in}; export a new anchor "
+         "(`capgate ledger anchor --out FILE`): exported ones carry the old MACs")
     return 0
 
 

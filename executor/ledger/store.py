@@ -155,6 +155,7 @@ __all__ = [
     "KeyClaim",
     "Ledger",
     "PlanRecord",
+    "RekeyReport",
     "VerifiedCase",
     "VerifyReport",
     "apply_event",
@@ -1414,6 +1415,92 @@ class Ledger:
             self._verified.clear()
         return report
 
+    def rekey(self, previous: bytes | None) -> RekeyReport:
+        """Sign every case head and every anchor with this ledger's key: a key turned on
+        for a ledger written without one, or a key rotated (``previous`` the old one).
+
+        Without it, turning ``CAPGATE_LEDGER_HMAC_KEY`` on made every existing case
+        refuse to continue (CG410, "the head's MAC does not match") and ``verify``
+        report each as tampered, and a key could never be rotated.  Every case is
+        verified first -- its chain, snapshot and state digests, and its head's MAC
+        under ``previous`` (None: the heads must carry no MAC at all, or one of this
+        key already, so that a MAC stripped or made by an unknown key is never
+        blessed) -- and the anchors' chain likewise; any finding refuses the whole
+        re-key (LedgerTampered, nothing written).  Then, in the same transaction,
+        each head is re-signed by a compare-and-swap on its seq and digest (a case
+        that moved meanwhile refuses it all: stop the writers, run again), and each
+        anchor's MAC.  The re-key is recorded in a case of its own, with the keys'
+        ids (an HMAC of a fixed text, never the key).  Exported anchor files keep
+        their old MACs: export a new anchor afterwards.
+        """
+        key = self._key
+        if key is None:
+            raise ConfigError(f"re-keying signs with the ledger's key: set {HMAC_KEY_ENV} "
+                              "to the new key (and give the old one, if any, as the previous)")
+        findings: list[Finding] = []
+        with self._guard("re-key the ledger"), self._engine.begin() as conn:
+            self._backend.lock_for_ddl(conn)
+            heads: list[tuple[str, CaseRow]] = []
+            for cid, chain, case in self._read_cases(conn, None):
+                ours = case is not None and case.head_mac is not None and hmac.compare_digest(
+                    case.head_mac, head_mac(key, case.head_digest))
+                findings.extend(f for f in check_case(cid, chain, case, previous)
+                                if not (ours and f.kind in ("mac_mismatch", "mac_missing")))
+                if case is None:
+                    continue
+                if previous is None and case.head_mac is not None and not ours:
+                    findings.append(Finding(cid, case.head_seq, "mac_mismatch",
+                                            "the head is signed under a key not given: pass "
+                                            "the previous key to re-key"))
+                heads.append((cid, case))
+            recorded = _read_anchors(conn)
+            findings.extend(_check_anchor_chain(recorded, None))  # their digests and chain
+            for a in recorded:  # and each MAC: the previous key's, none without one, or ours
+                if a.mac is not None and hmac.compare_digest(a.mac, head_mac(key, a.digest)):
+                    continue
+                if previous is None and a.mac is None:
+                    continue
+                if previous is not None and a.mac is not None and hmac.compare_digest(
+                        a.mac, head_mac(previous, a.digest)):
+                    continue
+                if previous is None:
+                    why = "it is signed under a key not given: pass the previous key to re-key"
+                elif a.mac is None:
+                    why = "it carries no MAC, but the previous key was given"
+                else:
+                    why = "its MAC is not the previous key's"
+                findings.append(Finding(_LEDGER, a.anchor_seq, "anchor_broken",
+                                        f"anchor {a.anchor_seq}: {why}"))
+            if findings:
+                named = ", ".join(sorted({f.case_id for f in findings})[:5])
+                raise LedgerTampered(
+                    f"{len(findings)} finding(s) in {named}: the ledger was not re-keyed, "
+                    "nothing was signed; run `capgate ledger verify` (with the previous key "
+                    "set) and settle them first",
+                    findings=[f.to_dict() for f in findings])
+            for cid, case in heads:
+                moved = conn.execute(
+                    sa.update(cases).where(cases.c.case_id == cid,
+                                           cases.c.head_seq == case.head_seq,
+                                           cases.c.head_digest == case.head_digest)
+                    .values(head_mac=head_mac(key, case.head_digest)))
+                if moved.rowcount != 1:
+                    raise LedgerError(
+                        f"case {cid!r} moved while the ledger was being re-keyed; nothing was "
+                        "signed: stop the ledger's writers and run it again", case_id=cid)
+            for a in recorded:
+                conn.execute(sa.update(anchors).where(anchors.c.anchor_seq == a.anchor_seq,
+                                                      anchors.c.digest == a.digest)
+                             .values(mac=head_mac(key, a.digest)))
+        with self._heads_lock:
+            self._heads.clear()
+            self._verified.clear()
+        case_id = f"ledger-rekey-{self._now().strftime('%Y%m%dT%H%M%S%fZ')}"
+        self.append(case_id, "ledger_rekeyed", {
+            "cases": len(heads), "anchors": len(recorded), "key_id": key_id(key),
+            "previous_key_id": key_id(previous) if previous is not None else None})
+        return RekeyReport(len(heads), len(recorded), case_id, key_id(key))
+
     @_reconnecting
     def revision(self) -> str | None:
         """The store's table revision (``capgate doctor``, ``ledger migrate``)."""
@@ -2185,6 +2272,26 @@ def _anchor_digest(anchor_seq: int, created_at: str, n_events: int, heads_digest
     return canonical_hash({"anchor_seq": anchor_seq, "created_at": created_at,
                            "cases": n_cases, "events": n_events,
                            "heads_digest": heads_digest, "prev_digest": prev_digest})
+
+
+def key_id(key: bytes) -> str:
+    """A key's public name: an HMAC of a fixed text under it (tells keys apart, reveals
+    nothing of them)."""
+    return hmac.new(key, b"capgate ledger key id", "sha256").hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class RekeyReport:
+    """What :meth:`Ledger.rekey` signed, and where it recorded that."""
+
+    cases: int
+    anchors: int
+    recorded_in: str
+    key_id: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"cases": self.cases, "anchors": self.anchors, "recorded_in": self.recorded_in,
+                "key_id": self.key_id}
 
 
 def _make_anchor(*, anchor_seq: int, created_at: str, n_events: int,
