@@ -188,3 +188,14 @@ def test_the_previous_key_variable_must_hold_a_key(tmp_path: Path) -> None:
         f'[capgate]\nledger = "sqlite:///{tmp_path / "l.db"}"\n', "utf-8")
     with pytest.raises(ConfigError, match="EMPTY_VAR"):
         rekey(load_settings(tmp_path / "capgate.toml"), "EMPTY_VAR", env={"EMPTY_VAR": ""})
+
+
+def test_a_case_deleted_since_the_latest_anchor_refuses_the_rekey(ledger_url: URL) -> None:
+    """What ``verify`` reports against the anchors is not signed over either."""
+    _write(ledger_url, None)
+    _edit(ledger_url, "DELETE FROM cg_events WHERE case_id = 'B'")
+    _edit(ledger_url, "DELETE FROM cg_cases WHERE case_id = 'B'")
+    with open_ledger(ledger_url, hmac_key=K1) as ledger:
+        with pytest.raises(LedgerTampered) as refused:
+            ledger.rekey(None)
+        assert "case_deleted" in {f["kind"] for f in refused.value.details["findings"]}

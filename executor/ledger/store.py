@@ -1429,7 +1429,8 @@ class Ledger:
         re-key (LedgerTampered, nothing written).  Then, in the same transaction,
         each head is re-signed by a compare-and-swap on its seq and digest (a case
         that moved meanwhile refuses it all: stop the writers, run again), and each
-        anchor's MAC.  The re-key is recorded in a case of its own, with the keys'
+        anchor's MAC.  A case deleted or rolled back since the latest anchor refuses it
+        too, as it fails ``verify``.  The re-key is recorded in a case of its own, with the keys'
         ids (an HMAC of a fixed text, never the key).  Exported anchor files keep
         their old MACs: export a new anchor afterwards.
         """
@@ -1441,7 +1442,9 @@ class Ledger:
         with self._guard("re-key the ledger"), self._engine.begin() as conn:
             self._backend.lock_for_ddl(conn)
             heads: list[tuple[str, CaseRow]] = []
+            chains: dict[str, list[Event]] = {}
             for cid, chain, case in self._read_cases(conn, None):
+                chains[cid] = chain
                 ours = case is not None and case.head_mac is not None and hmac.compare_digest(
                     case.head_mac, head_mac(key, case.head_digest))
                 findings.extend(f for f in check_case(cid, chain, case, previous)
@@ -1455,6 +1458,8 @@ class Ledger:
                 heads.append((cid, case))
             recorded = _read_anchors(conn)
             findings.extend(_check_anchor_chain(recorded, None))  # their digests and chain
+            if recorded:  # and no case deleted or rolled back since the latest one
+                findings.extend(_check_heads(recorded[-1], chains, None))
             for a in recorded:  # and each MAC: the previous key's, none without one, or ours
                 if a.mac is not None and hmac.compare_digest(a.mac, head_mac(key, a.digest)):
                     continue
