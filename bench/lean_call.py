@@ -83,6 +83,16 @@ def _now() -> str:
     return datetime.datetime.now(datetime.UTC).isoformat()
 
 
+def _answer(sql: str, cursor: Any, returned: list[Any]) -> None:
+    """A ledger statement must touch one row; a ``RETURNING`` one's row is kept."""
+    if "RETURNING" in sql:
+        returned.append(cursor.fetchone())
+        if returned[-1] is None:
+            raise AssertionError(f"lean ledger statement refused: {sql}")
+    elif cursor.rowcount != 1:
+        raise AssertionError(f"lean ledger statement refused: {sql}")
+
+
 class LeanSide:
     """One account, cases of ``case_calls`` calls; ``ledger`` ``"sqlite"`` (a file under
     ``folder``) or a libpq DSN of the PostgreSQL ledger's schema."""
@@ -148,13 +158,7 @@ class LeanSide:
         db.execute("BEGIN IMMEDIATE")
         try:
             for sql, binds in statements:
-                cur = db.execute(sql, binds)
-                if "RETURNING" in sql:
-                    returned.append(cur.fetchone())
-                    if returned[-1] is None:
-                        raise AssertionError(f"lean ledger statement refused: {sql}")
-                elif cur.rowcount != 1:
-                    raise AssertionError(f"lean ledger statement refused: {sql}")
+                _answer(sql, db.execute(sql, binds), returned)
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
@@ -177,12 +181,7 @@ class LeanSide:
                            for sql, binds in statements]
                 pipe.sync()
                 for (sql, _), cur in zip(statements, cursors, strict=True):
-                    if "RETURNING" in sql:
-                        returned.append(cur.fetchone())
-                        if returned[-1] is None:
-                            raise AssertionError(f"lean ledger statement refused: {sql}")
-                    elif cur.rowcount != 1:
-                        raise AssertionError(f"lean ledger statement refused: {sql}")
+                    _answer(sql, cur, returned)
             conn.execute("COMMIT")
         except BaseException:
             conn.execute("ROLLBACK")

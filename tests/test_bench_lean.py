@@ -30,6 +30,17 @@ def _libpq(url: URL) -> str:
     return url.set(drivername="postgresql").render_as_string(hide_password=False)
 
 
+def _bench_target(pg_url: URL) -> str:
+    """The bench's account table (account 7 at 1000) and capgate's tables; the libpq DSN."""
+    target = _libpq(pg_url)
+    with psycopg.connect(target, autocommit=True) as conn:
+        conn.execute("CREATE TABLE bench_account (account_id int PRIMARY KEY,"
+                     " balance bigint NOT NULL)")
+        conn.execute("INSERT INTO bench_account VALUES (7, 1000)")
+    install_at(pg_url.set(drivername="postgresql+psycopg"))
+    return target
+
+
 def _digest(case: str, seq: int, kind: str, intent: str, payload: str, prev: str,
             at: str) -> str:
     return "sha256:" + hashlib.sha256(lean_call._canon(
@@ -40,12 +51,7 @@ def _digest(case: str, seq: int, kind: str, intent: str, payload: str, prev: str
 @pytest.mark.parametrize("ledger", ["sqlite", "postgresql"])
 def test_the_lean_side_records_claims_and_releases_what_a_call_does(
         ledger: str, pg_url: URL, pg_ledger_url: URL, tmp_path: Path) -> None:
-    target = _libpq(pg_url)
-    with psycopg.connect(target, autocommit=True) as conn:
-        conn.execute("CREATE TABLE bench_account (account_id int PRIMARY KEY,"
-                     " balance bigint NOT NULL)")
-        conn.execute("INSERT INTO bench_account VALUES (7, 1000)")
-    install_at(pg_url.set(drivername="postgresql+psycopg"))
+    target = _bench_target(pg_url)
     store = "sqlite" if ledger == "sqlite" else _libpq(pg_ledger_url)
     side = lean_call.LeanSide(target, store, tmp_path, 7, case_calls=10)
     try:
@@ -92,12 +98,7 @@ def test_the_lean_side_records_claims_and_releases_what_a_call_does(
 def test_the_lean_side_refuses_a_held_impact_claim(pg_url: URL, tmp_path: Path) -> None:
     """A live holder of the impact key makes the next call fail before the target's
     statements run: the claim is taken, not assumed."""
-    target = _libpq(pg_url)
-    with psycopg.connect(target, autocommit=True) as conn:
-        conn.execute("CREATE TABLE bench_account (account_id int PRIMARY KEY,"
-                     " balance bigint NOT NULL)")
-        conn.execute("INSERT INTO bench_account VALUES (7, 1000)")
-    install_at(pg_url.set(drivername="postgresql+psycopg"))
+    target = _bench_target(pg_url)
     side = lean_call.LeanSide(target, "sqlite", tmp_path, 7)
     try:
         side.call()
