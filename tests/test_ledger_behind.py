@@ -182,3 +182,29 @@ def test_a_ledger_restored_from_a_copy_is_found_and_realigned_through_the_cli(
     assert call("R10", "after realign")["status"] == "applied_verified"
     shown = _cli(project, "ledger", "show", str(payload["recorded_in"]))
     assert shown.returncode == 0 and "fences_realigned" in shown.stdout
+
+
+def test_a_restored_ledger_cannot_spend_an_approval_twice(tmp_path: Path) -> None:
+    """A restore also makes an approval consumed since look unused; the second execution
+    still meets the request's landing marker in the target and writes nothing."""
+    project = tmp_path / "proj"
+    assert _cli(tmp_path, "init", str(project)).returncode == 0
+    purge = ("call", "policy.purge_orphan", "--json", "--case", "TICKET-2", "--input",
+             json.dumps({"policy_id": 9}))
+    refused = json.loads(_cli(project, *purge).stdout)
+    plan = refused["details"]["plan_hash"]
+    assert _cli(project, "approve", plan, "--by", "bob", "--role", "dba", "--key",
+                "keys/bob.key").returncode == 0
+    ledger = project / ".capgate" / "ledger.db"
+    with sqlite3.connect(ledger) as db:
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    shutil.copy(ledger, tmp_path / "backup.db")  # the approval recorded, not yet used
+    first = json.loads(_cli(project, *purge).stdout)
+    assert first["status"] == "applied_verified"
+    for suffix in ("-wal", "-shm"):
+        Path(f"{ledger}{suffix}").unlink(missing_ok=True)
+    shutil.copy(tmp_path / "backup.db", ledger)
+    again = json.loads(_cli(project, *purge).stdout)
+    assert again["status"] == "already_applied"
+    assert again["reason"]["kind"] == "already_landed"
+    assert again["reason"]["by_intent"] == first["intent_id"]
