@@ -633,7 +633,7 @@ class ImpactClaims(CallHooks):
             return
         stale = target_fence(ctx, conn, claim, namespace=self.store.ledger_id())
         if stale is not None:
-            behind = self._ledger_behind(stale)
+            behind = self._ledger_behind(stale, ctx.connector.name)
             if behind is not None:
                 raise Rollback(behind)
             raise Rollback({"kind": RollbackReason.STALE_FENCE, "code": StaleFence.code,
@@ -656,7 +656,7 @@ class ImpactClaims(CallHooks):
                             "message": "the impact claim expired and was taken over before "
                                        "COMMIT; nothing was committed"})
 
-    def _ledger_behind(self, stale: Mapping[str, Any]) -> dict[str, Any] | None:
+    def _ledger_behind(self, stale: Mapping[str, Any], connector: str) -> dict[str, Any] | None:
         """The rollback reason when the fence that refused us holds a token this ledger
         never issued for the key (None: a genuine newer holder, the usual stale fence).
 
@@ -668,7 +668,10 @@ class ImpactClaims(CallHooks):
         fenced = stale.get("current_token")
         if fenced is None:
             return None
-        row = self.store.current(str(stale["impact_key"]))
+        try:
+            row = self.store.current(str(stale["impact_key"]))
+        except LedgerError:  # the ledger unreachable now: the refusal stands as it is
+            return None
         issued = int(row["token"]) if row is not None else 0
         if fenced <= issued:
             return None
@@ -679,7 +682,7 @@ class ImpactClaims(CallHooks):
                            f"only up to {issued} for the key: the ledger is behind the "
                            "target (restored from an older backup, edited or cloned), and "
                            "writes the target holds may be missing from it; nothing was "
-                           "committed.  `capgate target fences CONNECTOR` lists the keys "
+                           f"committed.  `capgate target fences {connector}` lists the keys "
                            "and their last writers' landing markers; `--realign` moves "
                            "the ledger's tokens up once a person has looked"}
 

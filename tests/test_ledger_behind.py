@@ -79,6 +79,7 @@ def test_a_fence_beyond_the_ledgers_tokens_is_reported_as_the_ledger_behind(
     assert out.reason["current_token"] == 4
     assert out.reason["holder_intent"] == written[-1]
     assert "behind the target" in out.reason["message"]
+    assert "`capgate target fences insurance`" in out.reason["message"]
     assert _notes(any_target) == before  # nothing committed
 
     store = store_for(ex)
