@@ -68,18 +68,14 @@ def _target_rows(connector: Connector, sql: str, binds: dict[str, Any] | None = 
     try:
         with connector.engine.connect() as conn:
             return [tuple(r) for r in conn.execute(sa.text(sql), binds or {})]
-    except sa.exc.OperationalError as exc:
+    except sa.exc.DBAPIError as exc:
         if connector.dialect.is_undefined_table(exc):
             raise TargetNotInstalled(
                 f"connector {connector.name!r} has no {FENCE_TABLE}/{MARKER_TABLE}: run "
                 f"`capgate target install {connector.name}`", connector=connector.name) from None
-        raise ConnectorUnavailable(f"connector {connector.name!r} is unreachable: "
-                                   f"{first_line(exc)}", connector=connector.name) from None
-    except sa.exc.ProgrammingError as exc:
-        if connector.dialect.is_undefined_table(exc):
-            raise TargetNotInstalled(
-                f"connector {connector.name!r} has no {FENCE_TABLE}/{MARKER_TABLE}: run "
-                f"`capgate target install {connector.name}`", connector=connector.name) from None
+        if isinstance(exc, sa.exc.OperationalError):
+            raise ConnectorUnavailable(f"connector {connector.name!r} is unreachable: "
+                                       f"{first_line(exc)}", connector=connector.name) from None
         raise
 
 

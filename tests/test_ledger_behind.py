@@ -209,3 +209,21 @@ def test_a_restored_ledger_cannot_spend_an_approval_twice(tmp_path: Path) -> Non
     assert again["status"] == "already_applied"
     assert again["reason"]["kind"] == "already_landed"
     assert again["reason"]["by_intent"] == first["intent_id"]
+
+
+def test_fences_on_a_target_without_capgate_tables_says_how_to_install(
+        tmp_path: Path) -> None:
+    from executor.claims import ClaimStore
+    from executor.connectors import Connector, ConnectorConfig
+    from executor.ledger import open_ledger
+    from registry.errors import TargetNotInstalled
+
+    sqlite3.connect(tmp_path / "bare.db").close()
+    connector = Connector.open(ConnectorConfig(name="bare", url=f"sqlite:///{tmp_path}/bare.db",
+                                               environment="dev"))
+    try:
+        with open_ledger(f"sqlite:///{tmp_path / 'l.db'}") as ledger, \
+                pytest.raises(TargetNotInstalled, match="capgate target install bare"):
+            fence_report(ClaimStore(ledger), connector)
+    finally:
+        connector.dispose()
