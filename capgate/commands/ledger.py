@@ -10,6 +10,7 @@ they take the settings and open only the ledger.  The work is
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -81,8 +82,6 @@ def rekey(settings: Settings, previous_env: str | None = None,
     """Sign every case head and anchor with ``CAPGATE_LEDGER_HMAC_KEY`` (each case verified
     first under the previous key, read from the variable ``previous_env``; none: the ledger
     was written without a key)."""
-    import os
-
     from registry.errors import ConfigError
 
     env = os.environ if env is None else env

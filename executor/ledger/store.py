@@ -1429,10 +1429,10 @@ class Ledger:
         re-key (LedgerTampered, nothing written).  Then, in the same transaction,
         each head is re-signed by a compare-and-swap on its seq and digest (a case
         that moved meanwhile refuses it all: stop the writers, run again), and each
-        anchor's MAC.  A case deleted or rolled back since the latest anchor refuses it
-        too, as it fails ``verify``.  The re-key is recorded in a case of its own, with the keys'
-        ids (an HMAC of a fixed text, never the key).  Exported anchor files keep
-        their old MACs: export a new anchor afterwards.
+        anchor's MAC.  A case deleted or rolled back since the latest anchor refuses
+        it too, as it fails ``verify``.  The re-key is recorded in a case of its own,
+        with the keys' ids (an HMAC of a fixed text, never the key).  Exported anchor
+        files keep their old MACs: export a new anchor afterwards.
         """
         key = self._key
         if key is None:
@@ -1445,37 +1445,25 @@ class Ledger:
             chains: dict[str, list[Event]] = {}
             for cid, chain, case in self._read_cases(conn, None):
                 chains[cid] = chain
-                ours = case is not None and case.head_mac is not None and hmac.compare_digest(
-                    case.head_mac, head_mac(key, case.head_digest))
-                findings.extend(f for f in check_case(cid, chain, case, previous)
-                                if not (ours and f.kind in ("mac_mismatch", "mac_missing")))
+                findings.extend(check_case(cid, chain, case, None))  # all but the MAC
                 if case is None:
                     continue
-                if previous is None and case.head_mac is not None and not ours:
-                    findings.append(Finding(cid, case.head_seq, "mac_mismatch",
-                                            "the head is signed under a key not given: pass "
-                                            "the previous key to re-key"))
+                why = _rekey_mac_problem(case.head_mac, case.head_digest, key, previous)
+                if why is not None:
+                    findings.append(Finding(
+                        cid, case.head_seq,
+                        "mac_missing" if case.head_mac is None else "mac_mismatch",
+                        f"the head {why}"))
                 heads.append((cid, case))
             recorded = _read_anchors(conn)
-            findings.extend(_check_anchor_chain(recorded, None))  # their digests and chain
+            findings.extend(_check_anchor_chain(recorded, None))  # all but the MACs
             if recorded:  # and no case deleted or rolled back since the latest one
                 findings.extend(_check_heads(recorded[-1], chains, None))
-            for a in recorded:  # and each MAC: the previous key's, none without one, or ours
-                if a.mac is not None and hmac.compare_digest(a.mac, head_mac(key, a.digest)):
-                    continue
-                if previous is None and a.mac is None:
-                    continue
-                if previous is not None and a.mac is not None and hmac.compare_digest(
-                        a.mac, head_mac(previous, a.digest)):
-                    continue
-                if previous is None:
-                    why = "it is signed under a key not given: pass the previous key to re-key"
-                elif a.mac is None:
-                    why = "it carries no MAC, but the previous key was given"
-                else:
-                    why = "its MAC is not the previous key's"
-                findings.append(Finding(_LEDGER, a.anchor_seq, "anchor_broken",
-                                        f"anchor {a.anchor_seq}: {why}"))
+            for a in recorded:
+                why = _rekey_mac_problem(a.mac, a.digest, key, previous)
+                if why is not None:
+                    findings.append(Finding(_LEDGER, a.anchor_seq, "anchor_broken",
+                                            f"anchor {a.anchor_seq}: {why}"))
             if findings:
                 named = ", ".join(sorted({f.case_id for f in findings})[:5])
                 raise LedgerTampered(
@@ -2277,6 +2265,23 @@ def _anchor_digest(anchor_seq: int, created_at: str, n_events: int, heads_digest
     return canonical_hash({"anchor_seq": anchor_seq, "created_at": created_at,
                            "cases": n_cases, "events": n_events,
                            "heads_digest": heads_digest, "prev_digest": prev_digest})
+
+
+def _rekey_mac_problem(mac: str | None, digest: str, key: bytes,
+                       previous: bytes | None) -> str | None:
+    """Why :meth:`Ledger.rekey` may not re-sign a head's or an anchor's ``mac`` (None: it
+    may): it must be the previous key's, absent when no previous key is given, or the
+    new key's already (a re-run)."""
+    if mac is not None and hmac.compare_digest(mac, head_mac(key, digest)):
+        return None
+    if previous is None:
+        return None if mac is None else \
+            "is signed under a key not given: pass the previous key to re-key"
+    if mac is None:
+        return "carries no MAC, but the previous key was given"
+    if hmac.compare_digest(mac, head_mac(previous, digest)):
+        return None
+    return "carries a MAC that is not the previous key's"
 
 
 def key_id(key: bytes) -> str:
