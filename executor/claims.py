@@ -435,6 +435,32 @@ class ClaimStore:
         out["expires_in"] = float(row["expires_at"]) - float(row["now"])
         return out
 
+    # --- a target's fence rows against these tokens (executor.fences)
+
+    def tokens(self, keys: Sequence[str], chunk: int = 200) -> dict[str, int]:
+        """The token of each of ``keys`` that has a claim row, in one transaction."""
+        out: dict[str, int] = {}
+        with self.store.write("read impact claims' tokens", many=True) as tx:
+            for start in range(0, len(keys), chunk):
+                names = {f"k{i}": key for i, key in enumerate(keys[start:start + chunk])}
+                sql = ("SELECT impact_key, token FROM cg_claims WHERE impact_key IN ("
+                       + ", ".join(":" + n for n in names) + ")")
+                for row in tx.run(sql, names).all():
+                    out[str(row[0])] = int(row[1])
+        return out
+
+    def raise_tokens(self, tokens: Mapping[str, int]) -> None:
+        """Raise each key's token to at least the one given, in one transaction (a key
+        without a claim row gets a free one); a token is never lowered."""
+        s = self.store
+        with s.write("raise impact claims' tokens", many=True) as tx:
+            for key, token in tokens.items():
+                tx.run("INSERT INTO cg_claims (impact_key, token, case_id, intent_id,"
+                       " operation_id, holder, acquired_at, expires_at) VALUES (:k, :t, NULL,"
+                       f" NULL, NULL, NULL, {s.now_sql}, 0) ON CONFLICT (impact_key) DO UPDATE"
+                       " SET token = excluded.token WHERE cg_claims.token < excluded.token",
+                       {"k": key, "t": token})
+
     # --- a case's claims (issue 17: case close / release / hand-over, executor.cases)
 
     def held_by(self, case_id: str) -> list[dict[str, Any]]:

@@ -19,6 +19,7 @@ write through: a holder of an older token is refused by the fence as before.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -79,20 +80,6 @@ def _target_rows(connector: Connector, sql: str, binds: dict[str, Any] | None = 
         raise
 
 
-def _ledger_tokens(store: ClaimStore, keys: Sequence[str]) -> dict[str, int]:
-    """The ledger's token of each key that has a claim row."""
-    out: dict[str, int] = {}
-    with store.store.write("read impact claims' tokens", many=True) as tx:
-        for start in range(0, len(keys), _CHUNK):
-            part = keys[start:start + _CHUNK]
-            names = {f"k{i}": key for i, key in enumerate(part)}
-            sql = ("SELECT impact_key, token FROM cg_claims WHERE impact_key IN ("
-                   + ", ".join(":" + n for n in names) + ")")
-            for row in tx.run(sql, names).all():
-                out[str(row[0])] = int(row[1])
-    return out
-
-
 def _markers(connector: Connector, intents: Sequence[str]) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for start in range(0, len(intents), _CHUNK):
@@ -112,7 +99,7 @@ def fence_report(store: ClaimStore, connector: Connector) -> list[FenceRow]:
     rows = _target_rows(connector, f"SELECT key_hash, impact_key, token, intent_id"
                                    f" FROM {FENCE_TABLE} ORDER BY impact_key")
     ours = {i for i, r in enumerate(rows) if str(r[0]) == key_hash(f"{namespace}\n{r[1]}")}
-    tokens = _ledger_tokens(store, [str(rows[i][1]) for i in sorted(ours)])
+    tokens = store.tokens([str(rows[i][1]) for i in sorted(ours)])
     found: list[FenceRow] = []
     for i, r in enumerate(rows):
         key, token, intent = str(r[1]), int(r[2]), str(r[3])
@@ -126,9 +113,8 @@ def fence_report(store: ClaimStore, connector: Connector) -> list[FenceRow]:
     if not behind:
         return found
     landed = _markers(connector, behind)
-    return [FenceRow(f.impact_key, f.fence_token, f.fence_intent, f.ledger_token, f.state,
-                     landed.get(f.fence_intent)) if f.state == LEDGER_BEHIND else f
-            for f in found]
+    return [dataclasses.replace(f, landed=landed.get(f.fence_intent))
+            if f.state == LEDGER_BEHIND else f for f in found]
 
 
 def realign(store: ClaimStore, ledger: Ledger, connector: Connector, *, by: str
@@ -137,20 +123,13 @@ def realign(store: ClaimStore, ledger: Ledger, connector: Connector, *, by: str
 
     Returns the rows realigned and the case that records it (None: nothing was
     behind, nothing written).  The tokens and the record are one ledger
-    transaction each; a token is only ever raised (``WHERE token < :t``), so a
-    concurrent claim that already passed it is left alone.
+    transaction each; a token is only ever raised (:meth:`ClaimStore.raise_tokens`),
+    so a concurrent claim that already passed it is left alone.
     """
     behind = [f for f in fence_report(store, connector) if f.state == LEDGER_BEHIND]
     if not behind:
         return [], None
-    s = store.store
-    with s.write("raise impact claims' tokens to the target's fences", many=True) as tx:
-        for f in behind:
-            tx.run("INSERT INTO cg_claims (impact_key, token, case_id, intent_id, operation_id,"
-                   f" holder, acquired_at, expires_at) VALUES (:k, :t, NULL, NULL, NULL, NULL,"
-                   f" {s.now_sql}, 0) ON CONFLICT (impact_key) DO UPDATE SET token ="
-                   " excluded.token WHERE cg_claims.token < excluded.token",
-                   {"k": f.impact_key, "t": f.fence_token})
+    store.raise_tokens({f.impact_key: f.fence_token for f in behind})
     case = f"fences-{connector.name}-{datetime.now(UTC).strftime('%Y%m%dT%H%M%S%fZ')}"
     ledger.append(case, "fences_realigned", {
         "connector": connector.name, "by": by,

@@ -155,15 +155,14 @@ def fences(gate: Executor, connector: str, *, realign: bool = False,
     ``realign``: raise the ledger's tokens of the keys it is behind on, recorded as ``by``."""
     live = gate.connectors.get(connector)
     store = store_for(gate)
+    out: dict[str, Any] = {"connector": connector}
     if realign:
         if not by:
             raise UsageError("--realign needs --by NAME: the person who looked at the report "
                              "is recorded with the change")
         moved, case = realign_fences(store, gate.ledger, live, by=by)
-        rows = fence_report(store, live)
-        return {"connector": connector, "realigned": [f.to_dict() for f in moved],
-                "recorded_in": case, "fences": [f.to_dict() for f in rows],
-                "behind": sum(f.state == LEDGER_BEHIND for f in rows)}
+        out.update(realigned=[f.to_dict() for f in moved], recorded_in=case)
     rows = fence_report(store, live)
-    return {"connector": connector, "fences": [f.to_dict() for f in rows],
-            "behind": sum(f.state == LEDGER_BEHIND for f in rows)}
+    out.update(fences=[f.to_dict() for f in rows],
+               behind=sum(f.state == LEDGER_BEHIND for f in rows))
+    return out
