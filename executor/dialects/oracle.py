@@ -362,6 +362,9 @@ class OracleDialect(Dialect, name="oracle"):
     connector_settings: ClassVar[frozenset[str]] = frozenset({"thick_mode", "current_schema"})
     ping_sql: ClassVar[str] = "SELECT 1 FROM dual"  # a query needs FROM before 23ai
     fence_upsert: ClassVar[str] = FENCE_MERGE
+    # a fresh cursor per statement, as before: python-oracledb keeps a cursor's bind
+    # types from one execution to the next, and this cannot be run against Oracle here
+    reuse_cursor: ClassVar[bool] = False
 
     def __init__(self) -> None:
         self.current_schema: str | None = None

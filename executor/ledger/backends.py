@@ -789,8 +789,8 @@ class HotConnections:
                 conn.close()
         self._local = threading.local()
 
-    @contextlib.contextmanager
-    def transaction(self, *, durable: bool = True, write: bool = True) -> Iterator[HotTx]:
+    def transaction(self, *, durable: bool = True,
+                    write: bool = True) -> contextlib.AbstractContextManager[HotTx]:
         """A transaction: committed when the block ends, rolled back if it raises.
 
         ``durable=False`` commits without waiting for the disk (SQLite
@@ -798,6 +798,7 @@ class HotConnections:
         off``): visible to every reader at once and kept through a crash of
         this process; only an operating-system crash or power loss can lose it,
         and then only until the next durable commit, which flushes it too.
+        (The backend's own context manager, handed out as it is: one layer less on
+        every ledger transaction of a call.)
         """
-        with self.backend.hot_transaction(self, durable=durable, write=write) as tx:
-            yield tx
+        return self.backend.hot_transaction(self, durable=durable, write=write)
