@@ -125,7 +125,9 @@ def _session_cursor(fairy: Any, raw: Any) -> Any:
     (psycopg copies its adapters into each); every caller reads its result before the
     next statement, so one cursor per session serves them all.  It is kept with the
     driver connection it belongs to: a connection replaced after a disconnect gets its
-    own, and a cursor found closed is replaced.
+    own, and a cursor found closed is replaced.  What the last statement returned stays
+    in the client with the pooled session until its next statement: one result per
+    pooled session, as large as that statement's answer.
     """
     held = fairy.info.get(_CURSOR_KEY)
     if held is not None and held[0] is raw and not _closed(held[1]):
