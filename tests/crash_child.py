@@ -57,6 +57,26 @@ def _install_stop(stop_at: str | None) -> None:
     context.crash_point = hook
 
 
+def _install_idle_grace(seconds: float | None) -> None:
+    """Give a stopped child's idle transaction ``seconds`` before the server ends it.
+
+    The executor keeps the server's idle-in-transaction timeout short (0.75 s on
+    PostgreSQL, 1 s on MariaDB), so a stopped session is ended by the server soon
+    after it stops.  A test that must see resume itself end the session (not the
+    server racing it on a loaded machine) asks for a longer grace; the operation's
+    own timeout still bounds it.
+    """
+    if not seconds:
+        return
+    from executor.dialects.base import Dialect
+
+    pending: list[type[Dialect]] = [Dialect]
+    while pending:
+        cls = pending.pop()
+        cls.idle_grace_seconds = float(seconds)
+        pending.extend(cls.__subclasses__())
+
+
 def _install_nth_crash(point: str | None, nth: int) -> None:
     """Die (SIGKILL) at the ``nth`` time the executor reaches boundary ``point``."""
     if not point:
@@ -86,6 +106,7 @@ def run(spec: Mapping[str, Any]) -> int:
         os.environ.pop("CAPGATE_CRASH_AT", None)
         _install_nth_crash(spec.get("crash_at"), nth)  # (issue 16: a simulation's 2nd commit)
     _install_stop(spec.get("stop_at"))
+    _install_idle_grace(spec.get("idle_grace_seconds"))
     executor = make_executor(spec["target"], spec["ledger"], schema=False)
     if spec.get("capabilities"):  # extra capability files (e.g. a never_retry row)
         from executor.call import Executor

@@ -243,8 +243,11 @@ def test_live_session_is_never_not_applied(target_url: URL, point: str,
     ex = gate(target_url, ledger)
     case = f"ALIVE-{point}"
     inputs = {"policy_id": 1, "author": "jdoe", "body": f"alive {point}"}
+    # The server's own idle timeout (under a second) would end the stopped session by
+    # itself on a slow machine; this test is about resume ending it, so the child's
+    # grace is the operation's timeout (5 s) instead.
     ended = zygote.run(spec(target_url, ledger, NOTE, inputs, case, tmp_path / "out.json",
-                            stop_at=point))
+                            stop_at=point, idle_grace_seconds=30))
     assert ended.stopped
     try:
         waited = resume(ex, case, terminate=False, wait_seconds=0.3)
