@@ -934,7 +934,10 @@ def test_a_dry_run_resume_kills_no_session(server_url: URL, gate: Callable[..., 
     ended = zygote.run({"target": server_url.render_as_string(hide_password=False),
                         "ledger": ledger, "operation": "policy.add_note",
                         "inputs": {**NOTE, "body": "dry run"}, "case": case, "who": "agent",
-                        "out": str(tmp_path / "out.json"), "stop_at": "before_commit"})
+                        "out": str(tmp_path / "out.json"), "stop_at": "before_commit",
+                        # the session must outlive the CLI's start: not the server's
+                        # sub-second idle timeout, only resume could end it early
+                        "idle_grace_seconds": 30})
     assert ended.stopped, ended
     try:
         (state,) = ex.ledger.snapshot(case)["intents"].values()  # type: ignore[index]
