@@ -502,6 +502,17 @@ class LockedRowMissing(RegistryError, code="CG133"):
     """
 
 
+class RowsNotPinned(RegistryError, code="CG134"):
+    """Capability rows that no ``capabilities.lock`` pins (a warning of ``capgate doctor``).
+
+    Only a pinned row is immutable: with no lock file beside the files, a row
+    edited in place -- its gate removed, its SQL changed -- takes effect at once,
+    with no new version and nothing to review; a row missing from an existing
+    lock is a draft that nobody has pinned yet.  Review the rows (``capgate
+    diff``), then ``capgate lock``; ``capgate init`` pins the rows it writes.
+    """
+
+
 class UnknownOperation(CapgateError, code="CG140"):
     """No capability row declares this operation.
 

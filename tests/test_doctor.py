@@ -143,3 +143,31 @@ def test_doctor_on_mariadb_max_user_connections_and_privileges(
         with admin.begin() as conn:
             conn.execute(sa.text(f"DROP USER '{user}'@'%'"))
         admin.dispose()
+
+
+def test_doctor_warns_when_no_lock_pins_the_rows(tmp_path: Path) -> None:
+    """CG134: without capabilities.lock a row edited in place runs unreviewed; drafts named."""
+    proj = tmp_path / "proj"
+    init_project(proj)
+    config = proj / "capgate.toml"
+    pinned = run_doctor(config, {}, live=False)
+    assert "CG134" not in codes(pinned)
+    assert any("every row is pinned" in m for m in codes(pinned)["OK"])
+
+    caps = proj / "capabilities"
+    lock = caps / "capabilities.lock"
+    kept = lock.read_text("utf-8")
+    lock.unlink()
+    unlocked = run_doctor(config, {}, live=False)
+    (warned,) = codes(unlocked)["CG134"]
+    assert "no capabilities.lock" in warned and "edited in place" in warned
+    assert unlocked.ok, "a warning, not an error"
+
+    lock.write_text(kept, "utf-8")
+    env = clean_env(tmp_path)
+    capgate(["bump", "policy.add_note"], proj, env)
+    draft = run_doctor(config, {}, live=False)
+    (warned,) = codes(draft)["CG134"]
+    assert "1 row(s) not pinned" in warned and "policy.add_note@2" in warned
+    capgate(["lock"], proj, env)
+    assert "CG134" not in codes(run_doctor(config, {}, live=False))

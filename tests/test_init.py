@@ -183,3 +183,48 @@ def test_the_readme_configuration_gives_the_agent_tools(tmp_path: Path) -> None:
                     Grants.load(tmp_path / "grants.toml"), str(settings.agent))
     assert seen.usable, seen.line()
     assert not [h for h in seen.hidden if h.reason == "environment mismatch"], seen.line()
+
+
+def _ungate_purge_orphan(policies: Path) -> None:
+    """Edit policy.purge_orphan@2 in place: its approval gate becomes a plain write grant."""
+    text = policies.read_text("utf-8")
+    at = text.index("operation_id: policy.purge_orphan\n    version: 2")
+    gate = ("    authorization:\n      kind: gate\n      approver_roles: [dba, underwriting_lead]\n"
+            "      four_eyes: true\n      approval_ttl_seconds: 1800\n")
+    cut = text.index(gate, at)
+    policies.write_text(text[:cut] + "    authorization: {kind: write_grant}\n"
+                        + text[cut + len(gate):], "utf-8")
+
+
+def test_init_pins_its_rows_so_a_row_edited_in_place_is_refused(tmp_path: Path) -> None:
+    """A published row is immutable from the first minute of a project.
+
+    ``init`` used to write no ``capabilities.lock``: nothing was pinned, and the
+    gated row edited in place (its gate turned into a write grant) ran at once,
+    unapproved and unreviewed.  Now the edit is CG130 and the write stays gated.
+    """
+    env = clean_env(tmp_path)
+    made = json.loads(capgate(["init", "proj", "--json"], tmp_path, env).stdout)
+    proj = tmp_path / "proj"
+    lock = json.loads((proj / "capabilities" / "capabilities.lock").read_text("utf-8"))
+    assert made["pinned"] == made["rows"] == len(lock["rows"]) > 0
+    assert "capabilities/capabilities.lock" in made["files"]
+    assert "policy.purge_orphan@2" in lock["rows"]
+
+    _ungate_purge_orphan(proj / "capabilities" / "policies.yaml")
+    refused = capgate(["validate", "--json"], proj, env, code=1)
+    assert [p["code"] for p in json.loads(refused.stdout)["problems"]] == ["CG130"]
+    call = ["call", "policy.purge_orphan", "--input", '{"policy_id": 9}', "--case", "T-9",
+            "--json"]
+    said = capgate(call, proj, env, code=1)
+    assert "CG130" in said.stdout + said.stderr
+    with sa.create_engine(f"sqlite:///{proj / 'insurance.db'}").connect() as conn:
+        assert conn.execute(sa.text("SELECT count(*) FROM policy WHERE policy_id = 9")
+                            ).scalar_one() == 1, "the edited row ran"
+
+
+def test_init_empty_pins_its_template_row(tmp_path: Path) -> None:
+    made = init_project(tmp_path / "proj", empty=True)
+    lock = json.loads((tmp_path / "proj" / "capabilities" / "capabilities.lock")
+                      .read_text("utf-8"))
+    assert made.pinned == made.rows == len(lock["rows"]) and "app.ping@1" in lock["rows"]

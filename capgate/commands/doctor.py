@@ -244,6 +244,37 @@ def _close(word: str, choices: Iterable[str]) -> str:
     return f" (did you mean {found[0]!r}?)" if found else ""
 
 
+def _check_pins(report: Report, result: Any) -> None:
+    """Which rows ``capabilities.lock`` pins: only a pinned row is immutable.
+
+    Without a lock a row edited in place (its gate removed, its SQL changed)
+    takes effect at once with nothing to review; with one, a row it does not pin
+    is a draft.  A warning, not an error: drafts are how a new version starts.
+    """
+    from registry.errors import RowsNotPinned
+    from registry.lock import read_lock
+
+    lock_path = result.lock_path
+    if lock_path is None:
+        return
+    if not lock_path.exists():
+        report.add(WARNING, RowsNotPinned.code, "capabilities",
+                   f"no {lock_path.name} at {lock_path}: none of the {len(result.rows)} "
+                   "row(s) is pinned, so a row edited in place (its gate, its SQL) takes "
+                   "effect at once with no new version and nothing to review; review the "
+                   "rows, then `capgate lock`", lock=str(lock_path), unpinned=len(result.rows))
+        return
+    locked = read_lock(lock_path)  # (validated above: readable, and no pin broken)
+    drafts = sorted(r.ref for r in result.rows if r.key not in locked and not r.retired)
+    if drafts:
+        report.add(WARNING, RowsNotPinned.code, "capabilities",
+                   f"{len(drafts)} row(s) not pinned in {lock_path} yet: "
+                   f"{', '.join(drafts)}; drafts until reviewed (`capgate diff`), then "
+                   "`capgate lock`", lock=str(lock_path), rows=drafts)
+    else:
+        report.add(OK, "OK", "capabilities", f"every row is pinned in {lock_path}")
+
+
 def _check_capabilities(report: Report, settings: Any) -> Any:
     from registry.errors import CapgateError, GrantUnknownRole, UnknownConnector
     from registry.loader import validate_paths
@@ -262,6 +293,7 @@ def _check_capabilities(report: Report, settings: Any) -> Any:
     registry = Registry(result.rows)
     report.add(OK, "OK", "capabilities", f"{len(result.rows)} row(s) in "
                f"{len(result.files)} file(s), all valid")
+    _check_pins(report, result)
     missing: dict[str, list[str]] = {}
     for row in registry.current_rows():
         if row.connector not in settings.connectors:

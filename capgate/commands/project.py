@@ -121,6 +121,8 @@ class InitReport:
     environment: str = "dev"
     agent: str = EXAMPLE_AGENT
     rows: int = 0
+    pinned: int = 0
+    """rows pinned in ``capabilities/capabilities.lock``."""
     target_tables: list[str] = field(default_factory=list)
     example_schema: bool = False
     next_steps: list[str] = field(default_factory=list)
@@ -129,6 +131,7 @@ class InitReport:
     def to_dict(self) -> dict[str, Any]:
         return {"folder": str(self.folder), "files": self.files, "connectors": self.connectors,
                 "environment": self.environment, "agent": self.agent, "rows": self.rows,
+                "pinned": self.pinned,
                 "target_tables": self.target_tables, "example_schema": self.example_schema,
                 "next_steps": self.next_steps, "mcp_client": self.mcp_client}
 
@@ -221,7 +224,7 @@ def init_project(folder: str | Path, *, target: str | None = None, empty: bool =
     from executor.connectors import safe_url
     from executor.dialects import normalise_url
     from executor.target import first_line, install_at
-    from registry.loader import validate_texts
+    from registry.loader import update_lock, validate_texts
 
     if environment not in ENVIRONMENTS:
         raise UsageError(f"--environment must be one of {', '.join(ENVIRONMENTS)}, "
@@ -299,7 +302,11 @@ def init_project(folder: str | Path, *, target: str | None = None, empty: bool =
     caps.mkdir()
     for name, text in texts:
         (root / name).write_text(text, "utf-8")
-    report.files[:0] = [name for name, _ in texts]
+    # The rows start published: pinned, so that one edited in place is refused (CG130)
+    # instead of taking effect unreviewed; a change is a new version (`capgate bump`).
+    lock_path, _, pins = update_lock([caps])
+    report.pinned = len(pins)
+    report.files[:0] = [name for name, _ in texts] + [str(lock_path.relative_to(root))]
 
     connectors = {name: written_url for name in names}
     report.connectors = {name: safe_url(live_url) for name in names}

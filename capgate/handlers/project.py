@@ -48,7 +48,9 @@ def cmd_init(args: argparse.Namespace) -> int:
         lines.append(f"  {name}")
     for name, url in report.connectors.items():
         lines.append(f"  connector {name} ({report.environment}) -> {url}")
-    lines.append(f"  {report.rows} capability rows; capgate's tables in the target: "
+    lines.append(f"  {report.rows} capability rows, {report.pinned} pinned in "
+                 "capabilities/capabilities.lock (a change is a new version: `capgate bump`); "
+                 "capgate's tables in the target: "
                  + (", ".join(report.target_tables) or "already there")
                  + ("; the example schema and rows created" if report.example_schema else ""))
     lines.append(f"  {report.agent!r} may write in {report.environment}; alice and bob "
