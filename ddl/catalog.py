@@ -382,6 +382,10 @@ class CatalogAdapter(Protocol):
         """Package-level declarations that make the package stateful."""
         ...
 
+    def privilege_changes(self, ref: ObjectRef, base: str | None, new: str) -> list[str]:
+        """What the approver must know about whose rights the new source runs with."""
+        ...
+
     def session(
         self, conn: Connection, settings: Mapping[str, str]
     ) -> AbstractContextManager[None]:
@@ -530,6 +534,17 @@ class BaseAdapter(Registered):
     def holds_state(self, ref: ObjectRef, source: str) -> list[str]:
         if ref.kind in ("package", "package_body"):
             return sqltext.package_state(source)
+        return []
+
+    def privilege_changes(self, ref: ObjectRef, base: str | None, new: str) -> list[str]:
+        """Plan warnings when the new source runs with more rights than the live one.
+
+        ``base`` is the live source (None: the plan creates the object), ``new``
+        the source as the server renders it where the plan could try it.  A
+        source that starts running with its owner's rights gives them to every
+        caller: the diff shows the clause, this says what it means.  Engines
+        whose code can run as its owner say it; the default has nothing to say.
+        """
         return []
 
     def sql_source(self, ref: ObjectRef, source: str) -> str:

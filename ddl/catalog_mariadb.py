@@ -119,6 +119,14 @@ def _quoted_definer(definer: str) -> str:
     return f"`{user}`@`{host}`"
 
 
+_INVOKER = re.compile(r"\bSQL\s+SECURITY\s+INVOKER\b", re.IGNORECASE)
+
+
+def _runs_as_invoker(source: str) -> bool:
+    """Whether a routine's or view's source declares ``SQL SECURITY INVOKER``."""
+    return _INVOKER.search(sqltext.mask(source, strings=True)) is not None
+
+
 class MariadbAdapter(BaseAdapter, name="mariadb"):
     plain_identifier = re.compile(r"^[A-Za-z0-9_$]{1,64}$")
     identifier_quote = "`"
@@ -129,6 +137,25 @@ class MariadbAdapter(BaseAdapter, name="mariadb"):
 
     def plsql(self, attributes: Mapping[str, str]) -> bool:
         return "ORACLE" in str(attributes.get("sql_mode", "")).upper().split(",")
+
+    def privilege_changes(self, ref: ObjectRef, base: str | None, new: str) -> list[str]:
+        """``SQL SECURITY INVOKER`` dropped: the object starts running with its definer's rights.
+
+        MariaDB's default is DEFINER (``SHOW CREATE`` prints ``SQL SECURITY
+        INVOKER`` on a routine only when it is set, on a view always), so a
+        replacement that leaves the clause out turns an invoker's routine into
+        one every caller runs with the definer's privileges.  (Who the definer
+        is, the plan says with CG529's note; a new object runs as its definer
+        like every MariaDB routine, which is not news.)
+        """
+        if base is None or ref.kind not in ("function", "procedure", "view"):
+            return []
+        if _runs_as_invoker(base) and not _runs_as_invoker(new):
+            return [f"{ref.key}: the new source runs with its definer's rights (SQL SECURITY "
+                    "DEFINER, MariaDB's default when the clause is left out), where the live "
+                    "one runs with its caller's (SQL SECURITY INVOKER): every account that "
+                    "may use it acts with the definer's privileges inside it"]
+        return []
 
     def parse_definition(self, conn: Connection | None, ref: ObjectRef, source: str,
                          attributes: Mapping[str, str]) -> None:

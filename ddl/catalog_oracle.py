@@ -179,6 +179,14 @@ def compile_settings_clause(attributes: Mapping[str, str]) -> str:
     return " ".join(parts)
 
 
+_INVOKER_RIGHTS = re.compile(r"\bAUTHID\s+CURRENT_USER\b", re.IGNORECASE)
+
+
+def _invoker_rights(source: str) -> bool:
+    """Whether a PL/SQL unit's source declares invoker's rights (``AUTHID CURRENT_USER``)."""
+    return _INVOKER_RIGHTS.search(sqltext.mask(source, strings=True)) is not None
+
+
 class OracleAdapter(BaseAdapter, name="oracle"):
     plain_identifier = re.compile(r"^[A-Za-z][A-Za-z0-9_$#]{0,127}$")
     transactional_ddl = False
@@ -189,6 +197,23 @@ class OracleAdapter(BaseAdapter, name="oracle"):
 
     def plsql(self, attributes: Mapping[str, str]) -> bool:
         return True
+
+    def privilege_changes(self, ref: ObjectRef, base: str | None, new: str) -> list[str]:
+        """``AUTHID CURRENT_USER`` dropped: the unit starts running with its owner's rights.
+
+        Oracle's default is definer's rights (``AUTHID DEFINER``), so a spec or a
+        standalone subprogram replaced without the clause runs every caller's
+        calls with the owner's privileges.  (A new unit with definer's rights is
+        Oracle's default and not news; bodies take the spec's.)
+        """
+        if base is None or ref.kind not in ("package", "type", "procedure", "function"):
+            return []
+        if _invoker_rights(base) and not _invoker_rights(new):
+            return [f"{ref.key}: the new source runs with its owner's rights (definer's "
+                    "rights, Oracle's default when AUTHID is left out), where the live one "
+                    "runs with its caller's (AUTHID CURRENT_USER): every user that may "
+                    "execute it acts with the owner's privileges inside it"]
+        return []
 
     # -- identity ------------------------------------------------------------------------------
     def default_schema(self, conn: Connection) -> str | None:

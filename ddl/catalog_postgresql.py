@@ -129,12 +129,57 @@ _PG_DEPEND_EDGES = (
 )
 
 
+_CLAUSE = re.compile(r"\b(SECURITY\s+(?:DEFINER|INVOKER)|SET\s+SEARCH_PATH)\b", re.IGNORECASE)
+
+
+def _clauses(source: str) -> set[str]:
+    """The security clauses a function's source declares, upper-cased, spaces single.
+
+    (The last ``SECURITY`` clause wins in PostgreSQL; a source naming both is
+    refused by the server, so the set is enough.)
+    """
+    masked = sqltext.mask(source, strings=True, dollar=True)
+    return {" ".join(m.group(1).upper().split()) for m in _CLAUSE.finditer(masked)}
+
+
 class PostgresqlAdapter(BaseAdapter, name="postgresql"):
     plain_identifier = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]{0,62}$")
     transactional_ddl = True
     kinds = frozenset({"function", "procedure", "aggregate", "view", "trigger"})
     fold = "lower"
     sqlglot_dialect = "postgres"
+
+    # -- whose rights the code runs with -----------------------------------------------------
+    def privilege_changes(self, ref: ObjectRef, base: str | None, new: str) -> list[str]:
+        """``SECURITY DEFINER`` gained, and one without a pinned ``search_path``.
+
+        A SECURITY DEFINER function or procedure runs with its owner's rights for
+        every caller.  The manual ("Writing SECURITY DEFINER Functions Safely")
+        asks for a ``SET search_path`` on it that leaves out schemas others can
+        write: otherwise a caller who can create an object (an operator, a
+        function) that the body resolves by name runs it with the owner's rights.
+        Read from the header clauses, strings, comments and dollar-quoted bodies
+        blanked out (``pg_get_functiondef`` writes each clause on a line of its
+        own; a user's source may put them after the body too).
+        """
+        if ref.kind not in ("function", "procedure"):
+            return []
+        now = _clauses(new)
+        if "SECURITY DEFINER" not in now:
+            return []
+        out: list[str] = []
+        if base is None or "SECURITY DEFINER" not in _clauses(base):
+            was = "" if base is None else ", where the live one runs with its caller's"
+            out.append(f"{ref.key}: the new source runs with its owner's rights (SECURITY "
+                       f"DEFINER){was}: every role that may execute it acts with the owner's "
+                       "privileges inside it")
+        if "SET SEARCH_PATH" not in now:
+            out.append(f"{ref.key}: SECURITY DEFINER without SET search_path: a caller who can "
+                       "create objects in a schema on the search path can make the body run "
+                       "them with the owner's rights; add e.g. SET search_path = pg_catalog, "
+                       "<schema> (PostgreSQL manual: Writing SECURITY DEFINER Functions "
+                       "Safely)")
+        return out
 
     # -- identity ------------------------------------------------------------------------
     def default_schema(self, conn: Connection) -> str | None:

@@ -442,6 +442,9 @@ class DdlLoop:
                         "replacing it discards that state in every session using it "
                         "(Oracle ORA-04068)"
                     )
+                warnings += self.adapter.privilege_changes(
+                    ref, base.source if base.exists else None,
+                    rendered if rendered is not None else ch.source)
                 to_sig = new_sig if rendered is None else sign(self.adapter.signed_text(
                     ref, self.adapter.appliable(ref, rendered), attributes))
                 base_text = self.adapter.normalise(ref, base.source) if base.exists else ""

@@ -440,3 +440,20 @@ def test_crash_after_apply_started_is_classified(
     else:
         assert states == {"package": "applied", "package_body": "applied"}
         assert loop.verify(plan).passed
+
+
+def test_a_routine_that_starts_running_as_its_definer_is_a_plan_warning(loop: DdlLoop,
+                                                                        target: URL) -> None:
+    """MariaDB runs a routine with its definer's rights unless it says SQL SECURITY INVOKER:
+    a replacement that leaves the clause out is said to the approver (before: nothing)."""
+    run(target, ["CREATE OR REPLACE FUNCTION tripled(x INT) RETURNS INT SQL SECURITY INVOKER "
+                 "RETURN x * 3"], mode="STRICT_TRANS_TABLES")
+    fn = loop.capture(ObjectRef("function", "tripled"))
+    dropped = "CREATE OR REPLACE FUNCTION tripled(x INT) RETURNS INT RETURN x * 4"
+    plan = loop.plan([Change(dropped, base_snapshot_id=fn.id)])
+    (warned,) = [w for w in plan.warnings if "definer's rights" in w]
+    assert "SQL SECURITY INVOKER" in warned and warned.startswith(fn.object.key)
+    kept = ("CREATE OR REPLACE FUNCTION tripled(x INT) RETURNS INT SQL SECURITY INVOKER "
+            "RETURN x * 4")
+    quiet = loop.plan([Change(kept, base_snapshot_id=fn.id)])
+    assert not [w for w in quiet.warnings if "definer's rights" in w], quiet.warnings

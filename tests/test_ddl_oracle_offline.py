@@ -81,3 +81,22 @@ def test_a_plsql_unit_is_one_definition_and_nothing_more() -> None:
         parse_blocks(BODY + "GRANT EXECUTE ON billing TO PUBLIC;\n", "package_body", "oracle",
                      plsql=True, what="package_body:BILLING")
     assert exc.value.details["line"] == 12
+
+
+def test_invoker_rights_dropped_is_a_plan_warning() -> None:
+    """Oracle's default is definer's rights: a spec replaced without AUTHID CURRENT_USER is
+    said to the approver; keeping it, a new unit, a body, or a comment naming it is not."""
+    from ddl.catalog_oracle import OracleAdapter
+
+    adapter = OracleAdapter()
+    spec = ObjectRef("package", "BILLING", "APP")
+    base = "CREATE OR REPLACE PACKAGE billing AUTHID CURRENT_USER AS\n  x NUMBER;\nEND;"
+    dropped = "CREATE OR REPLACE PACKAGE billing AS\n  x NUMBER;\nEND;"
+    (warned,) = adapter.privilege_changes(spec, base, dropped)
+    assert warned.startswith(spec.key) and "AUTHID CURRENT_USER" in warned
+    assert adapter.privilege_changes(spec, base, base.replace("x NUMBER", "y NUMBER")) == []
+    assert adapter.privilege_changes(spec, None, dropped) == []
+    commented = "CREATE OR REPLACE PACKAGE billing AS\n  -- AUTHID CURRENT_USER\nEND;"
+    assert adapter.privilege_changes(spec, base, commented) != []
+    body = ObjectRef("package_body", "BILLING", "APP")
+    assert adapter.privilege_changes(body, base, dropped) == []

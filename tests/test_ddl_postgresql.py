@@ -424,3 +424,34 @@ def test_capture_of_a_50000_line_function(loop: DdlLoop, target: URL) -> None:
     snap = loop.capture(ref)
     print(f"full capture incl. storing the snapshot: {(time.perf_counter() - t0) * 1000:.1f} ms")
     assert snap.signature == sig
+
+
+# --- whose rights the new source runs with --------------------------------------------------
+
+
+def test_a_source_that_starts_running_as_its_owner_is_a_plan_warning(loop: DdlLoop) -> None:
+    """SECURITY DEFINER gained is said to the approver, and one without a pinned search_path.
+
+    Before, the plan showed the clause in its diff and passed every check with no
+    word on what it means; a text that only mentions the clause (a comment in the
+    body) says nothing, and a definer function that pins its search_path and was
+    one already gets no warning.
+    """
+    snap = loop.capture(PREMIUM)
+    definer = PREMIUM_V1.replace("LANGUAGE plpgsql AS", "LANGUAGE plpgsql SECURITY DEFINER AS")
+    plan = loop.plan([Change(definer, base_snapshot_id=snap.id)])
+    rights = [w for w in plan.warnings if "(SECURITY DEFINER)" in w]
+    assert len(rights) == 1 and "where the live one runs with its caller's" in rights[0]
+    assert any("SECURITY DEFINER without SET search_path" in w for w in plan.warnings)
+
+    mention = PREMIUM_V1.replace("-- base rate", "-- not SECURITY DEFINER; SET search_path")
+    quiet = loop.plan([Change(mention, base_snapshot_id=snap.id)])
+    assert not [w for w in quiet.warnings if "SECURITY DEFINER" in w], quiet.warnings
+
+    pinned = definer.replace("SECURITY DEFINER AS",
+                             "SECURITY DEFINER SET search_path = pg_catalog AS")
+    applied = loop.plan([Change(pinned, base_snapshot_id=snap.id)])
+    assert [w for w in applied.warnings if "SECURITY DEFINER" in w] == [rights[0]]
+    assert loop.execute(applied).outcome == "applied_verified"
+    again = loop.plan([Change(pinned.replace("1.10", "1.30"))])
+    assert not [w for w in again.warnings if "SECURITY DEFINER" in w], again.warnings
