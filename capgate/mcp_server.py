@@ -56,6 +56,7 @@ Reload
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
 import os
 import sys
@@ -560,12 +561,13 @@ class GateServer:
             await self.server.run(read_stream, write_stream,
                                   self.server.create_initialization_options())
 
-    async def serve_http(self, host: str, port: int) -> None:
+    async def serve_http(self, host: str, port: int, tls: Tls | None = None) -> None:
         import uvicorn
         from pydantic import AnyHttpUrl
 
         assert self.tokens is not None
-        base = f"http://{host}:{port}"
+        shown = f"[{host}]" if ":" in host else host
+        base = f"{'https' if tls else 'http'}://{shown}:{port}"
         app = self.server.streamable_http_app(
             host=host,
             auth=AuthSettings(issuer_url=AnyHttpUrl(base), resource_server_url=None),
@@ -576,7 +578,9 @@ class GateServer:
         log(f"serving streamable HTTP at {base}/mcp for {len(identities)} identit"
             f"{'y' if len(identities) == 1 else 'ies'} ({', '.join(identities)})")
         config = uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                lifespan="on")
+                                lifespan="on",
+                                ssl_certfile=str(tls.cert) if tls else None,
+                                ssl_keyfile=str(tls.key) if tls else None)
         await uvicorn.Server(config).serve()
 
 
@@ -597,14 +601,60 @@ def parse_http(spec: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+@dataclass(frozen=True)
+class Tls:
+    """The certificate chain and key the HTTP server presents (PEM files)."""
+
+    cert: Path
+    key: Path
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` names this machine only (``localhost``, 127.0.0.0/8, ``::1``)."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name: it may resolve to any interface
+
+
+def http_endpoint(spec: str, tls_cert: str | None, tls_key: str | None
+                  ) -> tuple[str, int, Tls | None]:
+    """``--http`` with its TLS files, checked before anything is opened.
+
+    The bearer tokens are the identities: sent in cleartext beyond this machine,
+    anyone on the path could take one and call as that agent.  So a host other
+    than a loopback one needs TLS (or stays on 127.0.0.1 behind a TLS proxy).
+    """
+    host, port = parse_http(spec)
+    if (tls_cert is None) != (tls_key is None):
+        raise ConfigError("--tls-cert and --tls-key go together (the certificate chain and "
+                          "its private key, PEM)")
+    tls = None
+    if tls_cert is not None and tls_key is not None:
+        for flag, name in (("--tls-cert", tls_cert), ("--tls-key", tls_key)):
+            if not Path(name).is_file():
+                raise ConfigError(f"{flag} {name}: no such file", path=name)
+        tls = Tls(Path(tls_cert), Path(tls_key))
+    if tls is None and not is_loopback(host):
+        raise ConfigError(
+            f"--http {spec}: serving beyond this machine over plain HTTP would send every "
+            "bearer token -- an agent's identity -- in cleartext; bind a loopback address "
+            "(127.0.0.1, behind a TLS-terminating proxy for remote clients) or give "
+            "--tls-cert FILE --tls-key FILE", host=host)
+    return host, port, tls
+
+
 def serve(settings: Settings, executor: Executor, *, who: str | None, http: str | None,
-          tokens_path: str | None, default_case: str | None, poll_seconds: float) -> None:
+          tokens_path: str | None, default_case: str | None, poll_seconds: float,
+          tls_cert: str | None = None, tls_key: str | None = None) -> None:
     """Run the server until the client hangs up (stdio) or the process is stopped (HTTP)."""
     if http is not None:
-        host, port = parse_http(http)
+        host, port, tls = http_endpoint(http, tls_cert, tls_key)
         gate = GateServer(settings, executor, tokens=load_tokens(tokens_path),
                           default_case=default_case, poll_seconds=poll_seconds)
-        anyio.run(gate.serve_http, host, port)
+        anyio.run(gate.serve_http, host, port, tls)
         return
     gate = GateServer(settings, executor, who=who, default_case=default_case,
                       poll_seconds=poll_seconds)

@@ -388,6 +388,93 @@ async def http_scenario(place: Place, url: str) -> None:
     assert MCPError in {type(e) for e in leaves(refused.value)}
 
 
+def self_signed(folder: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 and its key, as PEM files (the test's own CA)."""
+    import datetime as dt
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "capgate test")])
+    now = dt.datetime.now(dt.UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(minutes=5))
+            .not_valid_after(now + dt.timedelta(hours=1))
+            .add_extension(x509.SubjectAlternativeName(
+                [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    cert_path, key_path = folder / "server.crt", folder / "server.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                           serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return cert_path, key_path
+
+
+def test_http_beyond_loopback_needs_tls(sqlite_url: URL, tmp_path: Path) -> None:
+    """Bearer tokens are identities: plain HTTP on a non-loopback address is refused
+    (CG902, exit 2, nothing listens); before, `--http 0.0.0.0:PORT` served them in
+    cleartext to the network.  With --tls-cert/--tls-key it serves https there."""
+    place = Place(tmp_path, sqlite_url)
+    env = place.env(CAPGATE_MCP_TOKENS=json.dumps(TOKENS))
+    cert, key = self_signed(tmp_path)
+    for args, said in (
+            (["--http", "0.0.0.0:{port}"], "cleartext"),
+            (["--http", "[::]:{port}"], "cleartext"),
+            (["--http", "capgate.example.org:{port}"], "cleartext"),
+            (["--http", "0.0.0.0:{port}", "--tls-cert", str(cert)], "go together"),
+            (["--http", "0.0.0.0:{port}", "--tls-cert", str(cert), "--tls-key",
+              str(tmp_path / "missing.key")], "no such file")):
+        port = free_port()
+        ran = subprocess.run(place.command("mcp", *[a.format(port=port) for a in args]),
+                             cwd=ROOT, env=env, stdin=subprocess.DEVNULL, capture_output=True,
+                             text=True, timeout=60, check=False)
+        assert ran.returncode == 2, (args, ran.stdout, ran.stderr)
+        assert "CG902" in ran.stdout + ran.stderr and said in ran.stdout + ran.stderr, args
+        with socket.socket() as s:
+            assert s.connect_ex(("127.0.0.1", port)) != 0, "something listened"
+
+    port = free_port()
+    with place.errlog.open("w") as errlog:
+        proc = subprocess.Popen(
+            place.command("mcp", "--http", f"0.0.0.0:{port}", "--tls-cert", str(cert),
+                          "--tls-key", str(key)), cwd=ROOT, env=env,
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=errlog)
+    try:
+        wait_for_port(port, proc)
+        anyio.run(https_scenario, f"https://127.0.0.1:{port}/mcp", cert)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    assert f"serving streamable HTTP at https://0.0.0.0:{port}/mcp" in place.errlog.read_text()
+
+
+async def https_scenario(url: str, ca: Path) -> None:
+    import ssl
+
+    agent = next(iter(TOKENS))
+    trust = ssl.create_default_context(cafile=str(ca))
+    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {agent}"},
+                                  verify=trust) as http, \
+            streamable_http_client(url, http_client=http) as (read, write), \
+            ClientSession(read, write) as session:
+        await session.initialize()
+        assert "policy.add_note" in {t.name for t in (await session.list_tools()).tools}
+    async with httpx2.AsyncClient(verify=trust) as http:
+        refused = await http.post(url, json={"jsonrpc": "2.0", "id": 1, "method": "ping"},
+                                  headers={"Accept": "application/json, text/event-stream"})
+        assert refused.status_code == 401
+    async with httpx2.AsyncClient() as http:  # plain HTTP to the TLS port gets nothing
+        with pytest.raises(httpx2.HTTPError):
+            await http.post(url.replace("https://", "http://"), json={})
+
+
 def leaves(exc: BaseException) -> list[BaseException]:
     if isinstance(exc, BaseExceptionGroup):
         return [leaf for inner in exc.exceptions for leaf in leaves(inner)]

@@ -21,14 +21,17 @@ if TYPE_CHECKING:
 
 def serve_mcp(settings: Settings, *, who: str | None = None, http: str | None = None,
               tokens: str | None = None, case: str | None = None,
-              poll_seconds: float = 2.0) -> None:
+              poll_seconds: float = 2.0, tls_cert: str | None = None,
+              tls_key: str | None = None) -> None:
     """Serve one MCP tool per row the caller may use, until the client or the process stops.
 
     stdio by default, as ``who`` (default: the configured agent); ``http``
     (``HOST:PORT``): streamable HTTP, each caller's identity from its bearer token
     (``tokens``: a JSON file ``{token: identity}``, default ``CAPGATE_MCP_TOKENS``).
     ``case``: the case of calls whose request names none.  The capability files are
-    looked at every ``poll_seconds`` and reloaded when they change.
+    looked at every ``poll_seconds`` and reloaded when they change.  Beyond a loopback
+    address HTTP needs ``tls_cert`` and ``tls_key`` (PEM files): the tokens are the
+    identities, and plain HTTP would carry them in cleartext.
     """
     from capgate import mcp_server
 
@@ -36,9 +39,14 @@ def serve_mcp(settings: Settings, *, who: str | None = None, http: str | None = 
         raise UsageError("--poll must be a positive number of seconds")
     if http is not None and who is not None:
         raise UsageError("over HTTP the identity comes from the bearer token; drop --as")
+    if http is not None:
+        mcp_server.http_endpoint(http, tls_cert, tls_key)  # refused before anything opens
+    elif tls_cert is not None or tls_key is not None:
+        raise UsageError("--tls-cert and --tls-key are for --http")
     with build_executor(settings) as gate:
         mcp_server.serve(settings, gate, who=who or settings.agent, http=http,
-                         tokens_path=tokens, default_case=case, poll_seconds=poll_seconds)
+                         tokens_path=tokens, default_case=case, poll_seconds=poll_seconds,
+                         tls_cert=tls_cert, tls_key=tls_key)
 
 
 def rehearse(settings: Settings, paths: Sequence[str] = (), *, who: str | None = None,

@@ -32,6 +32,11 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
                    help="serve streamable HTTP at http://HOST:PORT/mcp instead of stdio")
     p.add_argument("--tokens", metavar="FILE", default=None,
                    help="HTTP: JSON object {token: identity} (default: env CAPGATE_MCP_TOKENS)")
+    p.add_argument("--tls-cert", metavar="FILE", default=None,
+                   help="HTTP: serve https with this certificate chain (PEM); needed beyond "
+                        "a loopback address")
+    p.add_argument("--tls-key", metavar="FILE", default=None,
+                   help="HTTP: the certificate's private key (PEM)")
     p.add_argument("--poll", type=float, default=2.0, metavar="SECONDS",
                    help="how often to look for changed capability files (default 2)")
     p.set_defaults(handler=cmd_mcp)
@@ -61,7 +66,8 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
 
 def cmd_mcp(args: argparse.Namespace) -> int:
     agents.serve_mcp(load_settings(args.config), who=args.who, http=args.http,
-                     tokens=args.tokens, case=args.case, poll_seconds=args.poll)
+                     tokens=args.tokens, case=args.case, poll_seconds=args.poll,
+                     tls_cert=args.tls_cert, tls_key=args.tls_key)
     return EXIT_OK
 
 
