@@ -609,6 +609,15 @@ class Tls:
     key: Path
 
 
+@dataclass(frozen=True)
+class HttpEndpoint:
+    """Where ``--http`` serves: a checked host and port, with TLS beyond loopback."""
+
+    host: str
+    port: int
+    tls: Tls | None = None
+
+
 def is_loopback(host: str) -> bool:
     """Whether ``host`` names this machine only (``localhost``, 127.0.0.0/8, ``::1``)."""
     if host.lower() == "localhost":
@@ -619,8 +628,7 @@ def is_loopback(host: str) -> bool:
         return False  # a name: it may resolve to any interface
 
 
-def http_endpoint(spec: str, tls_cert: str | None, tls_key: str | None
-                  ) -> tuple[str, int, Tls | None]:
+def http_endpoint(spec: str, tls_cert: str | None, tls_key: str | None) -> HttpEndpoint:
     """``--http`` with its TLS files, checked before anything is opened.
 
     The bearer tokens are the identities: sent in cleartext beyond this machine,
@@ -643,18 +651,17 @@ def http_endpoint(spec: str, tls_cert: str | None, tls_key: str | None
             "bearer token -- an agent's identity -- in cleartext; bind a loopback address "
             "(127.0.0.1, behind a TLS-terminating proxy for remote clients) or give "
             "--tls-cert FILE --tls-key FILE", host=host)
-    return host, port, tls
+    return HttpEndpoint(host, port, tls)
 
 
-def serve(settings: Settings, executor: Executor, *, who: str | None, http: str | None,
-          tokens_path: str | None, default_case: str | None, poll_seconds: float,
-          tls_cert: str | None = None, tls_key: str | None = None) -> None:
+def serve(settings: Settings, executor: Executor, *, who: str | None,
+          http: HttpEndpoint | None, tokens_path: str | None, default_case: str | None,
+          poll_seconds: float) -> None:
     """Run the server until the client hangs up (stdio) or the process is stopped (HTTP)."""
     if http is not None:
-        host, port, tls = http_endpoint(http, tls_cert, tls_key)
         gate = GateServer(settings, executor, tokens=load_tokens(tokens_path),
                           default_case=default_case, poll_seconds=poll_seconds)
-        anyio.run(gate.serve_http, host, port, tls)
+        anyio.run(gate.serve_http, http.host, http.port, http.tls)
         return
     gate = GateServer(settings, executor, who=who, default_case=default_case,
                       poll_seconds=poll_seconds)

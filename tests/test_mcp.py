@@ -440,6 +440,11 @@ def test_http_beyond_loopback_needs_tls(sqlite_url: URL, tmp_path: Path) -> None
         with socket.socket() as s:
             assert s.connect_ex(("127.0.0.1", port)) != 0, "something listened"
 
+    stdio = subprocess.run(place.command("mcp", "--tls-cert", str(cert), "--tls-key", str(key)),
+                           cwd=ROOT, env=env, stdin=subprocess.DEVNULL, capture_output=True,
+                           text=True, timeout=60, check=False)
+    assert stdio.returncode == 2 and "are for --http" in stdio.stdout + stdio.stderr
+
     port = free_port()
     with place.errlog.open("w") as errlog:
         proc = subprocess.Popen(

@@ -39,14 +39,14 @@ def serve_mcp(settings: Settings, *, who: str | None = None, http: str | None = 
         raise UsageError("--poll must be a positive number of seconds")
     if http is not None and who is not None:
         raise UsageError("over HTTP the identity comes from the bearer token; drop --as")
-    if http is not None:
-        mcp_server.http_endpoint(http, tls_cert, tls_key)  # refused before anything opens
+    endpoint = None
+    if http is not None:  # checked (and refused) before anything opens
+        endpoint = mcp_server.http_endpoint(http, tls_cert, tls_key)
     elif tls_cert is not None or tls_key is not None:
         raise UsageError("--tls-cert and --tls-key are for --http")
     with build_executor(settings) as gate:
-        mcp_server.serve(settings, gate, who=who or settings.agent, http=http,
-                         tokens_path=tokens, default_case=case, poll_seconds=poll_seconds,
-                         tls_cert=tls_cert, tls_key=tls_key)
+        mcp_server.serve(settings, gate, who=who or settings.agent, http=endpoint,
+                         tokens_path=tokens, default_case=case, poll_seconds=poll_seconds)
 
 
 def rehearse(settings: Settings, paths: Sequence[str] = (), *, who: str | None = None,
