@@ -68,13 +68,10 @@ def _install_idle_grace(seconds: float | None) -> None:
     """
     if not seconds:
         return
-    from executor.dialects.base import Dialect
+    from executor.dialects import dialect_classes
 
-    pending: list[type[Dialect]] = [Dialect]
-    while pending:
-        cls = pending.pop()
+    for cls in dialect_classes():
         cls.idle_grace_seconds = float(seconds)
-        pending.extend(cls.__subclasses__())
 
 
 def _install_nth_crash(point: str | None, nth: int) -> None:
