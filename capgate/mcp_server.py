@@ -561,11 +561,12 @@ class GateServer:
             await self.server.run(read_stream, write_stream,
                                   self.server.create_initialization_options())
 
-    async def serve_http(self, host: str, port: int, tls: Tls | None = None) -> None:
+    async def serve_http(self, endpoint: HttpEndpoint) -> None:
         import uvicorn
         from pydantic import AnyHttpUrl
 
         assert self.tokens is not None
+        host, port, tls = endpoint.host, endpoint.port, endpoint.tls
         shown = f"[{host}]" if ":" in host else host
         base = f"{'https' if tls else 'http'}://{shown}:{port}"
         app = self.server.streamable_http_app(
@@ -661,7 +662,7 @@ def serve(settings: Settings, executor: Executor, *, who: str | None,
     if http is not None:
         gate = GateServer(settings, executor, tokens=load_tokens(tokens_path),
                           default_case=default_case, poll_seconds=poll_seconds)
-        anyio.run(gate.serve_http, http.host, http.port, http.tls)
+        anyio.run(gate.serve_http, http)
         return
     gate = GateServer(settings, executor, who=who, default_case=default_case,
                       poll_seconds=poll_seconds)
