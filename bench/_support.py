@@ -40,15 +40,15 @@ sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != 
 import sqlalchemy as sa  # noqa: E402
 from sqlalchemy.engine import URL, make_url  # noqa: E402
 
-from executor.call import Executor  # noqa: E402
-from executor.connectors import ConnectorConfig, Connectors  # noqa: E402
-from executor.context import CallContext  # noqa: E402
-from executor.grants import Grants  # noqa: E402
-from executor.ledger import open_ledger  # noqa: E402
-from executor.steps import register_step, registered_steps  # noqa: E402
-from executor.target import install_at  # noqa: E402
-from registry.loader import validate_texts  # noqa: E402
-from registry.registry import Registry  # noqa: E402
+from capgate.executor.call import Executor  # noqa: E402
+from capgate.executor.connectors import ConnectorConfig, Connectors  # noqa: E402
+from capgate.executor.context import CallContext  # noqa: E402
+from capgate.executor.grants import Grants  # noqa: E402
+from capgate.executor.ledger import open_ledger  # noqa: E402
+from capgate.executor.steps import register_step, registered_steps  # noqa: E402
+from capgate.executor.target import install_at  # noqa: E402
+from capgate.registry.loader import validate_texts  # noqa: E402
+from capgate.registry.registry import Registry  # noqa: E402
 
 
 def bench_module(name: str) -> types.ModuleType:
@@ -190,8 +190,8 @@ def lab_executor(target: URL | str, ledger: URL | str, **opts: Any) -> Executor:
 
 
 def _worker(spec: Mapping[str, Any]) -> int:
-    from executor.claims import set_claims
-    from registry.errors import BudgetExhausted, ImpactConflict
+    from capgate.executor.claims import set_claims
+    from capgate.registry.errors import BudgetExhausted, ImpactConflict
 
     ex = lab_executor(spec["target"], spec["ledger"], **spec.get("opts", {}))
     set_claims(ex, bool(spec.get("claims", True)))

@@ -88,8 +88,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 from _support import RoundTrips, bench_module  # noqa: E402
 
 import capgate  # noqa: E402
-from executor.target import install_at  # noqa: E402
-from registry.loader import update_lock  # noqa: E402
+from capgate.executor.target import install_at  # noqa: E402
+from capgate.registry.loader import update_lock  # noqa: E402
 
 lean_call = bench_module("lean_call")
 

@@ -31,7 +31,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from executor.ledger import Ledger, open_ledger  # noqa: E402
+from capgate.executor.ledger import Ledger, open_ledger  # noqa: E402
 
 STATE: dict[str, Any] = {
     "operation_id": "policy.add_note", "version": 1, "row_hash": "sha256:" + "a" * 64,

@@ -31,13 +31,13 @@ import sqlalchemy as sa
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from executor.call import Executor  # noqa: E402
-from executor.connectors import ConnectorConfig, Connectors  # noqa: E402
-from executor.grants import Grants  # noqa: E402
-from executor.ledger import open_ledger  # noqa: E402
-from executor.target import install_at  # noqa: E402
-from registry.loader import validate_texts  # noqa: E402
-from registry.registry import Registry  # noqa: E402
+from capgate.executor.call import Executor  # noqa: E402
+from capgate.executor.connectors import ConnectorConfig, Connectors  # noqa: E402
+from capgate.executor.grants import Grants  # noqa: E402
+from capgate.executor.ledger import open_ledger  # noqa: E402
+from capgate.executor.target import install_at  # noqa: E402
+from capgate.registry.loader import validate_texts  # noqa: E402
+from capgate.registry.registry import Registry  # noqa: E402
 
 ROW = """
 format: 1

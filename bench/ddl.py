@@ -60,12 +60,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from capgate.api import open as open_executor  # noqa: E402
-from ddl.catalog import ObjectRef, adapter_for  # noqa: E402
-from ddl.loop import DdlLoop  # noqa: E402
-from ddl.service import DdlService  # noqa: E402
-from ddl.signature import sign  # noqa: E402
-from ddl.snapshots import SqlSnapshotStore  # noqa: E402
-from executor.approvals import generate, load_signing_key  # noqa: E402
+from capgate.ddl.catalog import ObjectRef, adapter_for  # noqa: E402
+from capgate.ddl.loop import DdlLoop  # noqa: E402
+from capgate.ddl.service import DdlService  # noqa: E402
+from capgate.ddl.signature import sign  # noqa: E402
+from capgate.ddl.snapshots import SqlSnapshotStore  # noqa: E402
+from capgate.executor.approvals import generate, load_signing_key  # noqa: E402
 
 RESULTS = ROOT / "bench" / "RESULTS.md"
 SECTION = "## DDL loop"

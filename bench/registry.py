@@ -52,13 +52,13 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 import jsonschema  # noqa: E402
 import yaml  # noqa: E402
 
-from registry import checks  # noqa: E402
-from registry.errors import CapgateError  # noqa: E402
-from registry.fastload.parallel import PARALLEL_MIN_CHARS, worker_count  # noqa: E402
-from registry.fastload.yamlpos import load_located  # noqa: E402
-from registry.loader import load_registry, update_lock  # noqa: E402
-from registry.registry import Registry  # noqa: E402
-from registry.schema import file_schema, schema_problems  # noqa: E402
+from capgate.registry import checks  # noqa: E402
+from capgate.registry.errors import CapgateError  # noqa: E402
+from capgate.registry.fastload.parallel import PARALLEL_MIN_CHARS, worker_count  # noqa: E402
+from capgate.registry.fastload.yamlpos import load_located  # noqa: E402
+from capgate.registry.loader import load_registry, update_lock  # noqa: E402
+from capgate.registry.registry import Registry  # noqa: E402
+from capgate.registry.schema import file_schema, schema_problems  # noqa: E402
 
 TABLES = ["policy", "cover", "premium", "claim", "document", "party", "invoice", "payment",
           "endorsement", "broker", "note", "schedule"]

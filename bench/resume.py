@@ -40,15 +40,15 @@ import sqlalchemy as sa
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import executor.context as call  # noqa: E402
+import capgate.executor.context as call  # noqa: E402
+from capgate.executor.call import Executor  # noqa: E402
+from capgate.executor.connectors import ConnectorConfig, Connectors  # noqa: E402
+from capgate.executor.grants import Grants  # noqa: E402
+from capgate.executor.ledger import open_ledger  # noqa: E402
+from capgate.executor.recovery.resume import resume_many  # noqa: E402
+from capgate.executor.target import install_at  # noqa: E402
+from capgate.registry.loader import load_registry  # noqa: E402
 from capgate.sqlfiles import apply_schema  # noqa: E402
-from executor.call import Executor  # noqa: E402
-from executor.connectors import ConnectorConfig, Connectors  # noqa: E402
-from executor.grants import Grants  # noqa: E402
-from executor.ledger import open_ledger  # noqa: E402
-from executor.recovery.resume import resume_many  # noqa: E402
-from executor.target import install_at  # noqa: E402
-from registry.loader import load_registry  # noqa: E402
 
 GRANTS = Grants.from_dict({"principals": {"agent": {"grants": [
     {"connector": "*", "environments": ["dev"], "access": "write"}]}}}, source="bench")

@@ -29,32 +29,32 @@ if TYPE_CHECKING:
         simulate,
     )
     from capgate.config import Settings, load_settings
-    from executor.bindings import call_bound
-    from executor.call import Executor
-    from executor.connectors import ConnectorConfig, Connectors
-    from executor.grants import Grants
-    from executor.ledger import Ledger, open_ledger
-    from executor.outcome import Outcome
-    from executor.plan import Plan
-    from executor.returned import Binding
-    from registry.errors import CapgateError, lookup
-    from registry.loader import load_registry, validate_paths
-    from registry.model import Row
-    from registry.registry import Registry
+    from capgate.executor.bindings import call_bound
+    from capgate.executor.call import Executor
+    from capgate.executor.connectors import ConnectorConfig, Connectors
+    from capgate.executor.grants import Grants
+    from capgate.executor.ledger import Ledger, open_ledger
+    from capgate.executor.outcome import Outcome
+    from capgate.executor.plan import Plan
+    from capgate.executor.returned import Binding
+    from capgate.registry.errors import CapgateError, lookup
+    from capgate.registry.loader import load_registry, validate_paths
+    from capgate.registry.model import Row
+    from capgate.registry.registry import Registry
 
 _WHERE = {
     "build_executor": "capgate.api", "open": "capgate.api",
     "Settings": "capgate.config", "load_settings": "capgate.config",
-    "Executor": "executor.call",
-    "ConnectorConfig": "executor.connectors", "Connectors": "executor.connectors",
-    "Grants": "executor.grants",
-    "Ledger": "executor.ledger", "open_ledger": "executor.ledger",
-    "Outcome": "executor.outcome",
-    "Plan": "executor.plan",
-    "CapgateError": "registry.errors", "lookup": "registry.errors",
-    "load_registry": "registry.loader", "validate_paths": "registry.loader",
-    "Row": "registry.model",
-    "Registry": "registry.registry",
+    "Executor": "capgate.executor.call",
+    "ConnectorConfig": "capgate.executor.connectors", "Connectors": "capgate.executor.connectors",
+    "Grants": "capgate.executor.grants",
+    "Ledger": "capgate.executor.ledger", "open_ledger": "capgate.executor.ledger",
+    "Outcome": "capgate.executor.outcome",
+    "Plan": "capgate.executor.plan",
+    "CapgateError": "capgate.registry.errors", "lookup": "capgate.registry.errors",
+    "load_registry": "capgate.registry.loader", "validate_paths": "capgate.registry.loader",
+    "Row": "capgate.registry.model",
+    "Registry": "capgate.registry.registry",
     # the command functions the command line and the MCP server call too
     "validate": "capgate.commands.capabilities", "init_project": "capgate.commands.project",
     "rehearse": "capgate.commands.agents", "resume": "capgate.commands.resume",
@@ -63,7 +63,7 @@ _WHERE = {
     "continue_simulation": "capgate.commands.simulation",
     "abandon_simulation": "capgate.commands.simulation",
     "SimulationReport": "capgate.commands.simulation",
-    "call_bound": "executor.bindings", "Binding": "executor.returned",
+    "call_bound": "capgate.executor.bindings", "Binding": "capgate.executor.returned",
 }
 
 __all__ = [

@@ -15,12 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from capgate.config import Settings, load_settings
-from executor.call import Executor
-from executor.connectors import Connectors
-from executor.grants import Grants
-from executor.ledger import Ledger, open_ledger
-from registry.loader import load_registry
-from registry.registry import Registry
+from capgate.executor.call import Executor
+from capgate.executor.connectors import Connectors
+from capgate.executor.grants import Grants
+from capgate.executor.ledger import Ledger, open_ledger
+from capgate.registry.loader import load_registry
+from capgate.registry.registry import Registry
 
 
 def build_executor(settings: Settings, *, registry: Registry | None = None,

@@ -27,8 +27,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from executor.ledger import Event, Ledger
-from executor.ledger.chain import TERMINAL_STATUSES
+from capgate.executor.ledger import Event, Ledger
+from capgate.executor.ledger.chain import TERMINAL_STATUSES
 
 #: outcome status -> the colour class used by the HTML view (and its legend).
 OUTCOME_CLASS = {

@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from capgate.internal import internal_error
-from registry.errors import CapgateError, RegistryError
+from capgate.registry.errors import CapgateError, RegistryError
 
 __all__ = ["COMMANDS", "build_parser", "did_you_mean", "main", "version"]
 

@@ -40,8 +40,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from executor.connectors import ENVIRONMENTS, ConnectorConfig
-from registry.errors import ConfigError, ConfigMissing
+from capgate.executor.connectors import ENVIRONMENTS, ConnectorConfig
+from capgate.registry.errors import ConfigError, ConfigMissing
 
 DEFAULT_CONFIG = "capgate.toml"
 DEFAULT_LEDGER = "sqlite:///.capgate/ledger.db"
@@ -136,7 +136,7 @@ def _resolve_sqlite(url: str, base: Path) -> str:
     created); a server's URL as it is."""
     from sqlalchemy.engine import make_url
 
-    from executor.dialects import dialect_class
+    from capgate.executor.dialects import dialect_class
 
     parsed = make_url(url)
     dialect = dialect_class(parsed)
@@ -497,9 +497,9 @@ def _driver_settings(spec: Mapping[str, Any], url: str | None,
     """
     from sqlalchemy.engine import make_url
 
-    from executor.connectors import secret_query_keys
-    from executor.dialects import SECRET_KEY, dialect_class, dialect_classes
-    from registry.errors import SecretInUrl
+    from capgate.executor.connectors import secret_query_keys
+    from capgate.executor.dialects import SECRET_KEY, dialect_class, dialect_classes
+    from capgate.registry.errors import SecretInUrl
 
     ok = True
     backend = None
@@ -570,8 +570,8 @@ def _driver_settings(spec: Mapping[str, Any], url: str | None,
 
 def _driver_modes(connectors: Mapping[str, ConnectorConfig], problem: Any) -> None:
     """Every Oracle connector of one configuration asks for the same python-oracledb mode."""
-    from executor.dialects import dialect_class
-    from registry.errors import DriverModeConflict
+    from capgate.executor.dialects import dialect_class
+    from capgate.registry.errors import DriverModeConflict
 
     def takes_driver_mode(url: str) -> bool:
         from sqlalchemy.exc import ArgumentError

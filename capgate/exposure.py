@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from executor.connectors import Connectors
-    from executor.grants import Grants
-    from registry.model import Row
-    from registry.registry import Registry
+    from capgate.executor.connectors import Connectors
+    from capgate.executor.grants import Grants
+    from capgate.registry.model import Row
+    from capgate.registry.registry import Registry
 
 NO_CONNECTOR = "connector not configured"
 ENVIRONMENT = "environment mismatch"
@@ -63,7 +63,7 @@ class Exposure:
 def exposure(registry: Registry, connectors: Connectors, grants: Grants, who: str
              ) -> Exposure:
     """The current rows ``who`` may use, and each other current row with its reason."""
-    from registry.errors import NotAuthorized, UnknownConnector
+    from capgate.registry.errors import NotAuthorized, UnknownConnector
 
     out = Exposure(who)
     for row in registry.current_rows():

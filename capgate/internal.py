@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from registry.errors import InternalError
+from capgate.registry.errors import InternalError
 
 if TYPE_CHECKING:
-    from executor.ledger import Ledger
+    from capgate.executor.ledger import Ledger
 
 
 def internal_error(exc: BaseException, case: object = None, config: str | None = None,
@@ -29,7 +29,7 @@ def internal_error(exc: BaseException, case: object = None, config: str | None =
         try:
             if ledger is None:
                 from capgate.config import load_settings
-                from executor.ledger import open_ledger
+                from capgate.executor.ledger import open_ledger
 
                 with open_ledger(load_settings(config).ledger_url) as opened:
                     summaries = opened.cases(open_only=True)

@@ -86,11 +86,11 @@ from mcp.shared.exceptions import MCPError
 
 from capgate.commands import calls
 from capgate.config import Settings
+from capgate.executor.call import Executor
+from capgate.executor.outcome import APPLIED, READ_OK
 from capgate.exposure import exposure
 from capgate.internal import internal_error
-from executor.call import Executor
-from executor.outcome import APPLIED, READ_OK
-from registry.errors import (
+from capgate.registry.errors import (
     EXIT_APPROVAL_REQUIRED,
     EXIT_UNKNOWN,
     CapgateError,
@@ -99,10 +99,10 @@ from registry.errors import (
     RegistryError,
     SelfApproval,
 )
-from registry.loader import SUFFIXES, load_registry
-from registry.lock import LOCK_NAME
-from registry.model import AuthKind, EffectClass, Row, thaw
-from registry.names import NAME_LIMIT, name_problem
+from capgate.registry.loader import SUFFIXES, load_registry
+from capgate.registry.lock import LOCK_NAME
+from capgate.registry.model import AuthKind, EffectClass, Row, thaw
+from capgate.registry.names import NAME_LIMIT, name_problem
 
 SERVER_NAME = "capgate"
 CASE_META_KEY = "capgate/case"
@@ -462,8 +462,8 @@ class GateServer:
     def _record_gap(self, ctx: ServerRequestContext[Any, Any], who: str,
                     params: types.CallToolRequestParams) -> None:
         """An unlisted tool is a capability gap to escalate (issue 17): record who asked."""
-        from executor.gaps import record_gap
-        from registry.errors import UnknownOperation
+        from capgate.executor.gaps import record_gap
+        from capgate.registry.errors import UnknownOperation
 
         try:
             case: str | None = self.case(ctx, who)

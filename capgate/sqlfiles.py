@@ -84,7 +84,7 @@ def statements(text: str) -> list[str]:
 
 def schema_file(dialect: str) -> Path:
     """The example schema for a dialect name or alias (SQLAlchemy's ``mysql`` is MariaDB)."""
-    from executor.dialects import engine_name
+    from capgate.executor.dialects import engine_name
 
     return examples_dir() / "schema" / f"{engine_name(dialect)}.sql"
 

@@ -2,7 +2,7 @@
 
 Public API::
 
-    from ddl import DdlLoop, SqlSnapshotStore, Change, ObjectRef
+    from capgate.ddl import DdlLoop, SqlSnapshotStore, Change, ObjectRef
 
     store = SqlSnapshotStore("sqlite:///.capgate/ledger.db")
     with DdlLoop("mysql+pymysql://app@db/app", store) as loop:
@@ -15,7 +15,7 @@ See ``ddl.loop`` for the steps, ``ddl.plan`` for the plan a person approves,
 signature and ``ddl.prohibitions`` for the six standing prohibitions.
 """
 
-from ddl.catalog import (
+from capgate.ddl.catalog import (
     CallerSearch,
     CatalogAdapter,
     Dependent,
@@ -24,12 +24,12 @@ from ddl.catalog import (
     ObjectStatus,
     adapter_for,
 )
-from ddl.events import DdlEventSink, ListSink, NullSink
-from ddl.loop import DdlLoop
-from ddl.merge import MergeProposal
-from ddl.plan import DdlPlan, check_plan, plan_hash
-from ddl.prohibitions import PROHIBITIONS, Prohibition
-from ddl.results import (
+from capgate.ddl.events import DdlEventSink, ListSink, NullSink
+from capgate.ddl.loop import DdlLoop
+from capgate.ddl.merge import MergeProposal
+from capgate.ddl.plan import DdlPlan, check_plan, plan_hash
+from capgate.ddl.prohibitions import PROHIBITIONS, Prohibition
+from capgate.ddl.results import (
     Change,
     CompensationReport,
     DdlOutcome,
@@ -39,8 +39,8 @@ from ddl.results import (
     SmokeCall,
     VerifyReport,
 )
-from ddl.signature import Signature, normalise, sign, signature_of
-from ddl.snapshots import Snapshot, SnapshotStore, SqlSnapshotStore, export_snapshots
+from capgate.ddl.signature import Signature, normalise, sign, signature_of
+from capgate.ddl.snapshots import Snapshot, SnapshotStore, SqlSnapshotStore, export_snapshots
 
 __all__ = [
     "PROHIBITIONS",

@@ -24,11 +24,11 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection, Engine
 
-from ddl import signature as sigmod
-from ddl import sqltext
-from executor.dialects import engine_name
-from executor.dialects.registration import Implementations, Registered, package_modules
-from registry.errors import ApplyFailed, FeatureNotSupported, UnsupportedObjectType
+from capgate.ddl import signature as sigmod
+from capgate.ddl import sqltext
+from capgate.executor.dialects import engine_name
+from capgate.executor.dialects.registration import Implementations, Registered, package_modules
+from capgate.registry.errors import ApplyFailed, FeatureNotSupported, UnsupportedObjectType
 
 KINDS = (
     "aggregate",
@@ -418,8 +418,8 @@ class BaseAdapter(Registered):
     """Shared behaviour of the adapters; each dialect overrides what differs."""
 
     implementations: ClassVar[Implementations[BaseAdapter]] = Implementations(
-        "DDL catalog adapter", module_of=lambda name: f"ddl.catalog_{name}",
-        modules=package_modules("ddl", "catalog_"))
+        "DDL catalog adapter", module_of=lambda name: f"capgate.ddl.catalog_{name}",
+        modules=package_modules("capgate.ddl", "catalog_"))
     dialect: ClassVar[str] = ""
     """The dialect's name (:attr:`name`, under the name the DDL loop's records use)."""
     transactional_ddl: ClassVar[bool] = False
@@ -579,7 +579,7 @@ class BaseAdapter(Registered):
         ``conn`` may be None (offline checks); engines that can parse on the
         server without running anything (MariaDB ``PREPARE``) do so when given one.
         """
-        from ddl import source as srcmod
+        from capgate.ddl import source as srcmod
 
         srcmod.parse_blocks(source, ref.kind, self.sqlglot_dialect,
                             plsql=self.plsql(attributes), what=ref.key)

@@ -50,10 +50,10 @@ import sqlalchemy as sa
 from sqlalchemy import bindparam, text
 from sqlalchemy.engine import URL, Connection, Engine
 
-from ddl import signature as sigmod
-from ddl import source as srcmod
-from ddl import sqltext
-from ddl.catalog import (
+from capgate.ddl import signature as sigmod
+from capgate.ddl import source as srcmod
+from capgate.ddl import sqltext
+from capgate.ddl.catalog import (
     CATALOG,
     INVALID,
     MISSING,
@@ -70,7 +70,7 @@ from ddl.catalog import (
     Progress,
     first_line,
 )
-from registry.errors import (
+from capgate.registry.errors import (
     DefinerCannotBeKept,
     FeatureNotSupported,
     SourceDoesNotParse,

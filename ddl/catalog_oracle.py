@@ -55,8 +55,8 @@ import sqlalchemy as sa
 from sqlalchemy import bindparam, text
 from sqlalchemy.engine import Connection
 
-from ddl import sqltext
-from ddl.catalog import (
+from capgate.ddl import sqltext
+from capgate.ddl.catalog import (
     INVALID,
     MISSING,
     VALID,
@@ -70,7 +70,12 @@ from ddl.catalog import (
     Progress,
     first_line,
 )
-from registry.errors import ApplyFailed, FeatureNotSupported, InvalidObjectName, LockNotAcquired
+from capgate.registry.errors import (
+    ApplyFailed,
+    FeatureNotSupported,
+    InvalidObjectName,
+    LockNotAcquired,
+)
 
 OBJECT_TYPE = {
     "package": "PACKAGE",

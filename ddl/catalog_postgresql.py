@@ -40,9 +40,9 @@ import sqlalchemy as sa
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
-from ddl import source as srcmod
-from ddl import sqltext
-from ddl.catalog import (
+from capgate.ddl import source as srcmod
+from capgate.ddl import sqltext
+from capgate.ddl.catalog import (
     CATALOG,
     INVALID,
     MISSING,
@@ -60,7 +60,7 @@ from ddl.catalog import (
     Progress,
     first_line,
 )
-from registry.errors import (
+from capgate.registry.errors import (
     ApplyFailed,
     InvalidObjectName,
     ObjectNotFound,

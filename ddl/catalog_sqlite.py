@@ -24,8 +24,8 @@ import sqlalchemy as sa
 from sqlalchemy import event, text
 from sqlalchemy.engine import URL, Connection, Engine
 
-from ddl import sqltext
-from ddl.catalog import (
+from capgate.ddl import sqltext
+from capgate.ddl.catalog import (
     INVALID,
     MISSING,
     VALID,
@@ -39,7 +39,7 @@ from ddl.catalog import (
     Progress,
     first_line,
 )
-from registry.errors import FeatureNotSupported
+from capgate.registry.errors import FeatureNotSupported
 
 
 def _q(name: str) -> str:

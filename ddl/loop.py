@@ -34,9 +34,9 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 
-from ddl import events as ev
-from ddl import prohibitions, sqltext
-from ddl.catalog import (
+from capgate.ddl import events as ev
+from capgate.ddl import prohibitions, sqltext
+from capgate.ddl.catalog import (
     BaseAdapter,
     Dependent,
     LiveObject,
@@ -47,10 +47,10 @@ from ddl.catalog import (
     first_line,
     lock_key,
 )
-from ddl.events import DdlEventSink, NullSink
-from ddl.merge import MergeProposal, propose
-from ddl.plan import PLAN_FIELDS, PLAN_FORMAT, DdlPlan, plan_hash
-from ddl.results import (
+from capgate.ddl.events import DdlEventSink, NullSink
+from capgate.ddl.merge import MergeProposal, propose
+from capgate.ddl.plan import PLAN_FIELDS, PLAN_FORMAT, DdlPlan, plan_hash
+from capgate.ddl.results import (
     APPLIED_VERIFIED,
     COMPARED,
     COMPENSATED,
@@ -75,9 +75,9 @@ from ddl.results import (
     accepted_reason,
     judge,
 )
-from ddl.signature import RECIPE, Signature, diff, sign
-from ddl.snapshots import Snapshot, SnapshotStore
-from registry.errors import (
+from capgate.ddl.signature import RECIPE, Signature, diff, sign
+from capgate.ddl.snapshots import Snapshot, SnapshotStore
+from capgate.registry.errors import (
     ApplyFailed,
     CompensationFailed,
     DdlProhibition,
@@ -158,7 +158,7 @@ def _unified(base: str, new: str, key: str) -> list[str]:
 
 def _redacted(url: URL) -> str:
     """The target as plans and events name it: no password, no secret query value."""
-    from executor.dialects.base import safe_url
+    from capgate.executor.dialects.base import safe_url
 
     return safe_url(url)
 

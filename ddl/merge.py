@@ -11,7 +11,7 @@ from typing import Any
 
 import merge3
 
-from ddl.signature import diff, sign
+from capgate.ddl.signature import diff, sign
 
 OURS = "ours (new source)"
 THEIRS = "theirs (live object)"

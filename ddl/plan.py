@@ -19,8 +19,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from registry.canonical import canonical_hash
-from registry.errors import PlanTampered
+from capgate.registry.canonical import canonical_hash
+from capgate.registry.errors import PlanTampered
 
 PLAN_FORMAT = "capgate.ddl.plan/1"
 

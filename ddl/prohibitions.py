@@ -17,8 +17,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ddl import sqltext
-from registry.errors import (
+from capgate.ddl import sqltext
+from capgate.registry.errors import (
     DdlProhibition,
     RemoteDependentsWithoutFarSideStep,
     SchemaWideRecompile,

@@ -6,11 +6,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ddl.catalog import ObjectRef, ObjectStatus
-from ddl.merge import MergeProposal
-from registry.errors import CompensationFailed, DdlError, VerifyFailed
-from registry.errors import lookup as lookup_error
-from registry.vocabulary import Classification, OutcomeStatus
+from capgate.ddl.catalog import ObjectRef, ObjectStatus
+from capgate.ddl.merge import MergeProposal
+from capgate.registry.errors import CompensationFailed, DdlError, VerifyFailed
+from capgate.registry.errors import lookup as lookup_error
+from capgate.registry.vocabulary import Classification, OutcomeStatus
 
 # --- inputs --------------------------------------------------------------------------------
 

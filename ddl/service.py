@@ -60,12 +60,12 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection
 
-from ddl import events as ev
-from ddl.catalog import SPEC_OF_BODY, Dependent, ObjectRef, Progress
-from ddl.events import ListSink
-from ddl.loop import DdlLoop
-from ddl.plan import PLAN_FORMAT, DdlPlan
-from ddl.results import (
+from capgate.ddl import events as ev
+from capgate.ddl.catalog import SPEC_OF_BODY, Dependent, ObjectRef, Progress
+from capgate.ddl.events import ListSink
+from capgate.ddl.loop import DdlLoop
+from capgate.ddl.plan import PLAN_FORMAT, DdlPlan
+from capgate.ddl.results import (
     APPLIED_VERIFIED,
     COMPENSATED,
     COMPENSATION_FAILED,
@@ -78,12 +78,12 @@ from ddl.results import (
     SmokeCall,
     VerifyReport,
 )
-from ddl.snapshots import ExportResult, Snapshot, SqlSnapshotStore
-from executor.call import TERMINAL, Executor, crash_point, validate_input
-from executor.connectors import ConnectorConfig, driver_options, normalise_url
-from executor.outcome import Outcome
-from executor.plan import fingerprint
-from registry.errors import (
+from capgate.ddl.snapshots import ExportResult, Snapshot, SqlSnapshotStore
+from capgate.executor.call import TERMINAL, Executor, crash_point, validate_input
+from capgate.executor.connectors import ConnectorConfig, driver_options, normalise_url
+from capgate.executor.outcome import Outcome
+from capgate.executor.plan import fingerprint
+from capgate.registry.errors import (
     ApprovalExpired,
     ApprovalMismatch,
     ApprovalRequired,
@@ -101,8 +101,8 @@ from registry.errors import (
     UsageError,
     error_details,
 )
-from registry.model import EffectClass, Row
-from registry.vocabulary import RollbackReason
+from capgate.registry.model import EffectClass, Row
+from capgate.registry.vocabulary import RollbackReason
 
 __all__ = [
     "APPLY_STARTED",
@@ -298,7 +298,7 @@ class DdlService:
         """The DDL loop's sessions count against the connector's session budget (issue 18:
         the database's per-user limit, e.g. ORA-02391, counts them too): two slots, the
         lock session and the working one, held while the loop runs."""
-        from executor.budget import budgets_of
+        from capgate.executor.budget import budgets_of
 
         try:
             budgets = budgets_of(self.executor)
@@ -897,7 +897,7 @@ def _record_recovery_point(ledger: Any, case_id: str, intent_id: str, state: Map
                            evidence: Mapping[str, Any], report: VerifyReport | None) -> None:
     """Issue 17: the plan's latest *eligible* object -- applied and verified -- as its own
     fact, next to the latest one the ledger recorded as applied (``ddl.object_applied``)."""
-    from executor.recovery.eligibility import ddl_objects
+    from capgate.executor.recovery.eligibility import ddl_objects
 
     objects = [o for o in evidence.get("objects") or [] if isinstance(o, Mapping)]
     if not objects:

@@ -26,11 +26,11 @@ from typing import Any, Protocol, runtime_checkable
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, Engine
 
-from ddl.catalog import ObjectRef
-from ddl.signature import Signature
-from executor.ledger.backends import backend_named
-from registry.canonical import canonical_hash
-from registry.errors import ObjectNotFound, SnapshotOverwrite, SnapshotTampered
+from capgate.ddl.catalog import ObjectRef
+from capgate.ddl.signature import Signature
+from capgate.executor.ledger.backends import backend_named
+from capgate.registry.canonical import canonical_hash
+from capgate.registry.errors import ObjectNotFound, SnapshotOverwrite, SnapshotTampered
 
 
 def _now() -> str:

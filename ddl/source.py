@@ -31,7 +31,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from registry.errors import ExtraStatements, SourceDoesNotParse, UnsupportedObjectType
+from capgate.registry.errors import ExtraStatements, SourceDoesNotParse, UnsupportedObjectType
 
 _NEUTRAL_AFTER_END = frozenset({"IF", "LOOP", "WHILE", "REPEAT", "FOR"})
 _PACKAGE_LIKE = frozenset({"package", "package_body", "type_body"})

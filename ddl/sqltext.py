@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from registry.errors import InvalidObjectName, UnsupportedObjectType
+from capgate.registry.errors import InvalidObjectName, UnsupportedObjectType
 
 # --- identifiers ----------------------------------------------------------------
 # (each dialect's rule is its catalog adapter's: ``BaseAdapter.plain_identifier``)

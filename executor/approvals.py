@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from registry.canonical import canonical_bytes
-from registry.errors import ConfigError, UsageError
+from capgate.registry.canonical import canonical_bytes
+from capgate.registry.errors import ConfigError, UsageError
 
 if TYPE_CHECKING:  # cryptography is imported where a key is used: a read call never pays
     from cryptography.hazmat.primitives.asymmetric.ed25519 import (

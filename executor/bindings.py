@@ -13,10 +13,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from executor.call import Executor
-from executor.outcome import Outcome
-from executor.returned import Binding, resolve
-from registry.errors import ReturnedValueUnavailable
+from capgate.executor.call import Executor
+from capgate.executor.outcome import Outcome
+from capgate.executor.returned import Binding, resolve
+from capgate.registry.errors import ReturnedValueUnavailable
 
 __all__ = ["call_bound"]
 

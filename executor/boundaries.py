@@ -23,16 +23,16 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from executor import context
-from executor import outcome as oc
-from executor.context import CallContext
-from executor.dialects import TxIdentity
-from executor.gates import approval_problem
-from executor.hooks import RetryOutside
-from executor.ledger import KeyClaim
-from executor.outcome import Outcome
-from executor.runtime import Runtime
-from registry.errors import (
+from capgate.executor import context
+from capgate.executor import outcome as oc
+from capgate.executor.context import CallContext
+from capgate.executor.dialects import TxIdentity
+from capgate.executor.gates import approval_problem
+from capgate.executor.hooks import RetryOutside
+from capgate.executor.ledger import KeyClaim
+from capgate.executor.outcome import Outcome
+from capgate.executor.runtime import Runtime
+from capgate.registry.errors import (
     ApprovalRequired,
     AttemptSuperseded,
     CaseConflict,
@@ -42,10 +42,10 @@ from registry.errors import (
 )
 
 if TYPE_CHECKING:
-    from executor.ledger.backends import HotTx
-    from executor.ledger.store import Guard
-from registry.model import AuthKind
-from registry.vocabulary import RollbackReason
+    from capgate.executor.ledger.backends import HotTx
+    from capgate.executor.ledger.store import Guard
+from capgate.registry.model import AuthKind
+from capgate.registry.vocabulary import RollbackReason
 
 _OUTSIDE_RETRIES = 8
 

@@ -63,15 +63,15 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from executor.claims import StoreAccess
-from executor.hooks import CallHooks, HasHooks, RetryOutside
-from registry.errors import BudgetExhausted, LedgerError
+from capgate.executor.claims import StoreAccess
+from capgate.executor.hooks import CallHooks, HasHooks, RetryOutside
+from capgate.registry.errors import BudgetExhausted, LedgerError
 
 if TYPE_CHECKING:
-    from executor.connectors import Connector
-    from executor.context import CallContext
-    from executor.ledger import Ledger
-    from executor.ledger.backends import HotResult, HotTx
+    from capgate.executor.connectors import Connector
+    from capgate.executor.context import CallContext
+    from capgate.executor.ledger import Ledger
+    from capgate.executor.ledger.backends import HotResult, HotTx
 
 __all__ = ["BUDGET_MARGIN_SECONDS", "SessionBudgets", "SlotStore", "Ticket", "holding",
            "scopes_for", "slot_store"]

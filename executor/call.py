@@ -28,12 +28,12 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from executor import gates, promotion, shapes
-from executor.approvals import SigningKey
-from executor.budget import SessionBudgets
-from executor.claims import ImpactClaims
-from executor.connectors import Connector, Connectors
-from executor.context import (
+from capgate.executor import gates, promotion, shapes
+from capgate.executor.approvals import SigningKey
+from capgate.executor.budget import SessionBudgets
+from capgate.executor.claims import ImpactClaims
+from capgate.executor.connectors import Connector, Connectors
+from capgate.executor.context import (
     CRASH_POINTS,
     TERMINAL,
     CallContext,
@@ -43,19 +43,19 @@ from executor.context import (
     validate_input,
     validated_inputs,
 )
-from executor.gaps import record_gap
-from executor.grants import Grants
-from executor.hooks import CallHooks, HookSet
-from executor.lease import run_leased
-from executor.ledger import ApprovalRecord, IdempotencyRecord, KeyAlreadyClaimed, Ledger
-from executor.outcome import Outcome
-from executor.plan import Plan, fingerprint, idempotency_key, render
-from executor.returned import ReturnedKeys
-from executor.runtime import MAX_REQUEST_BYTES, Runtime
-from executor.simulation.records import IDEM_MARK as SIMULATION_MARK
-from executor.steps import registered_name, require
-from executor.symptoms import SymptomWatch
-from registry.errors import (
+from capgate.executor.gaps import record_gap
+from capgate.executor.grants import Grants
+from capgate.executor.hooks import CallHooks, HookSet
+from capgate.executor.lease import run_leased
+from capgate.executor.ledger import ApprovalRecord, IdempotencyRecord, KeyAlreadyClaimed, Ledger
+from capgate.executor.outcome import Outcome
+from capgate.executor.plan import Plan, fingerprint, idempotency_key, render
+from capgate.executor.returned import ReturnedKeys
+from capgate.executor.runtime import MAX_REQUEST_BYTES, Runtime
+from capgate.executor.simulation.records import IDEM_MARK as SIMULATION_MARK
+from capgate.executor.steps import registered_name, require
+from capgate.executor.symptoms import SymptomWatch
+from capgate.registry.errors import (
     ApprovalMismatch,
     BudgetExhausted,
     CallerKeyRefused,
@@ -70,8 +70,8 @@ from registry.errors import (
     UnknownVersion,
     UsageError,
 )
-from registry.model import AuthKind, EffectClass, Row, Shape
-from registry.registry import Registry
+from capgate.registry.model import AuthKind, EffectClass, Row, Shape
+from capgate.registry.registry import Registry
 
 __all__ = ["AWAIT_OWNER_MARGIN_SECONDS", "CRASH_POINTS", "TERMINAL", "Executor",
            "crash_point", "standard_hooks", "validate_input"]

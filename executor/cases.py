@@ -31,11 +31,11 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from executor import budget, coordination, symptoms
-from executor.claims import ClaimStore
-from executor.context import TERMINAL
-from registry.canonical import canonical_bytes
-from registry.errors import (
+from capgate.executor import budget, coordination, symptoms
+from capgate.executor.claims import ClaimStore
+from capgate.executor.context import TERMINAL
+from capgate.registry.canonical import canonical_bytes
+from capgate.registry.errors import (
     DecisionMade,
     DecisionNotAuthenticated,
     HolderBusy,
@@ -48,10 +48,10 @@ from registry.errors import (
 )
 
 if TYPE_CHECKING:
-    from executor.approvals import SigningKey
-    from executor.grants import Grants
-    from executor.ledger import Ledger
-    from executor.runtime import HasRuntime
+    from capgate.executor.approvals import SigningKey
+    from capgate.executor.grants import Grants
+    from capgate.executor.ledger import Ledger
+    from capgate.executor.runtime import HasRuntime
 
 __all__ = ["DECISIONS", "close", "decide", "release", "renew", "resolve_hold", "show", "sign"]
 

@@ -112,12 +112,12 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import Connection
 
-from executor import channel, coordination
-from executor.context import CallContext, Rollback
-from executor.dialects.base import FENCE_TABLE
-from executor.hooks import CallHooks, HasHooks
-from executor.plan import impact_keys
-from registry.errors import (
+from capgate.executor import channel, coordination
+from capgate.executor.context import CallContext, Rollback
+from capgate.executor.dialects.base import FENCE_TABLE
+from capgate.executor.hooks import CallHooks, HasHooks
+from capgate.executor.plan import impact_keys
+from capgate.registry.errors import (
     CoordinationRequired,
     ImpactConflict,
     LedgerBehindTarget,
@@ -125,12 +125,12 @@ from registry.errors import (
     OutcomeUnknown,
     StaleFence,
 )
-from registry.model import EffectClass
-from registry.vocabulary import RollbackReason
+from capgate.registry.model import EffectClass
+from capgate.registry.vocabulary import RollbackReason
 
 if TYPE_CHECKING:
-    from executor.ledger import Ledger
-    from executor.ledger.backends import HotTx
+    from capgate.executor.ledger import Ledger
+    from capgate.executor.ledger.backends import HotTx
 
 __all__ = [
     "CLAIM_MARGIN_SECONDS",

@@ -21,14 +21,14 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from executor import boundaries
-from executor import outcome as oc
-from executor.context import CallContext
-from executor.expectations import CheckResult
-from executor.outcome import Outcome
-from executor.runtime import Runtime
-from executor.transaction import run_checks, run_statements, run_transaction
-from registry.vocabulary import RollbackReason
+from capgate.executor import boundaries
+from capgate.executor import outcome as oc
+from capgate.executor.context import CallContext
+from capgate.executor.expectations import CheckResult
+from capgate.executor.outcome import Outcome
+from capgate.executor.runtime import Runtime
+from capgate.executor.transaction import run_checks, run_statements, run_transaction
+from capgate.registry.vocabulary import RollbackReason
 
 __all__ = ["compensate", "finish_compensation", "record_final", "run_compensation"]
 

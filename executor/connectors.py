@@ -17,11 +17,11 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, make_url
 
-from executor.dialects import SECRET_KEY, Dialect, dialect_class, dialect_for
-from executor.dialects import normalise_url as normalise_url  # the one URL normaliser
-from executor.dialects import safe_url as safe_url  # the one redaction of a URL
-from executor.dialects.base import rearm_before_statement
-from registry.errors import (
+from capgate.executor.dialects import SECRET_KEY, Dialect, dialect_class, dialect_for
+from capgate.executor.dialects import normalise_url as normalise_url  # the one URL normaliser
+from capgate.executor.dialects import safe_url as safe_url  # the one redaction of a URL
+from capgate.executor.dialects.base import rearm_before_statement
+from capgate.registry.errors import (
     ConfigError,
     ConnectorUnavailable,
     DatabaseSessionLimit,
@@ -193,7 +193,7 @@ class Connector:
         """
         if self._target_ready:
             return
-        from executor.target import missing_tables, refuse_missing
+        from capgate.executor.target import missing_tables, refuse_missing
 
         with self._lock:
             if self._target_ready:

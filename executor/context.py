@@ -19,14 +19,14 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from executor.connectors import Connector
-from executor.dialects import SessionTag
-from executor.outcome import Outcome
-from executor.plan import Plan
-from registry.errors import InputInvalid, RequestTooLarge
-from registry.excerpt import bounded, cut, excerpt
-from registry.model import Row
-from registry.names import name_problem
+from capgate.executor.connectors import Connector
+from capgate.executor.dialects import SessionTag
+from capgate.executor.outcome import Outcome
+from capgate.executor.plan import Plan
+from capgate.registry.errors import InputInvalid, RequestTooLarge
+from capgate.registry.excerpt import bounded, cut, excerpt
+from capgate.registry.model import Row
+from capgate.registry.names import name_problem
 
 if TYPE_CHECKING:
     import jsonschema
@@ -71,7 +71,7 @@ def _fast_yes(row_hash: str, schema_json: str) -> Callable[[Any], bool] | None:
     """
     import json
 
-    from registry.fastload.fastschema import Unsupported, compile_validator
+    from capgate.registry.fastload.fastschema import Unsupported, compile_validator
 
     try:
         return compile_validator(json.loads(schema_json))
@@ -143,7 +143,7 @@ def _schema_json(row: Row) -> str:
     if found is None:
         import json
 
-        from registry.model import thaw
+        from capgate.registry.model import thaw
 
         if len(_SCHEMA_JSON) >= 4096:
             _SCHEMA_JSON.clear()
@@ -160,7 +160,7 @@ def validate_input(row: Row, inputs: Mapping[str, Any],
     offending values as bounded excerpts, never whole.  Returns the inputs'
     canonical JSON text, which the call reuses in its fingerprint and plan hash.
     """
-    from registry.canonical import canonical_bytes
+    from capgate.registry.canonical import canonical_bytes
 
     _representable(row, inputs)
     canonical = canonical_bytes(dict(inputs))

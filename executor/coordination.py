@@ -41,10 +41,10 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from registry.errors import DecisionMade, LedgerError
+from capgate.registry.errors import DecisionMade, LedgerError
 
 if TYPE_CHECKING:
-    from executor.ledger import Ledger
+    from capgate.executor.ledger import Ledger
 
 __all__ = ["CONTINUATION", "DECIDED", "ENTRY_PREFIX", "REQUESTED", "Recorded", "decision_id",
            "entries", "entry_key", "record_decision", "record_request"]

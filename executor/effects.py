@@ -17,11 +17,11 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from executor.context import CallContext
-from executor.expectations import evaluate
-from executor.outcome import jsonable
-from executor.plan import binds_for
-from registry.excerpt import cut
+from capgate.executor.context import CallContext
+from capgate.executor.expectations import evaluate
+from capgate.executor.outcome import jsonable
+from capgate.executor.plan import binds_for
+from capgate.registry.excerpt import cut
 
 __all__ = ["record_survivors"]
 

@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from executor.outcome import jsonable
-from registry.model import Expect
+from capgate.executor.outcome import jsonable
+from capgate.registry.model import Expect
 
 
 @dataclass(frozen=True)

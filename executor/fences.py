@@ -27,11 +27,11 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from executor.claims import ClaimStore, key_hash
-from executor.connectors import Connector
-from executor.dialects.base import FENCE_TABLE, MARKER_TABLE, first_line
-from executor.ledger import Ledger
-from registry.errors import ConnectorUnavailable, TargetNotInstalled
+from capgate.executor.claims import ClaimStore, key_hash
+from capgate.executor.connectors import Connector
+from capgate.executor.dialects.base import FENCE_TABLE, MARKER_TABLE, first_line
+from capgate.executor.ledger import Ledger
+from capgate.registry.errors import ConnectorUnavailable, TargetNotInstalled
 
 __all__ = ["FenceRow", "fence_report", "realign"]
 

@@ -22,13 +22,13 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from executor import channel
-from registry.canonical import canonical_hash
-from registry.errors import CapgateError, LedgerError, UnknownCase
-from registry.excerpt import cut
+from capgate.executor import channel
+from capgate.registry.canonical import canonical_hash
+from capgate.registry.errors import CapgateError, LedgerError, UnknownCase
+from capgate.registry.excerpt import cut
 
 if TYPE_CHECKING:
-    from executor.ledger import Ledger
+    from capgate.executor.ledger import Ledger
 
 __all__ = ["GAPS_CASE", "KIND", "list_gaps", "record_gap"]
 

@@ -16,15 +16,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from executor.approvals import SigningKey
-from executor.connectors import Connector
-from executor.context import CallContext
-from executor.ledger import ApprovalRecord
-from executor.plan import Plan
-from executor.promotion import plan_section
-from executor.runtime import Runtime
-from executor.simulation.records import simulation_of
-from registry.errors import (
+from capgate.executor.approvals import SigningKey
+from capgate.executor.connectors import Connector
+from capgate.executor.context import CallContext
+from capgate.executor.ledger import ApprovalRecord
+from capgate.executor.plan import Plan
+from capgate.executor.promotion import plan_section
+from capgate.executor.runtime import Runtime
+from capgate.executor.simulation.records import simulation_of
+from capgate.registry.errors import (
     ApprovalExpired,
     ApprovalNotAuthenticated,
     ApprovalRequired,
@@ -33,7 +33,7 @@ from registry.errors import (
     UnknownPlan,
     UsageError,
 )
-from registry.model import AuthKind, EffectClass, Row
+from capgate.registry.model import AuthKind, EffectClass, Row
 
 __all__ = ["SIMULATION_GATES", "approval_problem", "approve", "check_approval",
            "plan_environment", "recheck_approval", "simulation_gate_roles", "with_promotion"]

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from registry.errors import ApproverLacksRole, ConfigError, NotAuthorized
-from registry.model import Row
+from capgate.registry.errors import ApproverLacksRole, ConfigError, NotAuthorized
+from capgate.registry.model import Row
 
 
 @dataclass(frozen=True)
@@ -105,7 +105,7 @@ class Grants:
                         f"{source}: principals.{name}.grants[{i}]: {exc}") from None
             key = spec.get("approval_key")
             if key is not None:
-                from executor.approvals import check_public_key
+                from capgate.executor.approvals import check_public_key
 
                 check_public_key(key, where=f"{source}: principals.{name}")
             roles, scoped = _roles(spec.get("roles", []), f"{source}: principals.{name}.roles")
@@ -146,7 +146,7 @@ class Grants:
         the row accepts -- in ``environment``, the plan's, when the role is held
         for some environments only.
         """
-        from executor.approvals import verify
+        from capgate.executor.approvals import verify
 
         principal = self.principal(approval.approver)
         if approval.signature is None or approval.public_key is None:

@@ -36,10 +36,10 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import sqlalchemy as sa
 
 if TYPE_CHECKING:
-    from executor.connectors import Connector
-    from executor.context import CallContext
-    from executor.ledger.backends import HotTx
-    from registry.model import Row
+    from capgate.executor.connectors import Connector
+    from capgate.executor.context import CallContext
+    from capgate.executor.ledger.backends import HotTx
+    from capgate.registry.model import Row
 
 __all__ = ["CallHooks", "HasHooks", "HookSet", "Resolver", "RetryOutside"]
 

@@ -59,27 +59,27 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
-from executor import boundaries
-from executor import outcome as oc
-from executor.claims import ImpactClaims
-from executor.context import CallContext, Rollback
-from executor.dialects.base import DEADLINE_KEY, TxDeadline
-from executor.outcome import Outcome
-from executor.runtime import Runtime
-from executor.steps import require, run_registered
-from executor.transaction import (
+from capgate.executor import boundaries
+from capgate.executor import outcome as oc
+from capgate.executor.claims import ImpactClaims
+from capgate.executor.context import CallContext, Rollback
+from capgate.executor.dialects.base import DEADLINE_KEY, TxDeadline
+from capgate.executor.outcome import Outcome
+from capgate.executor.runtime import Runtime
+from capgate.executor.steps import require, run_registered
+from capgate.executor.transaction import (
     checked,
     counted,
     expect_count,
     run_transaction,
     verify_and_replay,
 )
-from registry.errors import AttemptSuperseded, LeaseExpired
-from registry.vocabulary import RollbackReason
+from capgate.registry.errors import AttemptSuperseded, LeaseExpired
+from capgate.registry.vocabulary import RollbackReason
 
 if TYPE_CHECKING:
-    from executor.connectors import Connector
-    from executor.ledger import Ledger
+    from capgate.executor.connectors import Connector
+    from capgate.executor.ledger import Ledger
 
 __all__ = [
     "ESCALATE_AFTER_SECONDS",

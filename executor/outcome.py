@@ -19,8 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from registry.errors import EXIT_OK, EXIT_REFUSED, EXIT_UNKNOWN
-from registry.vocabulary import OutcomeStatus
+from capgate.registry.errors import EXIT_OK, EXIT_REFUSED, EXIT_UNKNOWN
+from capgate.registry.vocabulary import OutcomeStatus
 
 APPLIED = OutcomeStatus.APPLIED_VERIFIED
 ROLLED_BACK = OutcomeStatus.ROLLED_BACK

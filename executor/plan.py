@@ -17,9 +17,9 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from registry.binds import binds_of
-from registry.canonical import canonical_text, hash_of_text, object_text, scalar_text
-from registry.model import Row
+from capgate.registry.binds import binds_of
+from capgate.registry.canonical import canonical_text, hash_of_text, object_text, scalar_text
+from capgate.registry.model import Row
 
 
 def binds_for(sql: str, inputs: Mapping[str, Any]) -> dict[str, Any]:

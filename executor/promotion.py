@@ -29,25 +29,25 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from executor.connectors import ENVIRONMENTS, Connector, venue_rank
-from executor.context import CallContext
-from executor.outcome import SIMULATED
-from executor.runtime import Runtime
-from executor.simulation.exemption import ExemptionTest, exemption_test
-from executor.simulation.records import (
+from capgate.executor.connectors import ENVIRONMENTS, Connector, venue_rank
+from capgate.executor.context import CallContext
+from capgate.executor.outcome import SIMULATED
+from capgate.executor.runtime import Runtime
+from capgate.executor.simulation.exemption import ExemptionTest, exemption_test
+from capgate.executor.simulation.records import (
     evidence_entries,
     input_shape,
     simulation_key,
     simulation_of,
 )
-from registry.canonical import canonical_hash
-from registry.errors import (
+from capgate.registry.canonical import canonical_hash
+from capgate.registry.errors import (
     PromoterLacksRole,
     PromotionRefused,
     SimulationStateConflict,
     UnknownIntent,
 )
-from registry.model import Row
+from capgate.registry.model import Row
 
 __all__ = ["PromotionDecision", "check", "decide", "plan_section"]
 

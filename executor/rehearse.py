@@ -55,22 +55,22 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
-from executor import outcome as oc
-from executor.connectors import GATED_SIMULATION_ENVIRONMENTS
-from executor.dialects import SessionTag
-from executor.plan import Plan, binds_for
-from registry.errors import (
+from capgate.executor import outcome as oc
+from capgate.executor.connectors import GATED_SIMULATION_ENVIRONMENTS
+from capgate.executor.dialects import SessionTag
+from capgate.executor.plan import Plan, binds_for
+from capgate.registry.errors import (
     ApprovalRequired,
     CapgateError,
     UnknownOperation,
     UnknownPlan,
     UsageError,
 )
-from registry.model import EffectClass, Example, Row, Shape, thaw
-from registry.vocabulary import RollbackReason
+from capgate.registry.model import EffectClass, Example, Row, Shape, thaw
+from capgate.registry.vocabulary import RollbackReason
 
 if TYPE_CHECKING:
-    from executor.call import Executor
+    from capgate.executor.call import Executor
 
 PASSED = "passed"
 FAILED = "failed"
@@ -304,7 +304,7 @@ def _recorded(r: Rehearsal) -> dict[str, Any]:
 def rehearsal_plan(rows: Sequence[Row], connector: str, environment: str, case: str,
                    who: str) -> Plan:
     """The plan a gated rehearsal is approved by: every row and example it will run."""
-    from registry.canonical import canonical_hash
+    from capgate.registry.canonical import canonical_hash
 
     body: dict[str, Any] = {
         "kind": "rehearsal", "connector": connector, "environment": environment,

@@ -25,18 +25,18 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from executor.context import TERMINAL, CallContext
-from executor.hooks import CallHooks
-from executor.ledger import Ledger
-from executor.outcome import ALREADY_APPLIED, APPLIED, SIMULATED, jsonable
-from executor.plan import binds_for
-from registry.errors import (
+from capgate.executor.context import TERMINAL, CallContext
+from capgate.executor.hooks import CallHooks
+from capgate.executor.ledger import Ledger
+from capgate.executor.outcome import ALREADY_APPLIED, APPLIED, SIMULATED, jsonable
+from capgate.executor.plan import binds_for
+from capgate.registry.errors import (
     ReconciliationRequired,
     ReturnedValueUnavailable,
     UnknownCase,
     UnknownIntent,
 )
-from registry.model import Statement
+from capgate.registry.model import Statement
 
 __all__ = ["RETURNED_INFO", "Binding", "ReturnedKeys", "parse_binding", "resolve",
            "run_returning"]

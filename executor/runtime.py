@@ -15,17 +15,17 @@ from typing import TYPE_CHECKING, Protocol
 
 import sqlalchemy as sa
 
-from executor.connectors import Connector, Connectors
-from executor.context import now_utc
-from executor.grants import Grants
-from executor.hooks import HookSet
-from executor.ledger import Ledger
-from registry.errors import BudgetExhausted
-from registry.model import Row
-from registry.registry import Registry
+from capgate.executor.connectors import Connector, Connectors
+from capgate.executor.context import now_utc
+from capgate.executor.grants import Grants
+from capgate.executor.hooks import HookSet
+from capgate.executor.ledger import Ledger
+from capgate.registry.errors import BudgetExhausted
+from capgate.registry.model import Row
+from capgate.registry.registry import Registry
 
 if TYPE_CHECKING:
-    from executor.context import CallContext
+    from capgate.executor.context import CallContext
 
 __all__ = ["MAX_REQUEST_BYTES", "HasRuntime", "Runtime"]
 

@@ -15,23 +15,23 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from executor import boundaries
-from executor import outcome as oc
-from executor.compensate import compensate
-from executor.context import CallContext
-from executor.outcome import Outcome, jsonable
-from executor.plan import binds_for
-from executor.runtime import Runtime
-from executor.transaction import (
+from capgate.executor import boundaries
+from capgate.executor import outcome as oc
+from capgate.executor.compensate import compensate
+from capgate.executor.context import CallContext
+from capgate.executor.outcome import Outcome, jsonable
+from capgate.executor.plan import binds_for
+from capgate.executor.runtime import Runtime
+from capgate.executor.transaction import (
     db_error_reason,
     run_checks,
     run_statements,
     run_transaction,
     verify_and_replay,
 )
-from registry.canonical import canonical_hash
-from registry.errors import ConnectorUnavailable
-from registry.vocabulary import RollbackReason
+from capgate.registry.canonical import canonical_hash
+from capgate.registry.errors import ConnectorUnavailable
+from capgate.registry.vocabulary import RollbackReason
 
 __all__ = ["collapsed", "post_commit", "read"]
 

@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
-from registry.errors import UnregisteredStep
+from capgate.registry.errors import UnregisteredStep
 
 if TYPE_CHECKING:
-    from executor.context import CallContext
+    from capgate.executor.context import CallContext
 
 StepFunction = Callable[[sa.Connection, "CallContext"], dict[str, Any]]
 _REGISTRY: dict[str, StepFunction] = {}

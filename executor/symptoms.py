@@ -58,17 +58,17 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
-from executor import outcome as oc
-from executor.claims import ClaimStore, key_hash
-from executor.context import TERMINAL, CallContext
-from executor.coordination import CONTINUATION
-from executor.dialects import SessionTag
-from executor.dialects.base import FENCE_TABLE, MARKER_TABLE
-from executor.hooks import CallHooks, Resolver, RetryOutside
-from executor.outcome import jsonable
-from executor.plan import binds_for, impact_keys
-from registry.canonical import canonical_hash
-from registry.errors import (
+from capgate.executor import outcome as oc
+from capgate.executor.claims import ClaimStore, key_hash
+from capgate.executor.context import TERMINAL, CallContext
+from capgate.executor.coordination import CONTINUATION
+from capgate.executor.dialects import SessionTag
+from capgate.executor.dialects.base import FENCE_TABLE, MARKER_TABLE
+from capgate.executor.hooks import CallHooks, Resolver, RetryOutside
+from capgate.executor.outcome import jsonable
+from capgate.executor.plan import binds_for, impact_keys
+from capgate.registry.canonical import canonical_hash
+from capgate.registry.errors import (
     CapgateError,
     InputInvalid,
     LedgerError,
@@ -79,13 +79,13 @@ from registry.errors import (
     UnknownIntent,
     UsageError,
 )
-from registry.excerpt import bounded
+from capgate.registry.excerpt import bounded
 
 if TYPE_CHECKING:
-    from executor.connectors import Connector
-    from executor.ledger import Ledger
-    from executor.runtime import Runtime
-    from registry.model import Row
+    from capgate.executor.connectors import Connector
+    from capgate.executor.ledger import Ledger
+    from capgate.executor.runtime import Runtime
+    from capgate.registry.model import Row
 
 __all__ = ["HOLD_KIND", "PREFIX", "Reading", "SymptomWatch", "checkpoint", "entries",
            "is_hold", "read_symptom", "register", "resolve_hold"]
@@ -220,7 +220,7 @@ def _symptom_inputs(row: Row, inputs: Mapping[str, Any]) -> dict[str, Any]:
     field."""
     symptom = row.symptom
     assert symptom is not None
-    from registry.binds import binds_of
+    from capgate.registry.binds import binds_of
 
     needed = set(binds_of(symptom.sql)) | set(row.target.keys) \
         | {v for _, v in row.target.dimensions}
@@ -241,7 +241,7 @@ def _symptom_inputs(row: Row, inputs: Mapping[str, Any]) -> dict[str, Any]:
 
     import jsonschema
 
-    from registry.model import thaw
+    from capgate.registry.model import thaw
 
     for name in sorted(needed):
         schema = thaw(props.get(name, {}))
@@ -282,7 +282,7 @@ def register(rt: Runtime, case_id: str, operation_id: str, inputs: Mapping[str, 
     given = _symptom_inputs(row, inputs)
     if not any(g.allows(connector.name, connector.environment, "read")
                for g in rt.grants.principal(who).grants):
-        from registry.errors import NotAuthorized
+        from capgate.registry.errors import NotAuthorized
 
         raise NotAuthorized(f"{who!r} holds no read grant on connector {connector.name!r} in "
                             f"{connector.environment!r} (reading the symptom of {row.ref})",

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
-from executor.dialects import Dialect, dialect_for, normalise_url
-from executor.dialects.base import TARGET_TABLES, first_line
-from registry.errors import TargetNotInstalled, TargetPrivilegeMissing
+from capgate.executor.dialects import Dialect, dialect_for, normalise_url
+from capgate.executor.dialects.base import TARGET_TABLES, first_line
+from capgate.registry.errors import TargetNotInstalled, TargetPrivilegeMissing
 
 __all__ = ["TARGET_TABLES", "TableState", "first_line", "install", "install_at",
            "install_script", "missing_tables", "refuse_missing", "table_states"]

@@ -23,27 +23,27 @@ from typing import Any, NoReturn
 
 import sqlalchemy as sa
 
-from executor import boundaries, context
-from executor import outcome as oc
-from executor.context import CallContext, Rollback
-from executor.dialects import TxIdentity
-from executor.dialects.base import MARKER_TABLE, TARGET_TABLES
-from executor.effects import record_survivors
-from executor.expectations import CheckResult, evaluate
-from executor.ledger import KeyAlreadyClaimed
-from executor.outcome import Outcome, jsonable
-from executor.plan import binds_for
-from executor.returned import run_returning
-from executor.runtime import Runtime
-from registry.errors import (
+from capgate.executor import boundaries, context
+from capgate.executor import outcome as oc
+from capgate.executor.context import CallContext, Rollback
+from capgate.executor.dialects import TxIdentity
+from capgate.executor.dialects.base import MARKER_TABLE, TARGET_TABLES
+from capgate.executor.effects import record_survivors
+from capgate.executor.expectations import CheckResult, evaluate
+from capgate.executor.ledger import KeyAlreadyClaimed
+from capgate.executor.outcome import Outcome, jsonable
+from capgate.executor.plan import binds_for
+from capgate.executor.returned import run_returning
+from capgate.executor.runtime import Runtime
+from capgate.registry.errors import (
     AttemptSuperseded,
     ConnectorUnavailable,
     OutcomeUnknown,
     TransactionSplit,
 )
-from registry.excerpt import cut
-from registry.model import Check, ExpectRows, Statement
-from registry.vocabulary import RollbackReason
+from capgate.registry.excerpt import cut
+from capgate.registry.model import Check, ExpectRows, Statement
+from capgate.registry.vocabulary import RollbackReason
 
 __all__ = ["Body", "checked", "counted", "db_error_reason", "expect_count", "run_checks",
            "run_statements", "run_transaction", "verify_and_replay"]

@@ -20,11 +20,11 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from registry.binds import binds_of as binds_of  # re-exported: the checks' own helper
-from registry.errors import Problem
-from registry.fastload.fastschema import plain_contract
-from registry.fastload.yamlpos import Located, Path, render_path
-from registry.rules import (
+from capgate.registry.binds import binds_of as binds_of  # re-exported: the checks' own helper
+from capgate.registry.errors import Problem
+from capgate.registry.fastload.fastschema import plain_contract
+from capgate.registry.fastload.yamlpos import Located, Path, render_path
+from capgate.registry.rules import (
     COMPENSATION_UNVERIFIABLE,
     INVALID_VALUE,
     MISSING_APPROVER_ROLES,
@@ -286,7 +286,7 @@ def check_row(ctx: RowContext, declared_connectors: set[str]) -> list[Problem]:
 
     if contract_ok:
         out.extend(_example_checks(ctx))
-    from registry.simulation_checks import simulation_problems  # issue 16: its own module
+    from capgate.registry.simulation_checks import simulation_problems  # issue 16: its own module
 
     out.extend(simulation_problems(ctx))
     return out

@@ -35,10 +35,10 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from registry.checks import RowContext, _sql_sites, binds_of
-from registry.errors import Problem
-from registry.fastload.yamlpos import Path
-from registry.rules import (
+from capgate.registry.checks import RowContext, _sql_sites, binds_of
+from capgate.registry.errors import Problem
+from capgate.registry.fastload.yamlpos import Path
+from capgate.registry.rules import (
     DATE_BOUND_AS_TEXT,
     DIALECT_SQL_INVALID,
     LEASED_ON_ORACLE,

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from registry.excerpt import bounded, cut
+from capgate.registry.excerpt import bounded, cut
 
 EXIT_OK = 0
 EXIT_REFUSED = 1

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from registry.errors import CapabilityPathError, Problem, RegistryError
-from registry.lock import (
+from capgate.registry.errors import CapabilityPathError, Problem, RegistryError
+from capgate.registry.lock import (
     LOCK_NAME,
     LockedRow,
     RowSite,
@@ -26,11 +26,11 @@ from registry.lock import (
     read_lock,
     write_lock,
 )
-from registry.model import EffectClass, Row
-from registry.registry import Registry
+from capgate.registry.model import EffectClass, Row
+from capgate.registry.registry import Registry
 
 if TYPE_CHECKING:
-    from registry.fastload.filecheck import CheckedFile
+    from capgate.registry.fastload.filecheck import CheckedFile
 
 # The checking modules (YAML with positions, JSON Schema, the SQL checks and the
 # workers) are imported where files are checked: a load whose files all come from
@@ -131,7 +131,7 @@ def validate_texts(items: Iterable[tuple[str, str]], *, workers: int | None = No
 
 
 def _validate_texts(items: list[tuple[str, str]], workers: int | None) -> Validation:
-    from registry.fastload.parallel import check_files
+    from capgate.registry.fastload.parallel import check_files
 
     result = Validation(files=[source for source, _ in items])
     # Files finish in any order (see check_files); each file's rows are built as soon
@@ -268,7 +268,7 @@ def _version_positions(result: Validation, texts: dict[str, str],
     A clean load keeps only where rows start; the lock's findings are rare
     enough to pay for a second, fully located parse of the files they name.
     """
-    from registry.fastload.yamlpos import load_located
+    from capgate.registry.fastload.yamlpos import load_located
 
     located = {}
     for source in sources & texts.keys():
@@ -297,7 +297,7 @@ def load_registry(paths: Sequence[str | Path] = (DEFAULT_PATH,), *,
     exactly as without the cache.
     """
     if cache:
-        from registry.fastload.cache import cache_dir
+        from capgate.registry.fastload.cache import cache_dir
 
         directory = cache_dir()
         if directory is not None:
@@ -319,7 +319,7 @@ def _load_cached(paths: Sequence[str | Path], *, check_lock: bool, workers: int 
     with the files (a finding, a duplicate, the lock): the uncached path then
     reports every problem with its exact position.
     """
-    from registry.fastload.cache import (
+    from capgate.registry.fastload.cache import (
         IndexedRow,
         LazyRegistry,
         duplicate_problems,
@@ -343,7 +343,7 @@ def _load_cached(paths: Sequence[str | Path], *, check_lock: bool, workers: int 
                                                                             strict=True)]
         missing = [i for i, found in enumerate(per_file) if found is None]
         if missing:
-            from registry.fastload.parallel import check_files
+            from capgate.registry.fastload.parallel import check_files
 
             items = [texts[i] for i in missing]
             for position, checked in check_files(items, workers):

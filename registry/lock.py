@@ -14,8 +14,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from registry.canonical import canonical_hash
-from registry.errors import LockFileInvalid, Problem
+from capgate.registry.canonical import canonical_hash
+from capgate.registry.errors import LockFileInvalid, Problem
 
 LOCK_NAME = "capabilities.lock"
 LOCK_FORMAT = 1

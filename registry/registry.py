@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-from registry.errors import (
+from capgate.registry.errors import (
     EnvironmentNotAllowed,
     RetiredRow,
     UnknownOperation,
     UnknownVersion,
 )
-from registry.model import Row
+from capgate.registry.model import Row
 
 
 class Registry:

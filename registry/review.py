@@ -26,10 +26,10 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from registry.checks import binds_of
-from registry.errors import CapabilityPathError, RegistryError, UnknownOperation
-from registry.loader import DEFAULT_PATH, SUFFIXES, validate_paths, validate_texts
-from registry.model import ExpectRows, Row
+from capgate.registry.checks import binds_of
+from capgate.registry.errors import CapabilityPathError, RegistryError, UnknownOperation
+from capgate.registry.loader import DEFAULT_PATH, SUFFIXES, validate_paths, validate_texts
+from capgate.registry.model import ExpectRows, Row
 
 
 def card(row: Row) -> str:
@@ -389,7 +389,7 @@ def bump(paths: Sequence[str | Path], operation_id: str, *, retire: bool = False
     result.raise_for_problems()
     mine = [r for r in result.rows if r.operation_id == operation_id]
     if not mine:
-        from registry.registry import Registry
+        from capgate.registry.registry import Registry
 
         Registry(result.rows).resolve(operation_id)  # the refusal, with its did-you-mean
     current = max(mine, key=lambda r: r.version)

@@ -46,16 +46,16 @@ class Rule:
     @property
     def doc(self) -> str:
         """The rule's documentation: what ``capgate explain CODE`` prints."""
-        from registry.errors import explain
+        from capgate.registry.errors import explain
 
         return explain(self.code)
 
 
-_ROW = "registry.checks:check_row"
-_SHAPE = "registry.checks:_shape_checks"
-_TIMEOUT = "registry.checks:_timeout_checks"
-_EXAMPLES = "registry.checks:_example_checks"
-_SIMULATION = "registry.simulation_checks:simulation_problems"
+_ROW = "capgate.registry.checks:check_row"
+_SHAPE = "capgate.registry.checks:_shape_checks"
+_TIMEOUT = "capgate.registry.checks:_timeout_checks"
+_EXAMPLES = "capgate.registry.checks:_example_checks"
+_SIMULATION = "capgate.registry.simulation_checks:simulation_problems"
 
 INVALID_VALUE = Rule("CG104", "a value the checks cannot accept: an invalid input JSON Schema, "
                      "an example outside its contract, a write authorised by a read grant, "
@@ -90,13 +90,14 @@ UNSAFE_RETRY = Rule("CG127", "a row retried (or attempted again) that is not saf
 UNVERIFIABLE = Rule("CG128", "nothing can tell after the fact whether the effect landed: no "
                     "landed_probe", (_TIMEOUT,))
 DIALECT_SQL_INVALID = Rule("CG170", "a SQL text does not parse for a dialect its connector "
-                           "declares", ("registry.dialect_checks:dialect_problems",))
+                           "declares", ("capgate.registry.dialect_checks:dialect_problems",))
 TRANSACTION_CONTROL_IN_WRITE = Rule("CG171", "a write statement commits, rolls back or runs DDL",
-                                    ("registry.dialect_checks:transaction_control_problems",))
+                                    ("capgate.registry.dialect_checks:transaction_control_problems",))
 DATE_BOUND_AS_TEXT = Rule("CG172", "Oracle: a date input without `format: date` is bound as "
-                          "text", ("registry.dialect_checks:dialect_warnings",), warning=True)
+                          "text", ("capgate.registry.dialect_checks:dialect_warnings",),
+                          warning=True)
 LEASED_ON_ORACLE = Rule("CG173", "Oracle: a leased row is refused at call time",
-                        ("registry.dialect_checks:dialect_warnings",), warning=True)
+                        ("capgate.registry.dialect_checks:dialect_warnings",), warning=True)
 RETURNS_MISMATCH = Rule("CG680", "a statement's `returns` does not fit the statement",
                         (_SIMULATION,))
 EFFECT_NAMES_NO_RETURN = Rule("CG681", "an expected effect's `returned` names no statement's "

@@ -18,15 +18,15 @@ from typing import Any
 import jsonschema
 from jsonschema.exceptions import ValidationError
 
-from registry.errors import Problem
-from registry.fastload.fastschema import Check, Unsupported, compile_validator
-from registry.fastload.yamlpos import Located, Path, field_path, render_path
+from capgate.registry.errors import Problem
+from capgate.registry.fastload.fastschema import Check, Unsupported, compile_validator
+from capgate.registry.fastload.yamlpos import Located, Path, field_path, render_path
 
 
 @cache
 def file_schema() -> dict[str, Any]:
     """The shipped JSON Schema of a capability file."""
-    text = resources.files("registry").joinpath("capability.schema.json").read_text("utf-8")
+    text = resources.files("capgate.registry").joinpath("capability.schema.json").read_text("utf-8")
     schema: dict[str, Any] = json.loads(text)
     return schema
 

@@ -15,10 +15,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from registry.errors import Problem
-from registry.fastload.yamlpos import Path
-from registry.model import leading_keyword
-from registry.rules import (
+from capgate.registry.errors import Problem
+from capgate.registry.fastload.yamlpos import Path
+from capgate.registry.model import leading_keyword
+from capgate.registry.rules import (
     EFFECT_NAMES_NO_RETURN,
     INVALID_VALUE,
     RETURNS_MISMATCH,

@@ -59,10 +59,15 @@ def check(condition: bool, message: str) -> None:
 
 
 def smoke(work: Path) -> None:
-    probe = subprocess.run([sys.executable, "-c", "import capgate, executor.dialects; "
+    probe = subprocess.run([sys.executable, "-c", "import capgate, capgate.executor.dialects; "
                             "print(capgate.__file__)"], cwd=work, capture_output=True,
                            text=True, check=False)
     check(probe.returncode == 0, f"capgate does not import: {probe.stderr}")
+    # one import name: nothing generic beside capgate in site-packages
+    for generic in ("registry", "executor", "ddl"):
+        bare = subprocess.run([sys.executable, "-c", f"import {generic}"], cwd=work,
+                              capture_output=True, text=True, check=False)
+        check(bare.returncode != 0, f"the wheel installed a top-level `{generic}` package")
     where = Path(probe.stdout.strip()).resolve()
     check(Path(sys.prefix).resolve() in where.parents,
           f"capgate was imported from {where}, not from the environment {sys.prefix}")

@@ -45,7 +45,7 @@ def _install_stop(stop_at: str | None) -> None:
     """Make the executor's boundary hook stop (SIGSTOP) this process at ``stop_at``."""
     if not stop_at:
         return
-    import executor.context as context
+    import capgate.executor.context as context
 
     original = context.crash_point
 
@@ -68,7 +68,7 @@ def _install_idle_grace(seconds: float | None) -> None:
     """
     if not seconds:
         return
-    from executor.dialects import dialect_classes
+    from capgate.executor.dialects import dialect_classes
 
     for cls in dialect_classes():
         cls.idle_grace_seconds = float(seconds)
@@ -78,7 +78,7 @@ def _install_nth_crash(point: str | None, nth: int) -> None:
     """Die (SIGKILL) at the ``nth`` time the executor reaches boundary ``point``."""
     if not point:
         return
-    import executor.context as context
+    import capgate.executor.context as context
 
     seen = {"n": 0}
 
@@ -93,7 +93,7 @@ def _install_nth_crash(point: str | None, nth: int) -> None:
 
 def run(spec: Mapping[str, Any]) -> int:
     """Run the call ``spec`` describes; write its outcome as JSON; return an exit code."""
-    from registry.errors import CapgateError
+    from capgate.registry.errors import CapgateError
     from tests.fix_capgate import make_executor
 
     nth = int(spec.get("crash_nth") or 1)
@@ -106,14 +106,14 @@ def run(spec: Mapping[str, Any]) -> int:
     _install_idle_grace(spec.get("idle_grace_seconds"))
     executor = make_executor(spec["target"], spec["ledger"], schema=False)
     if spec.get("capabilities"):  # extra capability files (e.g. a never_retry row)
-        from executor.call import Executor
-        from registry.loader import load_registry
+        from capgate.executor.call import Executor
+        from capgate.registry.loader import load_registry
 
         executor = Executor(load_registry(spec["capabilities"], check_lock=False),
                             executor.connectors, executor.ledger, executor.grants)
     try:
         if spec.get("simulate"):  # issue 16: the whole simulation cycle, killed inside it
-            from executor.simulation.cycle import simulate
+            from capgate.executor.simulation.cycle import simulate
             from tests.sim_support import SIM_GRANTS
 
             executor.grants = SIM_GRANTS
@@ -122,7 +122,7 @@ def run(spec: Mapping[str, Any]) -> int:
             result: dict[str, Any] = simulated.to_dict()
             code = simulated.exit_code
         elif spec.get("resume"):  # resume the case instead: a crash inside resume's retry
-            from executor.recovery.resume import resume
+            from capgate.executor.recovery.resume import resume
 
             report = resume(executor, spec["case"])
             result = report.to_dict()
@@ -156,7 +156,7 @@ def _describe(pid: int, status: int) -> dict[str, Any]:
 
 def serve() -> None:
     """The zygote loop (see the module docstring)."""
-    import executor.recovery.resume  # noqa: F401  (warm the imports the children need)
+    import capgate.executor.recovery.resume  # noqa: F401  (warm the imports the children need)
     from tests.fix_capgate import registry
 
     registry()

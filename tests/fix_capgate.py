@@ -26,16 +26,16 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from sqlalchemy.engine import URL, make_url
 
+from capgate.executor.approvals import SigningKey
+from capgate.executor.call import Executor
+from capgate.executor.connectors import ConnectorConfig, Connectors
+from capgate.executor.dialects import dialect_for
+from capgate.executor.grants import Grants
+from capgate.executor.ledger import open_ledger
+from capgate.executor.target import install
+from capgate.registry.loader import load_registry
+from capgate.registry.registry import Registry
 from capgate.sqlfiles import apply_schema
-from executor.approvals import SigningKey
-from executor.call import Executor
-from executor.connectors import ConnectorConfig, Connectors
-from executor.dialects import dialect_for
-from executor.grants import Grants
-from executor.ledger import open_ledger
-from executor.target import install
-from registry.loader import load_registry
-from registry.registry import Registry
 
 ROOT = Path(__file__).resolve().parent.parent
 CAPABILITIES = ROOT / "capabilities"
@@ -212,3 +212,23 @@ def table_dump(url: URL | str, table: str) -> list[tuple[Any, ...]]:
         return sorted((tuple(r) for r in rows), key=repr)
     finally:
         engine.dispose()
+
+
+_GENERIC = ("registry", "executor", "ddl")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail the run if anything loaded registry/executor/ddl under a bare name.
+
+    The checkout's root is on ``sys.path``, so a stray ``import executor`` (or a
+    dynamic import of ``"executor.x"``) would work here, load a second copy of
+    every module, and fail only once the wheel is installed.
+    """
+    import sys
+
+    bare = sorted(m for m in sys.modules if m.split(".")[0] in _GENERIC)
+    if bare:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        print(f"\nFAILED: modules loaded under a bare name (import them as capgate.*): {bare}",
+              file=sys.stderr)

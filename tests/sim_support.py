@@ -20,10 +20,10 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
-from executor.call import Executor
-from executor.grants import Grants
-from registry.loader import load_registry
-from registry.registry import Registry
+from capgate.executor.call import Executor
+from capgate.executor.grants import Grants
+from capgate.registry.loader import load_registry
+from capgate.registry.registry import Registry
 from tests.fix_capgate import CAPABILITIES, GRANTS, approver_key, make_executor, table_dump
 
 TABLES = ("policy", "cover", "premium", "document_number", "issued_document", "policy_note",
@@ -100,7 +100,7 @@ class Statements:
     @property
     def writes(self) -> list[str]:
         """The statements that change data (comments and whitespace skipped)."""
-        from registry.model import leading_keyword
+        from capgate.registry.model import leading_keyword
 
         return [s for s in self.seen if leading_keyword(s) in
                 ("INSERT", "UPDATE", "DELETE", "MERGE", "REPLACE", "CREATE", "DROP", "ALTER")]

@@ -17,12 +17,12 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
+from capgate.executor.call import Executor
+from capgate.executor.dialects import dialect_for
+from capgate.executor.dialects.base import MARKER_TABLE
+from capgate.executor.recovery.resume import resume
+from capgate.registry import errors
 from capgate.sqlfiles import apply_schema
-from executor.call import Executor
-from executor.dialects import dialect_for
-from executor.dialects.base import MARKER_TABLE
-from executor.recovery.resume import resume
-from registry import errors
 from tests.crash_child import Zygote
 from tests.fix_capgate import make_executor, table_dump
 from tests.fix_db import engine_params
@@ -112,8 +112,8 @@ def test_a_call_never_sends_ddl(executor: Executor) -> None:
 def test_missing_target_tables_are_a_coded_refusal_that_records_nothing(
         target_url: URL, tmp_path: Path) -> None:
     """Item 10: without capgate's tables a call is refused (CG305) naming the table and fix."""
-    from executor.dialects.base import FENCE_TABLE
-    from executor.target import install_at
+    from capgate.executor.dialects.base import FENCE_TABLE
+    from capgate.executor.target import install_at
 
     engine = sa.create_engine(target_url, poolclass=sa.pool.NullPool)
     try:
@@ -149,7 +149,7 @@ def zygote() -> Iterator[Zygote]:
 def test_least_privilege_account_writes_and_resumes(server_url: URL, tmp_path: Path,
                                                     zygote: Zygote) -> None:
     """Item 10: an account without CREATE writes once the tables were installed for it."""
-    from executor.target import install_script
+    from capgate.executor.target import install_script
 
     engine = sa.create_engine(server_url, poolclass=sa.pool.NullPool)
     try:
@@ -199,8 +199,8 @@ def _grantee(url: URL) -> str:
 
 def test_target_install_sql_for_a_dba(target_url: URL) -> None:
     """Item 10: `--sql` prints a script; it is what `install` would create, nothing else."""
-    from executor.dialects.base import FENCE_TABLE
-    from executor.target import install_script
+    from capgate.executor.dialects.base import FENCE_TABLE
+    from capgate.executor.target import install_script
 
     dialect = dialect_for(target_url.get_backend_name())
     script = install_script(dialect, grant_to="app")
@@ -334,7 +334,7 @@ def test_a_taken_marker_key_is_evidence_not_a_rollback(target_url: URL,
 def _edit_snapshot(ex: Executor, case: str, edit: Callable[[dict[str, Any]], None]) -> None:
     import json
 
-    from executor.ledger.schema import cases
+    from capgate.executor.ledger.schema import cases
 
     with ex.ledger.engine.begin() as conn:
         text = conn.execute(sa.select(cases.c.snapshot).where(cases.c.case_id == case)
@@ -591,8 +591,8 @@ def test_a_stopped_executor_loses_its_locks_by_the_deadline(
 
 def test_the_lease_sweeper_waits_longer_than_any_engine_keeps_a_stopped_lock() -> None:
     """A lease the sweeper calls expired must have lost its locks already (item 13)."""
-    from executor.dialects import dialect_classes
-    from executor.lease import SWEEP_MARGIN_SECONDS
+    from capgate.executor.dialects import dialect_classes
+    from capgate.executor.lease import SWEEP_MARGIN_SECONDS
 
     bounds = {cls.name: cls.locks_gone_after_deadline() for cls in dialect_classes()}
     assert bounds["mariadb"] > bounds["postgresql"]  # whole seconds: 1 s idle, not 0.75 s
@@ -639,8 +639,8 @@ NO_UNDO = "UPDATE policy_note SET author = author WHERE body = :body"
 
 
 def _with_rows(ex: Executor, text: str) -> Executor:
-    from registry.loader import validate_texts
-    from registry.registry import Registry
+    from capgate.registry.loader import validate_texts
+    from capgate.registry.registry import Registry
 
     result = validate_texts([("extra.yaml", text)])
     result.raise_for_problems()
@@ -692,7 +692,7 @@ def test_a_row_without_compensation_never_claims_compensated(executor: Executor)
     ex = _with_rows(executor, CHECKED_NOTE.format(compensation=UNDO))
     row = ex.registry.resolve("test.checked_note")
     bare = dataclasses.replace(row, compensation=(), compensation_verify=())  # built in code
-    from registry.registry import Registry
+    from capgate.registry.registry import Registry
 
     ex.registry = Registry([r for r in ex.registry.rows(include_retired=True)
                             if r.operation_id != "test.checked_note"] + [bare])
@@ -747,7 +747,7 @@ def test_approval_required_in_one_case_claims_nothing_for_another(executor: Exec
 
 def test_a_name_alone_approves_nothing(executor: Executor, tmp_path: Path) -> None:
     """Item 4: approving in another's name, or with no key, is refused (CG208 / CG900)."""
-    from executor.approvals import generate, load_signing_key
+    from capgate.executor.approvals import generate, load_signing_key
     from tests.fix_capgate import KEYS
 
     plan = _plan_needed(executor, "C-name")
@@ -767,7 +767,7 @@ def _forge(ex: Executor, plan_hash: str, approver: str, role: str) -> str:
     """An approval row written straight into the store, as an agent with its credentials could."""
     import datetime as dt
 
-    from executor.ledger.schema import approvals
+    from capgate.executor.ledger.schema import approvals
 
     approval_id = "apr_" + uuid.uuid4().hex
     now = dt.datetime.now(dt.UTC)
@@ -784,7 +784,7 @@ def test_a_forged_or_altered_approval_is_refused_when_consumed(executor: Executo
     """Item 4: the signature is re-checked when the approval is consumed."""
     import datetime as dt
 
-    from executor.ledger.schema import approvals
+    from capgate.executor.ledger.schema import approvals
     from tests.fix_capgate import KEYS
 
     url = executor.connectors.get("insurance").engine.url
@@ -809,7 +809,7 @@ def test_a_forged_or_altered_approval_is_refused_when_consumed(executor: Executo
 
 def test_an_approval_whose_key_was_withdrawn_is_refused(executor: Executor) -> None:
     """Item 4: consumption checks the grants as they are now, not as they were."""
-    from executor.grants import Grants, Principal
+    from capgate.executor.grants import Grants, Principal
     from tests.fix_capgate import KEYS
 
     plan = _plan_needed(executor, "C-withdrawn")
@@ -826,7 +826,7 @@ def test_an_approval_whose_key_was_withdrawn_is_refused(executor: Executor) -> N
 def test_a_resumed_retry_rechecks_its_approval_and_grants(
         target_url: URL, gate: Callable[..., Executor], zygote: Zygote, tmp_path: Path) -> None:
     """Item 3: resume re-checks the approval a retry relies on, and the caller's grants."""
-    from executor.grants import Grants, Principal
+    from capgate.executor.grants import Grants, Principal
     from tests.fix_capgate import KEYS
 
     ledger = f"sqlite:///{tmp_path / 'ledger.db'}"
@@ -853,7 +853,7 @@ def test_a_resumed_retry_rechecks_its_approval_and_grants(
 def test_a_rehearsal_on_prod_is_a_gated_simulation(target_url: URL, gate: Callable[..., Executor],
                                                    tmp_path: Path) -> None:
     """Item 5: no approval, nothing sent; approved once by another, it runs and is recorded."""
-    from executor.rehearse import rehearse
+    from capgate.executor.rehearse import rehearse
     from tests.fix_capgate import KEYS
 
     ex = gate(target_url, environment="prod", simulation_approver_roles=("dba",))
@@ -883,7 +883,7 @@ def test_a_rehearsal_on_prod_is_a_gated_simulation(target_url: URL, gate: Callab
 
 
 def _requested_by_alice(ex: Executor) -> str:
-    from executor.rehearse import rehearse
+    from capgate.executor.rehearse import rehearse
 
     with pytest.raises(errors.ApprovalRequired) as info:
         rehearse(ex, who="alice", connectors=["insurance"], case="REH-alice")
@@ -892,7 +892,7 @@ def _requested_by_alice(ex: Executor) -> str:
 
 def test_every_rehearsal_is_recorded(executor: Executor) -> None:
     """Item 5: a dev rehearsal needs no approval, and is recorded all the same."""
-    from executor.rehearse import rehearse
+    from capgate.executor.rehearse import rehearse
 
     report = rehearse(executor, who="agent", connectors=["insurance"],
                       operations=["policy.add_note"])
@@ -965,7 +965,7 @@ CAPABILITIES_DIR = str(Path(__file__).resolve().parent.parent / "capabilities")
 
 def _unreachable(ex: Executor) -> Executor:
     """The same executor, its connectors pointed at a port where nothing listens."""
-    from executor.connectors import ConnectorConfig, Connectors
+    from capgate.executor.connectors import ConnectorConfig, Connectors
 
     configs = {name: ConnectorConfig(name=name, url="postgresql://nobody@127.0.0.1:9/none",
                                      environment="dev")
@@ -1016,7 +1016,7 @@ def test_a_write_whose_connection_fails_before_sending_is_rolled_back(
     refused with nothing recorded; a leased call prepares first, and then records
     the rollback with the reason.
     """
-    from executor.connectors import Connector
+    from capgate.executor.connectors import Connector
 
     connector = executor.connectors.get("insurance")
     connector.check_target()  # passed once; now the database goes away
@@ -1042,7 +1042,7 @@ def test_a_write_whose_connection_fails_before_sending_is_rolled_back(
 
 def test_rehearse_against_an_unreachable_target_is_coded(executor: Executor) -> None:
     """Item 16: `rehearse` on a database that does not answer: CG304, nothing recorded."""
-    from executor.rehearse import rehearse
+    from capgate.executor.rehearse import rehearse
 
     with pytest.raises(errors.ConnectorUnavailable):
         rehearse(_unreachable(executor), who="agent", connectors=["insurance"], case="R-down")
@@ -1103,7 +1103,7 @@ def test_a_request_over_the_configured_size_is_refused(executor: Executor) -> No
     """Item 16: a 10 MB input on a row without a length bound: CG307, the ledger untouched."""
     import os
 
-    from executor.ledger.schema import events
+    from capgate.executor.ledger.schema import events
 
     def ledger_rows() -> int:
         with executor.ledger.engine.connect() as conn:
@@ -1124,7 +1124,7 @@ def test_a_request_over_the_configured_size_is_refused(executor: Executor) -> No
 
 def test_validate_warns_on_unbounded_string_inputs() -> None:
     """Item 16: `validate` names each write input without a declared length (CG160)."""
-    from registry.loader import validate_texts
+    from capgate.registry.loader import validate_texts
 
     result = validate_texts([("u.yaml", CHECKED_NOTE.format(compensation=UNDO).replace(
         "body: {type: string, maxLength: 200}", "body: {type: string}"))])
@@ -1298,8 +1298,8 @@ def test_an_unknown_timeout_becomes_a_reconciliation_task(executor: Executor) ->
 def test_the_review_card_and_tool_say_what_a_timeout_means() -> None:
     """Item 17: one line, in the card and in the MCP tool description."""
     from capgate.mcp_server import description_for
-    from registry.loader import validate_texts
-    from registry.review import card
+    from capgate.registry.loader import validate_texts
+    from capgate.registry.review import card
 
     result = validate_texts([("t.yaml", TIMEOUT_ROWS)])
     result.raise_for_problems()

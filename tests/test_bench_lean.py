@@ -21,7 +21,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
 from bench import lean_call
-from executor.target import install_at
+from capgate.executor.target import install_at
 
 CALLS = 23  # three cases of 10 calls: two closed, one part-way
 

@@ -17,11 +17,11 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
-from executor import budget
-from executor.budget import Scope, SlotStore
-from executor.call import Executor
-from executor.ledger import open_ledger
-from registry import errors
+from capgate.executor import budget
+from capgate.executor.budget import Scope, SlotStore
+from capgate.executor.call import Executor
+from capgate.executor.ledger import open_ledger
+from capgate.registry import errors
 from tests.test_lease_support import spawn, url_text, wait_for_file
 
 NOTE = {"policy_id": 1, "author": "jdoe", "body": "Within budget."}

@@ -9,7 +9,7 @@ import rfc8785
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from registry.canonical import canonical_bytes
+from capgate.registry.canonical import canonical_bytes
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(min_value=-(2**60), max_value=2**60)
@@ -43,7 +43,7 @@ _names = st.text(min_size=1, max_size=12)
 
 @functools.cache
 def _row() -> Any:
-    from registry.loader import load_registry
+    from capgate.registry.loader import load_registry
     from tests.test_init import ROOT
 
     return load_registry([ROOT / "capabilities"], check_lock=False).resolve("policy.add_note")
@@ -57,8 +57,8 @@ def test_hashes_built_from_parts_equal_the_whole_object_hash(
         requester: str) -> None:
     """The fingerprint and plan hash, built from the inputs' text once, are the hashes of
     the objects they name (what every ledger and approval recorded so far holds)."""
-    from executor.plan import fingerprint, plan_hash
-    from registry.canonical import canonical_hash, canonical_text, scalar_text
+    from capgate.executor.plan import fingerprint, plan_hash
+    from capgate.registry.canonical import canonical_hash, canonical_text, scalar_text
 
     try:
         rfc8785.dumps(inputs)

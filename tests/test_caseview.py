@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from capgate.caseview import clip, compact, resume_lines
-from executor.recovery.resume import IntentReport, ResumeReport
+from capgate.executor.recovery.resume import IntentReport, ResumeReport
 from tests.test_init import capgate, clean_env
 
 LONG_BODY = ("Holder asked for a paper schedule and a second copy for the broker; "

@@ -14,9 +14,9 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
-from executor.call import Executor
-from executor.claims import ClaimStore, set_claims, store_for
-from registry import errors
+from capgate.executor.call import Executor
+from capgate.executor.claims import ClaimStore, set_claims, store_for
+from capgate.registry import errors
 from tests.fix_capgate import table_dump
 from tests.fix_db import engine_params
 from tests.test_lease_support import ARRIVED, GATES, lab_registry, lab_schema, spawn, url_text
@@ -203,7 +203,7 @@ def test_claims_can_be_switched_off_for_a_baseline(lab: Callable[..., Executor],
 @pytest.mark.crash
 def test_a_crashed_cases_claim_holds_until_resume_takes_it_over(
         lab: Callable[..., Executor], pg_url: URL, tmp_path: Path) -> None:
-    from executor.recovery.resume import resume
+    from capgate.executor.recovery.resume import resume
 
     ledger = f"sqlite:///{tmp_path / 'ledger.db'}"
     ex = lab(pg_url, ledger)

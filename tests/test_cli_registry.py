@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from capgate.cli import build_parser
-from registry import errors
+from capgate.registry import errors
 
 ROOT = Path(__file__).resolve().parent.parent
 GOOD = ROOT / "tests" / "data" / "good"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from capgate.config import load_settings, read_settings
-from registry.errors import ConfigError, ConfigMissing
+from capgate.registry.errors import ConfigError, ConfigMissing
 from tests.test_init import capgate, clean_env
 
 TYPOS = """\

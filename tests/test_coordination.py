@@ -35,10 +35,10 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, make_url
 
-from executor import cases
-from executor.call import Executor
-from executor.claims import store_for
-from registry import errors
+from capgate.executor import cases
+from capgate.executor.call import Executor
+from capgate.executor.claims import store_for
+from capgate.registry import errors
 from tests.fix_capgate import KEYS, make_executor
 from tests.fix_db import engine_params
 
@@ -150,8 +150,8 @@ CASE_MODE = {"case_claim_seconds": 60.0}
 
 
 def coord_registry() -> Any:
-    from registry.loader import validate_texts
-    from registry.registry import Registry
+    from capgate.registry.loader import validate_texts
+    from capgate.registry.registry import Registry
     from tests.fix_capgate import registry
 
     result = validate_texts([("coordination.yaml", LAB_ROWS)])
@@ -318,8 +318,8 @@ def _first_target(url: URL | str) -> URL | str:
 
 
 def test_rows_declare_dimensions_and_symptoms_as_data() -> None:
-    from executor.plan import impact_keys
-    from registry.loader import validate_texts
+    from capgate.executor.plan import impact_keys
+    from capgate.registry.loader import validate_texts
 
     reg = coord_registry()
     tariff = reg.resolve("lab.tariff_set")
@@ -585,7 +585,7 @@ def test_an_edited_ledger_decides_nothing_and_injects_no_query(made: Any,
                                                                sqlite_url: URL) -> None:
     """An edit of a case's snapshot -- a decision marked made, a symptom pointing at
     another row -- is found before anything acts on it."""
-    from executor import symptoms
+    from capgate.executor import symptoms
 
     ex = made(_first_target(sqlite_url))
     assert ex.call("lab.count", {"target_id": 1, "call_ref": "e-1"}, case="EH",

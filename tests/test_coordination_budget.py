@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 from sqlalchemy.engine import URL
 
-from executor import cases
-from registry import errors
+from capgate.executor import cases
+from capgate.registry import errors
 from tests.fix_db import engine_params
 from tests.test_coordination import (
     _first_target,

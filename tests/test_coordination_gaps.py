@@ -21,10 +21,10 @@ import sqlalchemy as sa
 from mcp.shared.exceptions import MCPError
 from sqlalchemy.engine import URL
 
-from executor.call import Executor
-from executor.gaps import GAPS_CASE, list_gaps
-from executor.ledger import open_ledger
-from registry import errors
+from capgate.executor.call import Executor
+from capgate.executor.gaps import GAPS_CASE, list_gaps
+from capgate.executor.ledger import open_ledger
+from capgate.registry import errors
 from tests.test_coordination import url_text
 
 ROOT = Path(__file__).resolve().parent.parent

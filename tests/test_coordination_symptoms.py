@@ -18,10 +18,10 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
-from executor import cases, symptoms
-from executor.recovery.resume import resolve_escalation, resume
-from registry import errors
-from registry.canonical import canonical_hash
+from capgate.executor import cases, symptoms
+from capgate.executor.recovery.resume import resolve_escalation, resume
+from capgate.registry import errors
+from capgate.registry.canonical import canonical_hash
 from tests.fix_capgate import KEYS
 from tests.fix_db import engine_params
 from tests.test_coordination import (

@@ -30,9 +30,9 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
-from executor.call import CRASH_POINTS, Executor
-from executor.recovery.resume import resume
-from registry.errors import ReconciliationRequired
+from capgate.executor.call import CRASH_POINTS, Executor
+from capgate.executor.recovery.resume import resume
+from capgate.registry.errors import ReconciliationRequired
 from tests.crash_child import Zygote
 from tests.fix_db import engine_params
 

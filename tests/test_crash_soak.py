@@ -29,8 +29,8 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, make_url
 
-from executor.call import CRASH_POINTS, Executor
-from executor.recovery.resume import resume
+from capgate.executor.call import CRASH_POINTS, Executor
+from capgate.executor.recovery.resume import resume
 from tests.crash_child import Zygote
 from tests.fix_db import fresh_mariadb, fresh_pg, require_server
 

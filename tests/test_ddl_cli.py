@@ -27,8 +27,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
 from capgate.cli import main
+from capgate.ddl.sqltext import strip_terminator
 from capgate.sqlfiles import apply_schema
-from ddl.sqltext import strip_terminator
 from tests.fix_capgate import approval_key_line, approver_key_file, install_target
 from tests.fix_db import ensure_plpgsql_check
 
@@ -252,8 +252,8 @@ def pg_cli_inproc(pg_url: URL, tmp_path: Path) -> tuple[Cli, URL, Path]:
 
 
 def live_signature(url: URL, obj: str) -> str:
-    from ddl.catalog import ObjectRef, adapter_for
-    from ddl.signature import sign
+    from capgate.ddl.catalog import ObjectRef, adapter_for
+    from capgate.ddl.signature import sign
 
     adapter = adapter_for(url)
     eng = adapter.engine(url)
@@ -291,8 +291,8 @@ def test_pg_capture_plan_approve_apply_verify_compensate(pg_cli: tuple[Cli, URL,
     assert all(p["passed"] for p in plan["prohibitions"])
     assert scalar(url, "SELECT premium_due_total(9)") == before_due  # no DDL committed
     # the approver's text names the changed blocks with their lines, never a bare count
+    from capgate.ddl.plan import DdlPlan
     from capgate.handlers.ddl import _plan_text
-    from ddl.plan import DdlPlan
 
     text = _plan_text(DdlPlan.from_dict(plan))
     first = obj["changed_blocks"][0]

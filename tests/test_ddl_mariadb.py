@@ -22,14 +22,14 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
-from ddl.catalog import Dependent, ObjectRef
-from ddl.events import ListSink
-from ddl.loop import DdlLoop
-from ddl.results import Change, SmokeCall
-from ddl.signature import sign
-from ddl.snapshots import SqlSnapshotStore
-from ddl.sqltext import strip_terminator
-from registry.errors import (
+from capgate.ddl.catalog import Dependent, ObjectRef
+from capgate.ddl.events import ListSink
+from capgate.ddl.loop import DdlLoop
+from capgate.ddl.results import Change, SmokeCall
+from capgate.ddl.signature import sign
+from capgate.ddl.snapshots import SqlSnapshotStore
+from capgate.ddl.sqltext import strip_terminator
+from capgate.registry.errors import (
     CompensationFailed,
     FeatureNotSupported,
     MergeRequired,

@@ -16,11 +16,11 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
-from ddl.catalog import ObjectRef
-from ddl.events import ListSink
-from ddl.loop import DdlLoop
-from ddl.results import Change, SmokeCall
-from ddl.snapshots import SqlSnapshotStore
+from capgate.ddl.catalog import ObjectRef
+from capgate.ddl.events import ListSink
+from capgate.ddl.loop import DdlLoop
+from capgate.ddl.results import Change, SmokeCall
+from capgate.ddl.snapshots import SqlSnapshotStore
 from tests.fix_db import require_server
 
 # Oracle comes from CAPGATE_TEST_ORACLE_DSN, else a gvenzl/oracle-free container when

@@ -15,10 +15,10 @@ import pytest
 import sqlglot
 from sqlglot import exp
 
-from ddl.catalog import ObjectRef
-from ddl.catalog_oracle import SQL, compile_settings_clause, recompile_order
-from ddl.source import parse_blocks
-from registry.errors import ExtraStatements, InvalidObjectName
+from capgate.ddl.catalog import ObjectRef
+from capgate.ddl.catalog_oracle import SQL, compile_settings_clause, recompile_order
+from capgate.ddl.source import parse_blocks
+from capgate.registry.errors import ExtraStatements, InvalidObjectName
 
 
 @pytest.mark.parametrize("name", sorted(SQL))
@@ -86,7 +86,7 @@ def test_a_plsql_unit_is_one_definition_and_nothing_more() -> None:
 def test_invoker_rights_dropped_is_a_plan_warning() -> None:
     """Oracle's default is definer's rights: a spec replaced without AUTHID CURRENT_USER is
     said to the approver; keeping it, a new unit, a body, or a comment naming it is not."""
-    from ddl.catalog_oracle import OracleAdapter
+    from capgate.ddl.catalog_oracle import OracleAdapter
 
     adapter = OracleAdapter()
     spec = ObjectRef("package", "BILLING", "APP")

@@ -19,14 +19,14 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
-from ddl.catalog import Dependent, ObjectRef, lock_key
-from ddl.catalog_postgresql import PostgresqlAdapter
-from ddl.events import ListSink
-from ddl.loop import DdlLoop
-from ddl.results import Change, FarSideStep, SmokeCall
-from ddl.signature import sign
-from ddl.snapshots import SqlSnapshotStore
-from registry.errors import (
+from capgate.ddl.catalog import Dependent, ObjectRef, lock_key
+from capgate.ddl.catalog_postgresql import PostgresqlAdapter
+from capgate.ddl.events import ListSink
+from capgate.ddl.loop import DdlLoop
+from capgate.ddl.results import Change, FarSideStep, SmokeCall
+from capgate.ddl.signature import sign
+from capgate.ddl.snapshots import SqlSnapshotStore
+from capgate.registry.errors import (
     LockNotAcquired,
     MergeRequired,
     PlanTampered,

@@ -24,8 +24,8 @@ from sqlalchemy.engine import URL
 
 from capgate.api import open as open_executor
 from capgate.cli import main
-from ddl.service import DdlService
-from registry.errors import CapgateError
+from capgate.ddl.service import DdlService
+from capgate.registry.errors import CapgateError
 from tests.fix_capgate import KEYS, approval_key_line, approver_key_file
 from tests.fix_db import ensure_plpgsql_check
 

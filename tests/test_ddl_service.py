@@ -21,13 +21,19 @@ import pytest
 from sqlalchemy.engine import URL
 
 from capgate.api import open as open_executor
+from capgate.ddl.catalog import ObjectRef
+from capgate.ddl.results import SmokeCall
+from capgate.ddl.service import (
+    DdlService,
+    check_scope,
+    classify_ddl_intent,
+    in_scope,
+    settle_ddl_intent,
+)
+from capgate.executor.call import Executor
 from capgate.handlers.ddl import ProgressBar
-from ddl.catalog import ObjectRef
-from ddl.results import SmokeCall
-from ddl.service import DdlService, check_scope, classify_ddl_intent, in_scope, settle_ddl_intent
-from executor.call import Executor
-from registry.errors import MergeRequired, ObjectOutOfScope, ReconciliationRequired
-from registry.loader import load_registry
+from capgate.registry.errors import MergeRequired, ObjectOutOfScope, ReconciliationRequired
+from capgate.registry.loader import load_registry
 from tests.fix_capgate import KEYS
 from tests.test_ddl_cli import (
     BILLING_ROW,
@@ -281,7 +287,7 @@ def test_mariadb_crash_after_the_spec_is_partly_applied_then_compensated(
     assert [c["eligible"] for c in point["candidates"]] == [True, False]  # the body is absent
     assert point["chosen"]["step"].startswith("package:")  # the spec landed and verifies
     assert point["latest_recorded"]["step"] == point["chosen"]["step"]
-    from executor.ledger.stats import ledger_stats
+    from capgate.executor.ledger.stats import ledger_stats
 
     (ddl_step,) = ledger_stats(svc.executor.ledger, ["M3"]).cases[0].intents
     assert (ddl_step.attempts, ddl_step.final) == (1, "unsettled")  # escalated, one apply

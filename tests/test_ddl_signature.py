@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ddl.catalog import ObjectRef, adapter_for
-from ddl.signature import (
+from capgate.ddl.catalog import ObjectRef, adapter_for
+from capgate.ddl.signature import (
     ABSENT,
     BLOCK_LINES,
     Signature,

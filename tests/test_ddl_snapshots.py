@@ -10,10 +10,10 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
-from ddl.catalog import ObjectRef, adapter_for
-from ddl.signature import Signature, sign
-from ddl.snapshots import Snapshot, SqlSnapshotStore
-from registry.errors import ObjectNotFound, SnapshotOverwrite
+from capgate.ddl.catalog import ObjectRef, adapter_for
+from capgate.ddl.signature import Signature, sign
+from capgate.ddl.snapshots import Snapshot, SqlSnapshotStore
+from capgate.registry.errors import ObjectNotFound, SnapshotOverwrite
 
 REF = ObjectRef("package_body", "billing", "app")
 SOURCE = 'CREATE OR REPLACE DEFINER="root"@"%" PACKAGE BODY "billing" AS\n  x INT := 0;\nEND'

@@ -9,12 +9,12 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
-from ddl.catalog import ObjectRef
-from ddl.events import ListSink
-from ddl.loop import DdlLoop
-from ddl.results import Change, SmokeCall
-from ddl.snapshots import SqlSnapshotStore
-from registry.errors import MergeRequired, UnsupportedObjectType
+from capgate.ddl.catalog import ObjectRef
+from capgate.ddl.events import ListSink
+from capgate.ddl.loop import DdlLoop
+from capgate.ddl.results import Change, SmokeCall
+from capgate.ddl.snapshots import SqlSnapshotStore
+from capgate.registry.errors import MergeRequired, UnsupportedObjectType
 
 V_PREM = ObjectRef("view", "v_prem")
 

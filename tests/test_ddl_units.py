@@ -7,12 +7,12 @@ import copy
 
 import pytest
 
-from ddl import prohibitions, sqltext
-from ddl.catalog import ObjectRef, adapter_for, registered_dialects
-from ddl.loop import DdlLoop, _order
-from ddl.merge import propose
-from ddl.plan import PLAN_FORMAT, DdlPlan, check_plan, plan_hash
-from registry.errors import (
+from capgate.ddl import prohibitions, sqltext
+from capgate.ddl.catalog import ObjectRef, adapter_for, registered_dialects
+from capgate.ddl.loop import DdlLoop, _order
+from capgate.ddl.merge import propose
+from capgate.ddl.plan import PLAN_FORMAT, DdlPlan, check_plan, plan_hash
+from capgate.registry.errors import (
     DdlError,
     FeatureNotSupported,
     InvalidObjectName,

@@ -26,10 +26,16 @@ from typing import Any, ClassVar
 
 import pytest
 
-from ddl.catalog import BaseAdapter, adapter_for, registered_dialects
-from executor.dialects import Dialect, dialect_classes, dialect_for, engine_name, normalise_url
-from executor.dialects.registration import Implementations, Registered
-from executor.ledger.backends import backend_for, backend_named
+from capgate.ddl.catalog import BaseAdapter, adapter_for, registered_dialects
+from capgate.executor.dialects import (
+    Dialect,
+    dialect_classes,
+    dialect_for,
+    engine_name,
+    normalise_url,
+)
+from capgate.executor.dialects.registration import Implementations, Registered
+from capgate.executor.ledger.backends import backend_for, backend_named
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("executor", "registry", "ddl", "capgate")
@@ -207,10 +213,10 @@ def test_registration_refuses_two_implementations_of_one_dialect() -> None:
 
 def test_a_lookup_imports_that_engine_s_module_only() -> None:
     """A SQLite call loads the SQLite dialect, not every engine's module."""
-    probe = ("import sys\nfrom executor.dialects import dialect_for, normalise_url\n"
+    probe = ("import sys\nfrom capgate.executor.dialects import dialect_for, normalise_url\n"
              "dialect_for(normalise_url('sqlite:///x.db'))\n"
-             "print(sorted(m for m in sys.modules if m.startswith('executor.dialects.')))")
+             "print(sorted(m for m in sys.modules if m.startswith('capgate.executor.dialects.')))")
     out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True,
                          text=True, check=True).stdout.strip()
-    assert out == str(["executor.dialects.base", "executor.dialects.registration",
-                       "executor.dialects.sqlite"]), out
+    assert out == str(["capgate.executor.dialects.base", "capgate.executor.dialects.registration",
+                       "capgate.executor.dialects.sqlite"]), out

@@ -15,11 +15,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ddl import results as ddl_results
-from executor import outcome
-from executor.recovery import evidence
-from registry.canonical import _plain, canonical_bytes
-from registry.vocabulary import Classification, OutcomeStatus, RollbackReason
+from capgate.ddl import results as ddl_results
+from capgate.executor import outcome
+from capgate.executor.recovery import evidence
+from capgate.registry.canonical import _plain, canonical_bytes
+from capgate.registry.vocabulary import Classification, OutcomeStatus, RollbackReason
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("registry", "executor", "ddl", "capgate")
@@ -60,7 +60,7 @@ def test_lookup_knows_every_code_right_after_import_capgate() -> None:
         "    except capgate.CapgateError as exc:\n"
         "        out[code] = 'MISSING ' + exc.code\n"
         "print(json.dumps(out))\n"
-        "loaded = [m for m in sys.modules if m.split('.')[0] in ('ddl', 'executor')]\n"
+        "loaded = [m for m in sys.modules if m.startswith(('capgate.ddl', 'capgate.executor'))]\n"
         "print(json.dumps(sorted(loaded)))\n"
     )
     done = subprocess.run([sys.executable, "-c", probe], input=json.dumps(sorted(coded)),

@@ -21,12 +21,12 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
-from executor.call import Executor
-from executor.dialects import SessionTag
-from executor.dialects.base import MARKER_TABLE
-from executor.dialects.oracle import OracleDialect
-from executor.target import install_at
-from registry import errors
+from capgate.executor.call import Executor
+from capgate.executor.dialects import SessionTag
+from capgate.executor.dialects.base import MARKER_TABLE
+from capgate.executor.dialects.oracle import OracleDialect
+from capgate.executor.target import install_at
+from capgate.registry import errors
 from tests.fix_capgate import KEYS, SentSql, table_dump
 from tests.fix_db import engine_params, require_server
 
@@ -68,8 +68,8 @@ def test_read_rows_are_counted_and_capped(executor: Executor) -> None:
                         who="agent")
     assert out.status == "ok" and out.evidence["count"] == 2
     assert out.evidence["truncated"] is False
-    from registry.loader import validate_texts
-    from registry.registry import Registry
+    from capgate.registry.loader import validate_texts
+    from capgate.registry.registry import Registry
 
     capped = LOCKING_ROW.replace("effect_class: transactional", "effect_class: read").replace(
         "shape: collapsed", "max_rows: 1").replace("authorization: {kind: write_grant}",
@@ -437,8 +437,8 @@ def server_url(request: pytest.FixtureRequest) -> Any:
 
 def test_lock_timeout_is_enforced_by_the_server(gate: Callable[..., Executor],
                                                 server_url: URL) -> None:
-    from registry.loader import validate_texts
-    from registry.registry import Registry
+    from capgate.registry.loader import validate_texts
+    from capgate.registry.registry import Registry
 
     ex = gate(server_url)
     result = validate_texts([("touch.yaml", LOCKING_ROW)])
@@ -461,8 +461,8 @@ def test_lock_timeout_is_enforced_by_the_server(gate: Callable[..., Executor],
 
 
 def test_reads_are_engine_enforced_read_only(target_url: URL) -> None:
-    from executor.dialects import dialect_for
-    from executor.dialects.base import vendor_code
+    from capgate.executor.dialects import dialect_for
+    from capgate.executor.dialects.base import vendor_code
 
     engine = sa.create_engine(target_url, poolclass=sa.pool.NullPool)
     dialect = dialect_for(engine.url.get_backend_name())
@@ -690,8 +690,8 @@ def _tx(ex: Executor, case: str) -> dict[str, Any]:
 @pytest.fixture
 def ora(oracle_url: URL, gate: Callable[..., Executor]) -> Executor:
     """An executor over a fresh Oracle user with the example schema, plus the test rows."""
-    from registry.loader import validate_texts
-    from registry.registry import Registry
+    from capgate.registry.loader import validate_texts
+    from capgate.registry.registry import Registry
     from tests.fix_capgate import registry
 
     ex = gate(oracle_url)
@@ -863,8 +863,8 @@ def test_a_procedure_that_commits_is_refused(ora: Executor, oracle_url: URL) -> 
 def test_ddl_inside_a_call_never_reports_applied(ora: Executor, oracle_url: URL) -> None:
     """Refused by the session (ORA-00034), or seen before COMMIT (CG327, escalated):
     never ``applied_verified`` for a call whose transaction was split."""
-    from executor.recovery.resume import resume
-    from registry.errors import TransactionSplit
+    from capgate.executor.recovery.resume import resume
+    from capgate.registry.errors import TransactionSplit
 
     engine = sa.create_engine(oracle_url, poolclass=sa.pool.NullPool)
     try:
@@ -896,7 +896,7 @@ def test_a_split_transaction_is_seen_before_commit(oracle_url: URL,
                                                    gate: Callable[..., Executor]) -> None:
     """The detector itself: a COMMIT sent inside an open write changes the local
     transaction id, and ``before_commit`` refuses to vouch for it."""
-    from registry.errors import TransactionSplit
+    from capgate.registry.errors import TransactionSplit
 
     gate(oracle_url)  # the schema
     dialect = OracleDialect()
@@ -932,8 +932,8 @@ def test_a_least_privilege_account_writes_after_install(oracle_url: URL,
     the rows' DML and the target's grants -- no CREATE TABLE -- and writes."""
     import uuid
 
-    from executor.connectors import ConnectorConfig, Connectors
-    from executor.ledger import open_ledger
+    from capgate.executor.connectors import ConnectorConfig, Connectors
+    from capgate.executor.ledger import open_ledger
     from tests.fix_capgate import GRANTS, registry
 
     gate(oracle_url)  # schema and capgate's tables, installed as the owner
@@ -978,7 +978,7 @@ def test_the_database_session_limit_is_the_budget_error(oracle_url: URL,
                                                         gate: Callable[..., Executor]) -> None:
     import uuid
 
-    from registry.errors import BudgetExhausted
+    from capgate.registry.errors import BudgetExhausted
 
     gate(oracle_url)
     profile = f"CGP_{uuid.uuid4().hex[:8]}".upper()
@@ -1092,7 +1092,7 @@ def test_every_example_rehearses_on_oracle(oracle_url: URL,
                                           gate: Callable[..., Executor]) -> None:
     """Every current example row runs on Oracle 19c+ (no 23ai-only SQL: CG170 sees to it);
     the leased row is refused (CG326), as it must be there."""
-    from executor.rehearse import rehearse
+    from capgate.executor.rehearse import rehearse
 
     ex = gate(oracle_url)
     report = rehearse(ex, who="agent", connectors=["insurance"])

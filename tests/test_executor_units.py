@@ -12,14 +12,14 @@ from typing import Any
 
 import pytest
 
-from executor import outcome as oc
-from executor.context import validate_input
-from executor.expectations import evaluate
-from executor.grants import Grants
-from executor.outcome import Outcome, jsonable
-from executor.plan import binds_for, idempotency_key, render
-from registry import errors
-from registry.model import Expect
+from capgate.executor import outcome as oc
+from capgate.executor.context import validate_input
+from capgate.executor.expectations import evaluate
+from capgate.executor.grants import Grants
+from capgate.executor.outcome import Outcome, jsonable
+from capgate.executor.plan import binds_for, idempotency_key, render
+from capgate.registry import errors
+from capgate.registry.model import Expect
 from tests.fix_capgate import registry
 
 BIG = 2**53 + 1  # the first integer a double cannot hold

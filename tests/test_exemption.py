@@ -18,10 +18,10 @@ import pytest
 import yaml
 from sqlalchemy.engine import URL
 
-from executor import outcome as oc
-from executor.call import Executor
-from executor.simulation.cycle import simulate
-from registry import errors as serr
+from capgate.executor import outcome as oc
+from capgate.executor.call import Executor
+from capgate.executor.simulation.cycle import simulate
+from capgate.registry import errors as serr
 from tests.fix_capgate import CAPABILITIES
 from tests.sim_support import registry_with, venues
 

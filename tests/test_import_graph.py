@@ -10,6 +10,7 @@ nothing is imported to check it.
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("executor", "registry", "ddl", "capgate")
+_LIBRARIES = ("capgate.registry", "capgate.executor", "capgate.ddl")
 
 
 def _modules(package: str) -> dict[str, Path]:
@@ -25,6 +27,8 @@ def _modules(package: str) -> dict[str, Path]:
         parts = list(path.relative_to(ROOT).with_suffix("").parts)
         if parts[-1] == "__init__":
             parts.pop()
+        if parts[0] != "capgate":  # registry/, executor/, ddl/ install as capgate.<name>
+            parts.insert(0, "capgate")
         found[".".join(parts)] = path
     return found
 
@@ -66,6 +70,8 @@ def graph(package: str) -> dict[str, set[str]]:
             ancestors.add(name)
         targets: set[str] = set()
         for imported in _imported(tree, name, path.name == "__init__.py"):
+            if package == "capgate" and imported.startswith(_LIBRARIES):
+                continue  # capgate.registry and friends are other graphs, not capgate/'s
             parts = imported.split(".")
             prefixes = [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
             known = [p for p in prefixes if p in modules]
@@ -200,3 +206,22 @@ def test_the_detector_sees_a_function_local_cycle(tmp_path: Path) -> None:
     tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
                      "    from .b import thing\n")
     assert "p.b.thing" in set(_imported(tree, "p.a", False))
+
+
+_BARE_IMPORT = re.compile(r"^\s*(?:from|import)\s+(registry|executor|ddl)\b", re.M)
+
+
+def test_one_import_name_everywhere() -> None:
+    """registry/, executor/ and ddl/ are imported only as ``capgate.<name>``.
+
+    The wheel installs them under ``capgate``; a bare ``import executor`` works in
+    a checkout (its root is on ``sys.path``) but would load a second copy of every
+    module there, and fails outright once installed.
+    """
+    found = []
+    for folder in (*PACKAGES, "tests", "bench", "scripts"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for match in _BARE_IMPORT.finditer(path.read_text("utf-8")):
+                line = path.read_text("utf-8").count("\n", 0, match.start()) + 1
+                found.append(f"{path.relative_to(ROOT)}:{line}: {match.group(0).strip()}")
+    assert found == []

@@ -22,7 +22,7 @@ from mcp import ClientSession, StdioServerParameters, stdio_client
 from sqlalchemy.engine import URL
 
 from capgate.commands.project import init_project
-from registry.errors import ConnectorUnavailable, ProjectExists
+from capgate.registry.errors import ConnectorUnavailable, ProjectExists
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -165,10 +165,10 @@ def _readme_block(heading: str, lang: str) -> list[str]:
 
 def test_the_readme_configuration_gives_the_agent_tools(tmp_path: Path) -> None:
     """The README's capgate.toml and grants.toml, copied as they are, serve tools."""
+    from capgate.executor.connectors import Connectors
+    from capgate.executor.grants import Grants
     from capgate.exposure import exposure
-    from executor.connectors import Connectors
-    from executor.grants import Grants
-    from registry.loader import load_registry
+    from capgate.registry.loader import load_registry
 
     config, grants = _readme_block("## Configuration", "toml")[:2]
     # the approvers' keys are placeholders there ("ed25519:…"); approving is not tested here

@@ -16,10 +16,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from executor.context import validate_input
-from registry.errors import InputInvalid
-from registry.loader import load_registry
-from registry.model import Row, thaw
+from capgate.executor.context import validate_input
+from capgate.registry.errors import InputInvalid
+from capgate.registry.loader import load_registry
+from capgate.registry.model import Row, thaw
 from tests.test_init import ROOT
 
 ROWS: list[Row] = [r for r in load_registry([ROOT / "capabilities"], check_lock=False)

@@ -17,9 +17,9 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
-from executor.call import Executor
-from executor.plan import idempotency_key, impact_keys, key_value
-from registry import errors
+from capgate.executor.call import Executor
+from capgate.executor.plan import idempotency_key, impact_keys, key_value
+from capgate.registry import errors
 from tests.fix_capgate import table_dump
 
 NOTE = {"author": "jdoe", "body": "Called the holder."}
@@ -174,7 +174,7 @@ def test_validate_warns_on_a_free_text_target_key(holder: str, region: str,
                                                   warned: list[str]) -> None:
     """CG161: keys compare exactly in capgate, by collation in the database (MariaDB's
     default ignores case and trailing spaces): a key input should say its one spelling."""
-    from registry.loader import validate_texts
+    from capgate.registry.loader import validate_texts
 
     result = validate_texts([("k.yaml", FREE_TEXT_ROW.format(holder=holder, region=region))])
     assert result.ok, result.problems

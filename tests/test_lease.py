@@ -15,10 +15,10 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, make_url
 
-from executor.call import Executor
-from executor.lease import sweep_expired_leases
-from executor.steps import register_step
-from registry import errors
+from capgate.executor.call import Executor
+from capgate.executor.lease import sweep_expired_leases
+from capgate.executor.steps import register_step
+from capgate.registry import errors
 from tests.fix_capgate import table_dump
 from tests.fix_db import engine_params
 from tests.test_lease_support import lab_registry, spawn, url_text, wait_for_file
@@ -176,7 +176,7 @@ def test_python_step_past_the_deadline_loses_its_session(lab: Callable[..., Exec
 
 def test_lease_api_takes_registered_steps_only(lab: Callable[..., Executor],
                                                sqlite_url: URL) -> None:
-    from executor.steps import require
+    from capgate.executor.steps import require
 
     ex = lab(sqlite_url)
     inputs = {"policy_id": 1, "seconds": 0}
@@ -205,8 +205,8 @@ def test_lease_api_takes_registered_steps_only(lab: Callable[..., Executor],
 
 def test_row_naming_an_unregistered_function_is_refused_before_prepared(
         lab: Callable[..., Executor], sqlite_url: URL) -> None:
-    from registry.loader import validate_texts
-    from registry.registry import Registry
+    from capgate.registry.loader import validate_texts
+    from capgate.registry.registry import Registry
     from tests.test_lease_support import LAB_ROWS
 
     ex = lab(sqlite_url)
@@ -258,7 +258,7 @@ def _lock_row(target: URL, seconds: float) -> float:
 @pytest.mark.crash
 def test_sigkill_mid_lease_releases_locks_and_resume_says_not_applied(
         lab: Callable[..., Executor], server_target: URL, tmp_path: Path) -> None:
-    from executor.recovery.resume import resume
+    from capgate.executor.recovery.resume import resume
 
     ledger = f"sqlite:///{tmp_path / 'ledger.db'}"
     ex = lab(server_target, ledger)
@@ -305,7 +305,7 @@ def test_the_lease_deadline_is_the_transactions_even_after_a_slow_attempt_record
     there too.  With ``attempt_started`` taking 0.6 s of a 1 s lease, a statement the
     server stops at the deadline is still the lease's expiry -- never a plain timeout --
     and the watchdog fires at the transaction's deadline, not 0.6 s after it."""
-    from executor import boundaries
+    from capgate.executor import boundaries
 
     ex = lab(server_target)
     slow = boundaries.attempt_started

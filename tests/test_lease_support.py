@@ -28,9 +28,9 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, make_url
 
-from executor.call import Executor
-from executor.context import CallContext
-from executor.steps import register_step, registered_steps
+from capgate.executor.call import Executor
+from capgate.executor.context import CallContext
+from capgate.executor.steps import register_step, registered_steps
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -197,8 +197,8 @@ if "tests.pause" not in registered_steps():
 
 
 def lab_registry() -> Any:
-    from registry.loader import validate_texts
-    from registry.registry import Registry
+    from capgate.registry.loader import validate_texts
+    from capgate.registry.registry import Registry
     from tests.fix_capgate import registry
 
     result = validate_texts([("lab.yaml", LAB_ROWS)])
@@ -255,7 +255,7 @@ def wait_for_file(path: Path, proc: subprocess.Popen[str], timeout: float = 20.0
 
 
 def _child_call(spec: Mapping[str, Any]) -> int:
-    from registry.errors import CapgateError
+    from capgate.registry.errors import CapgateError
 
     if spec.get("crash_at"):  # the executor's own test hook: SIGKILL at that boundary
         os.environ["CAPGATE_CRASH_AT"] = str(spec["crash_at"])
@@ -269,7 +269,7 @@ def _child_call(spec: Mapping[str, Any]) -> int:
 
 
 def _child_hold(spec: Mapping[str, Any]) -> int:
-    from executor import budget
+    from capgate.executor import budget
 
     if "margin" in spec:
         budget.BUDGET_MARGIN_SECONDS = float(spec["margin"])
@@ -287,8 +287,8 @@ def _child_hold(spec: Mapping[str, Any]) -> int:
 
 
 def _child_worker(spec: Mapping[str, Any]) -> int:
-    from executor.claims import set_claims
-    from registry.errors import BudgetExhausted, ImpactConflict
+    from capgate.executor.claims import set_claims
+    from capgate.registry.errors import BudgetExhausted, ImpactConflict
 
     ex = lab_executor(spec["target"], spec["ledger"], **spec.get("opts", {}))
     set_claims(ex, bool(spec.get("claims", True)))

@@ -24,7 +24,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection
 
-from executor.ledger import (
+from capgate.executor.ledger import (
     GENESIS_DIGEST,
     TERMINAL_STATUSES,
     Event,
@@ -37,8 +37,8 @@ from executor.ledger import (
     open_ledger,
     state_digest,
 )
-from executor.ledger.chain import canonical_text
-from registry.errors import (
+from capgate.executor.ledger.chain import canonical_text
+from capgate.registry.errors import (
     ApprovalExpired,
     ApprovalRequired,
     ApprovalUsed,
@@ -80,7 +80,7 @@ def pool() -> Iterator[ProcessPoolExecutor]:
 
 
 def _warm(pause: float) -> int:
-    import executor.ledger  # noqa: F401  (import cost paid before any race starts)
+    import capgate.executor.ledger  # noqa: F401  (import cost paid before any race starts)
 
     time.sleep(pause)
     return 0

@@ -26,9 +26,9 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
-from executor.call import Executor
-from executor.claims import store_for
-from executor.fences import LEDGER_BEHIND, OK, fence_report, realign
+from capgate.executor.call import Executor
+from capgate.executor.claims import store_for
+from capgate.executor.fences import LEDGER_BEHIND, OK, fence_report, realign
 from tests.fix_db import engine_params
 
 KEY = "dev/insurance/policy_note/policy_id=1"
@@ -213,10 +213,10 @@ def test_a_restored_ledger_cannot_spend_an_approval_twice(tmp_path: Path) -> Non
 
 def test_fences_on_a_target_without_capgate_tables_says_how_to_install(
         tmp_path: Path) -> None:
-    from executor.claims import ClaimStore
-    from executor.connectors import Connector, ConnectorConfig
-    from executor.ledger import open_ledger
-    from registry.errors import TargetNotInstalled
+    from capgate.executor.claims import ClaimStore
+    from capgate.executor.connectors import Connector, ConnectorConfig
+    from capgate.executor.ledger import open_ledger
+    from capgate.registry.errors import TargetNotInstalled
 
     sqlite3.connect(tmp_path / "bare.db").close()
     connector = Connector.open(ConnectorConfig(name="bare", url=f"sqlite:///{tmp_path}/bare.db",

@@ -22,9 +22,9 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
-from executor.ledger import head_mac, open_ledger
-from executor.ledger.store import key_id
-from registry.errors import ConfigError, LedgerTampered
+from capgate.executor.ledger import head_mac, open_ledger
+from capgate.executor.ledger.store import key_id
+from capgate.registry.errors import ConfigError, LedgerTampered
 
 K1, K2, K3 = b"first-key-0123456789", b"second-key-0123456789", b"third-key-0123456789"
 

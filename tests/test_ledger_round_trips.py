@@ -20,9 +20,9 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
 from bench._support import RoundTrips
-from executor.call import Executor
-from executor.ledger import open_ledger
-from registry.errors import LedgerError
+from capgate.executor.call import Executor
+from capgate.executor.ledger import open_ledger
+from capgate.registry.errors import LedgerError
 from tests.fix_capgate import in_threads, make_executor
 
 NOTE = {"policy_id": 1, "author": "jdoe", "body": "A note."}
@@ -47,7 +47,7 @@ def test_a_call_costs_the_postgresql_ledger_four_round_trips(
         assert pg_gate.call("policy.add_note", {**NOTE, "policy_id": policy}, case="RT",
                             who="agent").status == "applied_verified"
     seen: dict[str, int] = {}
-    from executor import boundaries
+    from capgate.executor import boundaries
     prepared, observed = boundaries.prepared, boundaries.observed
     with RoundTrips() as trips:
 
@@ -117,7 +117,7 @@ def test_an_identical_call_answers_before_a_full_budget(sqlite_url: URL,
     try:
         first = ex.call("policy.add_note", NOTE, case="TWIN", who="agent")
         assert first.status == "applied_verified", first.reason
-        from executor.budget import SessionBudgets
+        from capgate.executor.budget import SessionBudgets
         budgets = ex.hooks.find(SessionBudgets)
         assert budgets is not None
         connector = ex.connectors.get("insurance")
@@ -135,7 +135,7 @@ def test_an_identical_call_answers_before_a_full_budget(sqlite_url: URL,
 _CHILD = r'''
 import json, sys, time
 from tests.fix_capgate import make_executor
-from registry.errors import CapgateError
+from capgate.registry.errors import CapgateError
 spec = json.loads(sys.argv[1])
 ex = make_executor(spec["target"], spec["ledger"], schema=False)
 try:

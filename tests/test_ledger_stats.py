@@ -26,10 +26,10 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
-from executor.call import Executor
-from executor.ledger.stats import ledger_stats
-from executor.recovery.eligibility import assess, ddl_objects
-from executor.recovery.resume import resume
+from capgate.executor.call import Executor
+from capgate.executor.ledger.stats import ledger_stats
+from capgate.executor.recovery.eligibility import assess, ddl_objects
+from capgate.executor.recovery.resume import resume
 from tests.crash_child import Zygote
 from tests.fix_db import engine_params
 from tests.test_coordination import rows, server_url, url_text

@@ -22,11 +22,11 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection, make_url
 
 from capgate.cli import main
-from executor.ledger import Anchor, Ledger, fold, open_ledger
-from executor.ledger.chain import canonical_text
-from executor.ledger.migrate import MIGRATIONS, head_of_scripts
-from executor.ledger.schema import HEAD_REVISION, metadata
-from registry.errors import AnchorMismatch, LedgerNotMigrated, LedgerTampered
+from capgate.executor.ledger import Anchor, Ledger, fold, open_ledger
+from capgate.executor.ledger.chain import canonical_text
+from capgate.executor.ledger.migrate import MIGRATIONS, head_of_scripts
+from capgate.executor.ledger.schema import HEAD_REVISION, metadata
+from capgate.registry.errors import AnchorMismatch, LedgerNotMigrated, LedgerTampered
 from tests.fix_capgate import in_threads
 from tests.fix_db import engine_params, fresh_pg, require_server
 
@@ -158,7 +158,7 @@ def test_an_edited_continuation_point_refuses_the_call(ledger_url: URL, edit: st
             conn.execute(sa.text("UPDATE cg_cases SET snapshot = :s WHERE case_id = 'c'"),
                          {"s": canonical_text(forged)})
         if edit == "snapshot_and_state_digest":
-            from executor.ledger import state_digest
+            from capgate.executor.ledger import state_digest
             conn.execute(sa.text("UPDATE cg_events SET state_digest = :d WHERE case_id = 'c' "
                                  "AND seq = :s"), {"d": state_digest(forged), "s": head.seq})
         if edit == "head_event":
@@ -171,7 +171,7 @@ def test_an_edited_continuation_point_refuses_the_call(ledger_url: URL, edit: st
 
 def test_a_consistent_rewrite_of_the_head_needs_the_key(ledger_url: URL) -> None:
     """Snapshot, head event and head digest rewritten together: only the MAC tells."""
-    from executor.ledger import event_digest, state_digest
+    from capgate.executor.ledger import event_digest, state_digest
 
     with open_ledger(ledger_url, hmac_key=KEY) as led:
         settle(led, "c", 1)
@@ -459,7 +459,7 @@ def test_digests_from_parts_are_the_canonical_digests() -> None:
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
-    from executor.ledger.chain import (
+    from capgate.executor.ledger.chain import (
         event_digest,
         event_digest_of_text,
         snapshot_text,

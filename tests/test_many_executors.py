@@ -17,8 +17,8 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
-from executor.claims import key_hash
-from executor.ledger import open_ledger
+from capgate.executor.claims import key_hash
+from capgate.executor.ledger import open_ledger
 from tests.fix_capgate import make_executor
 from tests.fix_db import engine_params
 from tests.test_lease_support import lab_schema, run_workers

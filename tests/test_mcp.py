@@ -32,9 +32,9 @@ from mcp.shared.exceptions import MCPError
 from sqlalchemy.engine import URL
 
 from capgate.mcp_server import CASE_META_KEY, OUTPUT_SCHEMA
+from capgate.registry.loader import load_registry
+from capgate.registry.model import thaw
 from capgate.sqlfiles import apply_schema
-from registry.loader import load_registry
-from registry.model import thaw
 from tests.fix_capgate import approval_key_line, approver_key_file, install_target, table_dump
 
 ROOT = Path(__file__).resolve().parent.parent

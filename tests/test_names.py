@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 from sqlalchemy.engine import URL
 
-from executor.call import Executor
-from executor.ledger import open_ledger
-from executor.ledger import store as ledger_store
-from registry import errors
-from registry.names import NAME_LIMIT, name_problem
+from capgate.executor.call import Executor
+from capgate.executor.ledger import open_ledger
+from capgate.executor.ledger import store as ledger_store
+from capgate.registry import errors
+from capgate.registry.names import NAME_LIMIT, name_problem
 from tests.fix_capgate import table_dump
 
 NOTE = {"policy_id": 1, "author": "jdoe", "body": "Called the holder."}

@@ -46,10 +46,10 @@ import sqlglot
 from sqlalchemy.engine import make_url
 from sqlglot import exp
 
-from executor.dialects import SessionTag, dialect_for
-from executor.dialects import oracle as ora
-from executor.dialects.base import MARKER_INSERT, TARGET_TABLES
-from registry.errors import (
+from capgate.executor.dialects import SessionTag, dialect_for
+from capgate.executor.dialects import oracle as ora
+from capgate.executor.dialects.base import MARKER_INSERT, TARGET_TABLES
+from capgate.registry.errors import (
     BudgetExhausted,
     ConnectorUnavailable,
     DriverUnsupported,
@@ -88,9 +88,9 @@ def plsql_statements(block: str) -> list[str]:
 
 
 def oracle_texts() -> dict[str, str]:
-    from executor.dialects.base import FENCE_READ
-    from executor.recovery.evidence import _BY_INTENT, _BY_KEY
-    from executor.transaction import _MARKER_BY_KEY
+    from capgate.executor.dialects.base import FENCE_READ
+    from capgate.executor.recovery.evidence import _BY_INTENT, _BY_KEY
+    from capgate.executor.transaction import _MARKER_BY_KEY
 
     dialect = ora.OracleDialect()
     texts = {f"dialect.{k}": v for k, v in ora.SQL_TEXTS.items()}
@@ -267,7 +267,7 @@ def test_dates_declared_as_dates_are_bound_as_dates() -> None:
 
 
 def test_the_call_tag_carries_the_rows_date_inputs() -> None:
-    from executor.context import CallContext
+    from capgate.executor.context import CallContext
     from tests.fix_capgate import registry
 
     row = registry().resolve("premium.list_overdue")
@@ -326,7 +326,7 @@ def test_thick_mode_timeouts_are_timeouts() -> None:
 
 
 def test_ora_02391_is_the_budget_error_and_nothing_was_sent() -> None:
-    from executor.connectors import Connector, ConnectorConfig
+    from capgate.executor.connectors import Connector, ConnectorConfig
 
     dialect = ora.OracleDialect()
     limit = Exception("ORA-02391: exceeded simultaneous SESSIONS_PER_USER limit")
@@ -342,8 +342,8 @@ def test_ora_02391_is_the_budget_error_and_nothing_was_sent() -> None:
 
 
 def test_the_db_user_budget_is_per_user_per_database_service() -> None:
-    from executor.budget import scopes_for
-    from executor.connectors import Connector, ConnectorConfig
+    from capgate.executor.budget import scopes_for
+    from capgate.executor.connectors import Connector, ConnectorConfig
 
     dialect = ora.OracleDialect()
     on = dialect.budget_user_scope
@@ -436,7 +436,7 @@ def _settings(tmp_path: Path, body: str, env: dict[str, str] | None = None) -> A
 
 
 def test_connect_args_take_secrets_from_the_environment_only(tmp_path: Path) -> None:
-    from executor.connectors import resolve_connect_args
+    from capgate.executor.connectors import resolve_connect_args
 
     settings, problems = _settings(tmp_path, """
 [connectors.insurance]
@@ -456,7 +456,7 @@ wallet_password = { env = "SALES_WALLET_PW" }
                                          "wallet_password": {"env": "SALES_WALLET_PW"}}
     assert resolve_connect_args("insurance", config.connect_args,
                                 {"SALES_WALLET_PW": "s3cret"})["wallet_password"] == "s3cret"
-    from registry.errors import ConfigError
+    from capgate.registry.errors import ConfigError
 
     with pytest.raises(ConfigError, match="SALES_WALLET_PW"):
         resolve_connect_args("insurance", config.connect_args, {})
@@ -498,8 +498,8 @@ url = "oracle://app@b_high"
 
 def test_no_secret_reaches_a_printed_url_a_ddl_target_or_an_engine_url(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from ddl.loop import _redacted
-    from executor.connectors import ConnectorConfig, connector_engine, safe_url
+    from capgate.ddl.loop import _redacted
+    from capgate.executor.connectors import ConnectorConfig, connector_engine, safe_url
 
     url = "oracle://app:hunter2@db:1521/?service_name=s&wallet_password=w411et&x_token=t0k"
     for shown in (safe_url(url), _redacted(make_url(url))):
@@ -609,7 +609,7 @@ def test_a_split_seen_before_commit_escalates_and_resume_parks_it(
         sqlite_url: Any, gate: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """The executor's side of the split detector, on SQLite with the dialect's last look
     made to fail: never applied, never rolled back -- escalated for a person."""
-    from executor.recovery.resume import resume
+    from capgate.executor.recovery.resume import resume
 
     ex = gate(sqlite_url)
     dialect = ex.connectors.get("insurance").dialect

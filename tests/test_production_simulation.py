@@ -19,11 +19,11 @@ import pytest
 import yaml
 from sqlalchemy.engine import URL
 
-from executor.call import Executor
-from executor.simulation.cycle import simulate
-from executor.simulation.production import due, end_of_business_day, reconcile
-from registry import errors
-from registry import errors as serr
+from capgate.executor.call import Executor
+from capgate.executor.simulation.cycle import simulate
+from capgate.executor.simulation.production import due, end_of_business_day, reconcile
+from capgate.registry import errors
+from capgate.registry import errors as serr
 from tests.fix_capgate import CAPABILITIES, approver_key
 from tests.sim_support import NEW_CLAIM, dump, recording, registry_with, venues
 

@@ -26,12 +26,12 @@ from sqlalchemy.engine import URL
 
 from capgate.api import build_executor
 from capgate.config import load_settings
+from capgate.executor import outcome as oc
+from capgate.executor.call import Executor
+from capgate.executor.simulation.cycle import simulate
+from capgate.registry import errors
+from capgate.registry import errors as serr
 from capgate.sqlfiles import apply_schema
-from executor import outcome as oc
-from executor.call import Executor
-from executor.simulation.cycle import simulate
-from registry import errors
-from registry import errors as serr
 from tests.fix_capgate import KEYS, approver_key, install_target, registry, table_dump
 from tests.sim_support import NEW_CLAIM, SIM_GRANTS, recording, registry_with, venues
 
@@ -319,7 +319,7 @@ def test_a_simulation_waiting_for_its_execute_step_lets_nothing_else_through(
     """Adversarial: a simulation on qa stopped at its execute step does not let a write
     on prod -- nor one with other inputs on qa -- pass as that step.  Only the very call
     the simulation would make (its venue, its inputs, its requester) is admitted."""
-    import executor.simulation.cycle as sim_cycle
+    import capgate.executor.simulation.cycle as sim_cycle
 
     qa, prod = pair
 
@@ -347,7 +347,7 @@ def test_a_simulation_waiting_for_its_execute_step_lets_nothing_else_through(
 
 def test_a_caller_key_cannot_pass_for_a_simulation_step(pair: Pair) -> None:
     """A caller key may not carry the simulation mark (it would select the step check)."""
-    from executor.simulation.records import IDEM_MARK
+    from capgate.executor.simulation.records import IDEM_MARK
 
     _, prod = pair
     row, _ = prod.resolve("claim.open")

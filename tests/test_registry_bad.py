@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from registry import errors
-from registry.loader import validate_paths
+from capgate.registry import errors
+from capgate.registry.loader import validate_paths
 
 ROOT = Path(__file__).resolve().parent.parent
 BAD = Path("tests/data/bad")  # relative to ROOT, as a DBA would type it

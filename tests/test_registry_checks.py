@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from registry.checks import binds_of, writing_reason
-from registry.fastload.yamlpos import load_located
-from registry.loader import validate_texts
-from registry.model import ExpectRows
-from registry.schema import row_schema
+from capgate.registry.checks import binds_of, writing_reason
+from capgate.registry.fastload.yamlpos import load_located
+from capgate.registry.loader import validate_texts
+from capgate.registry.model import ExpectRows
+from capgate.registry.schema import row_schema
 
 GOOD = Path(__file__).resolve().parent / "data" / "good"
 

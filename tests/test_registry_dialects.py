@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from registry.errors import explain
-from registry.loader import validate_paths, validate_texts
+from capgate.registry.errors import explain
+from capgate.registry.loader import validate_paths, validate_texts
 
 ROOT = Path(__file__).resolve().parent.parent
 

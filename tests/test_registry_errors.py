@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from registry import errors
-from registry.errors import CapgateError, Problem, RegistryError, UnknownErrorCode
+from capgate.registry import errors
+from capgate.registry.errors import CapgateError, Problem, RegistryError, UnknownErrorCode
 
 ALL = errors.all_codes()
 

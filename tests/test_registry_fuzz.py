@@ -19,15 +19,15 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from registry import errors
-from registry.errors import CapgateError
-from registry.fastload.fastschema import compile_validator, plain_contract
-from registry.fastload.filecheck import _check_file, check_file
-from registry.fastload.yamlpos import load_located
-from registry.loader import Validation, validate_texts
-from registry.registry import Registry
-from registry.review import card, diff
-from registry.schema import file_schema
+from capgate.registry import errors
+from capgate.registry.errors import CapgateError
+from capgate.registry.fastload.fastschema import compile_validator, plain_contract
+from capgate.registry.fastload.filecheck import _check_file, check_file
+from capgate.registry.fastload.yamlpos import load_located
+from capgate.registry.loader import Validation, validate_texts
+from capgate.registry.registry import Registry
+from capgate.registry.review import card, diff
+from capgate.registry.schema import file_schema
 
 GOOD = Path(__file__).resolve().parent / "data" / "good"
 TEXTS = {p.name: p.read_text("utf-8") for p in sorted(GOOD.glob("*.yaml"))}

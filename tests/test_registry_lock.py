@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from registry.canonical import canonical_hash
-from registry.errors import LockFileInvalid, RegistryError, RetiredRow
-from registry.loader import load_registry, update_lock, validate_paths, validate_texts
-from registry.lock import LOCK_NAME, read_lock, row_hash
+from capgate.registry.canonical import canonical_hash
+from capgate.registry.errors import LockFileInvalid, RegistryError, RetiredRow
+from capgate.registry.loader import load_registry, update_lock, validate_paths, validate_texts
+from capgate.registry.lock import LOCK_NAME, read_lock, row_hash
 
 GOOD = Path(__file__).resolve().parent / "data" / "good"
 GET_SQL = "SELECT id, holder, status FROM policy WHERE id = :policy_id"

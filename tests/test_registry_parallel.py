@@ -26,12 +26,12 @@ import rfc8785
 import yaml
 from hypothesis import given, settings
 
-from registry.canonical import canonical_bytes
-from registry.errors import ConfigError
-from registry.fastload.filecheck import _check_file, check_file
-from registry.fastload.parallel import WORKERS_ENV, worker_count
-from registry.fastload.yamlpos import load_located
-from registry.loader import validate_texts
+from capgate.registry.canonical import canonical_bytes
+from capgate.registry.errors import ConfigError
+from capgate.registry.fastload.filecheck import _check_file, check_file
+from capgate.registry.fastload.parallel import WORKERS_ENV, worker_count
+from capgate.registry.fastload.yamlpos import load_located
+from capgate.registry.loader import validate_texts
 from tests.test_canonical import json_values
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -78,7 +78,7 @@ PARALLEL = """
     import json, sys
     sys.path.insert(0, "tests")
     from test_registry_parallel import _summary, _texts
-    from registry.fastload.parallel import worker_count
+    from capgate.registry.fastload.parallel import worker_count
     items = _texts()
     assert worker_count(items, 3) == 3, "the fresh interpreter must be allowed to fork"
     print(json.dumps(_summary(items, 3)))
@@ -99,8 +99,8 @@ def test_parallel_workers_give_the_same_registry_and_findings() -> None:
 
 DYING_WORKER = """
     import os, signal, sys
-    import registry.fastload.parallel as parallel
-    from registry.errors import LoadWorkerFailed
+    import capgate.registry.fastload.parallel as parallel
+    from capgate.registry.errors import LoadWorkerFailed
     real = parallel.check_file
 
     def check_or_die(source, text):
@@ -109,7 +109,7 @@ DYING_WORKER = """
         return real(source, text)
 
     parallel.check_file = check_or_die
-    from registry.loader import validate_texts
+    from capgate.registry.loader import validate_texts
     items = [(f"f{i}.yaml", "connectors: {}\\nrows: []\\n") for i in range(5)]
     items.append(("die.yaml", "rows: []\\n"))  # the workers take files from the back
     try:
@@ -168,7 +168,7 @@ def test_the_loaders_plain_flag_only_skips_what_rfc8785_agrees_with(value: Any) 
 
 ORPHANED_WORKER = """
     import os, sys, time
-    import registry.fastload.parallel as parallel
+    import capgate.registry.fastload.parallel as parallel
     real = parallel.check_file
 
     def slow_check(source, text):
@@ -180,7 +180,7 @@ ORPHANED_WORKER = """
 
     PARENT = os.getpid()
     parallel.check_file = slow_check
-    from registry.loader import validate_texts
+    from capgate.registry.loader import validate_texts
     validate_texts([(f"f{i}.yaml", "rows: []\\n") for i in range(40)], workers=2)
 """
 
@@ -217,7 +217,7 @@ def test_workers_stop_when_the_loading_process_is_killed(tmp_path: Path) -> None
 
 RAISING_WORKER = """
     import os
-    import registry.fastload.parallel as parallel
+    import capgate.registry.fastload.parallel as parallel
     real = parallel.check_file
     PARENT = os.getpid()
 
@@ -229,7 +229,7 @@ RAISING_WORKER = """
         return real(source, text)
 
     parallel.check_file = check_or_raise
-    from registry.loader import validate_texts
+    from capgate.registry.loader import validate_texts
     items = [(f"f{i}.yaml", "connectors: {}\\nrows: []\\n") for i in range(4)]
     result = validate_texts([*items, ("odd.yaml", "rows: []\\n")], workers=2)
     print("odd.yaml checked by the caller:", result.files[-1])

@@ -7,17 +7,17 @@ from pathlib import Path
 
 import pytest
 
-from registry import errors
-from registry.errors import (
+from capgate.registry import errors
+from capgate.registry.errors import (
     CapgateError,
     EnvironmentNotAllowed,
     RetiredRow,
     UnknownOperation,
     UnknownVersion,
 )
-from registry.loader import load_registry, validate_texts
-from registry.model import EffectClass, Row
-from registry.registry import Registry
+from capgate.registry.loader import load_registry, validate_texts
+from capgate.registry.model import EffectClass, Row
+from capgate.registry.registry import Registry
 
 GOOD = Path(__file__).resolve().parent / "data" / "good"
 

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from registry.errors import CapabilityPathError, RegistryError
-from registry.loader import load_registry
-from registry.model import Row
-from registry.registry import Registry
-from registry.review import card, diff, rows_from
+from capgate.registry.errors import CapabilityPathError, RegistryError
+from capgate.registry.loader import load_registry
+from capgate.registry.model import Row
+from capgate.registry.registry import Registry
+from capgate.registry.review import card, diff, rows_from
 
 GOOD = Path(__file__).resolve().parent / "data" / "good"
 GET_SQL = "SELECT id, holder, status FROM policy WHERE id = :policy_id"

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from capgate.commands.codes import all_codes, explanation
-from registry import checks, dialect_checks, rules, simulation_checks
-from registry.loader import validate_paths, validate_texts
-from registry.rules import BY_CODE, RULES, Rule
+from capgate.registry import checks, dialect_checks, rules, simulation_checks
+from capgate.registry.loader import validate_paths, validate_texts
+from capgate.registry.rules import BY_CODE, RULES, Rule
 from tests.test_registry_dialects import row_file
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -19,8 +19,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
 from capgate.cli import main
+from capgate.executor.dialects.base import MARKER_TABLE
 from capgate.sqlfiles import apply_schema
-from executor.dialects.base import MARKER_TABLE
 from tests.fix_capgate import install_target
 from tests.fix_db import engine_params
 
@@ -302,6 +302,6 @@ def test_refusals_before_anything_runs(
 
 
 def _rows() -> list[dict[str, Any]]:
-    from registry.loader import load_registry
+    from capgate.registry.loader import load_registry
 
     return [r.to_dict() for r in load_registry([CAPABILITIES], check_lock=False).rows()]

@@ -22,18 +22,18 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
-from executor.call import Executor
-from executor.recovery.evidence import Facts, Pending, classify
-from executor.recovery.resume import resolve_escalation, resume, resume_many
-from registry.errors import (
+from capgate.executor.call import Executor
+from capgate.executor.recovery.evidence import Facts, Pending, classify
+from capgate.executor.recovery.resume import resolve_escalation, resume, resume_many
+from capgate.registry.errors import (
     CaseConflict,
     LedgerTampered,
     ReconciliationRequired,
     UnknownCase,
     UsageError,
 )
-from registry.loader import load_registry
-from registry.vocabulary import Classification
+from capgate.registry.loader import load_registry
+from capgate.registry.vocabulary import Classification
 from tests.crash_child import Zygote
 from tests.fix_capgate import CAPABILITIES, ROOT
 
@@ -369,7 +369,7 @@ def test_a_person_accepts_a_changed_target(crash: Crash) -> None:
 def test_the_rechecks_read_in_one_batch_read_what_one_by_one_would(target_url: URL) -> None:
     """``Dialect.read_many`` (pipelined on PostgreSQL) answers each statement with its own
     rows, binds and SQLAlchemy's text syntax exactly as ``conn.execute(sa.text())``."""
-    from executor.dialects import dialect_for
+    from capgate.executor.dialects import dialect_for
 
     engine = sa.create_engine(target_url, poolclass=sa.pool.NullPool)
     dialect = dialect_for(engine.dialect.name)

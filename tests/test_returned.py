@@ -18,14 +18,14 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
-from executor import outcome as oc
-from executor.bindings import call_bound
-from executor.call import Executor
-from executor.recovery.resume import resume
-from executor.returned import Binding, parse_binding
-from registry import errors
-from registry import errors as serr
-from registry.errors import NotSupported
+from capgate.executor import outcome as oc
+from capgate.executor.bindings import call_bound
+from capgate.executor.call import Executor
+from capgate.executor.recovery.resume import resume
+from capgate.executor.returned import Binding, parse_binding
+from capgate.registry import errors
+from capgate.registry import errors as serr
+from capgate.registry.errors import NotSupported
 from tests.crash_child import Zygote
 from tests.sim_support import NEW_CLAIM, registry_with, venues
 
@@ -256,7 +256,7 @@ def test_a_key_beyond_2_53_is_recorded_exactly_and_still_binds_and_tears_down(
     """A BIGINT identity past 2^53 cannot be a JSON number without losing digits: it is
     recorded as its decimal text, binds a later call, and the simulation's teardown
     deletes exactly that row."""
-    from executor.simulation.cycle import simulate
+    from capgate.executor.simulation.cycle import simulate
 
     ex = venues(pg_url, f"sqlite:///{tmp_path / 'ledger.db'}", "dev",
                 registry=registry_with(tmp_path, BIG_KEYS))

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from registry.errors import RegistryError, UnknownOperation
-from registry.loader import validate_paths
-from registry.review import bump, diff, rows_from
+from capgate.registry.errors import RegistryError, UnknownOperation
+from capgate.registry.loader import validate_paths
+from capgate.registry.review import bump, diff, rows_from
 from tests.test_init import ROOT, capgate, clean_env
 
 VERIFY = "sql: \"SELECT count(*) FROM policy WHERE policy_id = :policy_id AND status <> 'void'\""

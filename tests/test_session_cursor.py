@@ -15,8 +15,8 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
-from executor.dialects import dialect_for
-from executor.dialects.base import _CURSOR_KEY
+from capgate.executor.dialects import dialect_for
+from capgate.executor.dialects.base import _CURSOR_KEY
 
 
 @pytest.fixture

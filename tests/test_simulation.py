@@ -19,13 +19,13 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
-from executor import outcome as oc
-from executor.call import Executor
-from executor.recovery.resume import resume
-from executor.simulation import cycle as sim_cycle
-from executor.simulation.cycle import abandon_simulation, continue_simulation, simulate
-from registry import errors
-from registry import errors as serr
+from capgate.executor import outcome as oc
+from capgate.executor.call import Executor
+from capgate.executor.recovery.resume import resume
+from capgate.executor.simulation import cycle as sim_cycle
+from capgate.executor.simulation.cycle import abandon_simulation, continue_simulation, simulate
+from capgate.registry import errors
+from capgate.registry import errors as serr
 from tests.fix_capgate import KEYS
 from tests.sim_support import NEW_CLAIM, dump, recording, venues
 

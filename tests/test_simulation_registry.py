@@ -18,13 +18,13 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
 from capgate.config import read_settings
+from capgate.executor import outcome as oc
+from capgate.executor.call import Executor
+from capgate.executor.connectors import ConnectorConfig, venue_rank
+from capgate.executor.grants import Grants
 from capgate.mcp_server import description_for
-from executor import outcome as oc
-from executor.call import Executor
-from executor.connectors import ConnectorConfig, venue_rank
-from executor.grants import Grants
-from registry import errors
-from registry.review import card
+from capgate.registry import errors
+from capgate.registry.review import card
 from tests.fix_capgate import registry
 from tests.sim_support import NEW_CLAIM, registry_with, venues
 

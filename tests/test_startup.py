@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from registry.errors import RegistryError, UnknownOperation
-from registry.fastload import cache
-from registry.fastload.cache import LazyRegistry, entry_key
-from registry.loader import load_registry
+from capgate.registry.errors import RegistryError, UnknownOperation
+from capgate.registry.fastload import cache
+from capgate.registry.fastload.cache import LazyRegistry, entry_key
+from capgate.registry.loader import load_registry
 from tests.test_init import ROOT, capgate, clean_env
 
 HEAVY = ("sqlalchemy", "sqlglot", "jsonschema", "executor", "mcp", "yaml", "ddl")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from registry.loader import validate_paths
+from capgate.registry.loader import validate_paths
 
 ONE_ROW = """\
 format: 1

@@ -24,6 +24,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("registry", "executor", "ddl", "capgate")
+"""The source folders; all but capgate/ install under capgate (capgate/registry ...)."""
+
+
+def installed_name(source: Path) -> str:
+    """Where a source file of the checkout lands in the wheel."""
+    rel = source.relative_to(ROOT).as_posix()
+    return rel if rel.startswith("capgate/") else f"capgate/{rel}"
 
 
 @pytest.fixture(scope="module")
@@ -40,15 +47,19 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_the_wheel_holds_every_module_and_the_examples(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
-    sources = {p.relative_to(ROOT).as_posix() for package in PACKAGES
+    sources = {installed_name(p) for package in PACKAGES
                for p in (ROOT / package).rglob("*.py") if "__pycache__" not in p.parts}
     assert sources - names == set()
-    assert "executor/dialects/postgresql.py" in names
+    assert "capgate/executor/dialects/postgresql.py" in names
+    # one import name: nothing but capgate and its metadata at the top of site-packages
+    tops = {n.split("/")[0] for n in names}
+    assert {t for t in tops if not t.endswith(".dist-info")} == {"capgate"}, tops
     examples = {p.name for p in (ROOT / "capabilities").glob("*.yaml")}
     assert {f"capgate/examples/{n}" for n in examples} <= names
     assert {f"capgate/examples/schema/{e}.sql"
             for e in ("sqlite", "postgresql", "mariadb", "oracle")} <= names
-    assert "registry/capability.schema.json" in names
+    assert "capgate/registry/capability.schema.json" in names
+    assert "capgate/executor/ledger/migrations/script.py.mako" in names
 
 
 @pytest.mark.slow

@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING
 
 from capgate.api import build_executor
 from capgate.config import Settings
-from registry.errors import UsageError
+from capgate.registry.errors import UsageError
 
 if TYPE_CHECKING:
-    from executor.rehearse import RehearsalReport
+    from capgate.executor.rehearse import RehearsalReport
 
 
 def serve_mcp(settings: Settings, *, who: str | None = None, http: str | None = None,
@@ -59,8 +59,8 @@ def rehearse(settings: Settings, paths: Sequence[str] = (), *, who: str | None =
     needs.  The lock is not checked: that is ``validate``'s business, and a rehearsal
     tests behaviour, also before a bump.  Every rehearsal is recorded in the ledger.
     """
-    from executor.rehearse import rehearse as rehearse_rows
-    from registry.loader import load_registry
+    from capgate.executor.rehearse import rehearse as rehearse_rows
+    from capgate.registry.loader import load_registry
 
     who = who or settings.agent
     if not who:

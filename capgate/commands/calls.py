@@ -13,14 +13,14 @@ import contextlib
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from executor import channel
-from executor.call import Executor
-from executor.outcome import Outcome
-from executor.plan import Plan
+from capgate.executor import channel
+from capgate.executor.call import Executor
+from capgate.executor.outcome import Outcome
+from capgate.executor.plan import Plan
 
 if TYPE_CHECKING:
-    from executor.approvals import SigningKey
-    from executor.returned import Binding
+    from capgate.executor.approvals import SigningKey
+    from capgate.executor.returned import Binding
 
 
 @contextlib.contextmanager
@@ -58,7 +58,7 @@ def approve(gate: Executor, plan_hash: str, *, by: str, role: str, key: SigningK
 
 def make_approver_key(out: str, *, force: bool = False) -> dict[str, str]:
     """A new key pair: the private key written to ``out`` (mode 0600), the grants' public half."""
-    from executor.approvals import generate
+    from capgate.executor.approvals import generate
 
     return {"private_key": out, "approval_key": generate(out, force=force)}
 
@@ -76,7 +76,7 @@ def call(gate: Executor, operation: str, inputs: Mapping[str, Any], *, case: str
                                "plan_hash": plan_hash, "venue": venue}
     with _through(via):
         if bindings:
-            from executor.bindings import call_bound
+            from capgate.executor.bindings import call_bound
 
             return call_bound(gate, operation, dict(inputs), list(bindings), case=case,
                               who=who, **options)

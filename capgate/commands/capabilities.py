@@ -14,9 +14,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from registry.loader import DEFAULT_PATH, Validation, load_registry, update_lock, validate_paths
-from registry.lock import LockedRow
-from registry.model import Row
+from capgate.registry.loader import (
+    DEFAULT_PATH,
+    Validation,
+    load_registry,
+    update_lock,
+    validate_paths,
+)
+from capgate.registry.lock import LockedRow
+from capgate.registry.model import Row
 
 if TYPE_CHECKING:
     from capgate.config import ConfigProblem
@@ -136,8 +142,8 @@ def diff(old: str, new: str, *, paths: Sequence[str] | None = None,
     ``OPERATION@VERSION`` of the capability files (``paths``, default the
     configured ones), compared field by field.
     """
-    from registry.review import diff as diff_rows
-    from registry.review import diff_versions, rows_from
+    from capgate.registry.review import diff as diff_rows
+    from capgate.registry.review import diff_versions, rows_from
 
     if all(_VERSION_REF.match(x) and not Path(x).exists() for x in (old, new)):
         op_old, _, ver_old = old.partition("@")
@@ -150,6 +156,6 @@ def diff(old: str, new: str, *, paths: Sequence[str] | None = None,
 
 def bump(paths: Sequence[str], operation: str, *, retire: bool = False) -> dict[str, Any]:
     """Write the next version of ``operation`` after the current one (a copy to edit)."""
-    from registry.review import bump as bump_row
+    from capgate.registry.review import bump as bump_row
 
     return bump_row(paths, operation, retire=retire)

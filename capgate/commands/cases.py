@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from executor.call import Executor
-from executor.cases import close, decide, release, resolve_hold, show
+from capgate.executor.call import Executor
+from capgate.executor.cases import close, decide, release, resolve_hold, show
 
 __all__ = ["checkpoint", "close", "decide", "release", "renew", "resolve_hold", "show",
            "symptom"]
@@ -25,7 +25,7 @@ def renew(gate: Executor, case: str, seconds: float | None = None) -> dict[str, 
     Default: the largest ``case_claim_seconds`` of the configured connectors, so that
     a renewal lasts as long as a first claim on any of them would.
     """
-    from executor import cases
+    from capgate.executor import cases
 
     if seconds is None:
         seconds = max((gate.connectors.config(n).case_claim_seconds
@@ -39,13 +39,13 @@ def symptom(gate: Executor, case: str, operation: str, inputs: Mapping[str, Any]
 
     It is read again before the fix and at the send (:func:`checkpoint`).
     """
-    from executor import symptoms
+    from capgate.executor import symptoms
 
     return symptoms.register(gate.rt, case, operation, dict(inputs), who=who, version=version)
 
 
 def checkpoint(gate: Executor, case: str, *, name: str = "send", who: str) -> dict[str, Any]:
     """Re-read the case's symptoms at checkpoint ``name``; ``held`` when one changed."""
-    from executor import symptoms
+    from capgate.executor import symptoms
 
     return symptoms.checkpoint(gate.rt, case, name=name, who=who)

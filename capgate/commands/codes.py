@@ -8,8 +8,8 @@ line that imports lazily needs nothing else loaded to explain one.
 
 from __future__ import annotations
 
-from registry import errors
-from registry.errors import CapgateError
+from capgate.registry import errors
+from capgate.registry.errors import CapgateError
 
 
 def all_codes() -> list[type[CapgateError]]:

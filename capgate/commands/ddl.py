@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ddl.catalog import Progress
-from ddl.service import DdlService
-from executor.call import Executor
+from capgate.ddl.catalog import Progress
+from capgate.ddl.service import DdlService
+from capgate.executor.call import Executor
 
 
 def service(gate: Executor, *, progress: Progress | None = None) -> DdlService:
@@ -34,13 +34,13 @@ def recover(svc: DdlService, case: str, intent: str, *, who: str = "resume",
         classification, evidence = svc.classify(case, intent)
         return {"case": case, "intent_id": intent, "classification": classification,
                 "evidence": evidence, "action": "none", "resolved": False}
-    from ddl.service import settle_ddl_intent
+    from capgate.ddl.service import settle_ddl_intent
 
     return settle_ddl_intent(svc.executor, case, intent, who=who)
 
 
 def prohibitions() -> list[dict[str, Any]]:
     """The standing prohibitions, each with its code, name and summary."""
-    from ddl.prohibitions import PROHIBITIONS
+    from capgate.ddl.prohibitions import PROHIBITIONS
 
     return [p.to_dict() for p in PROHIBITIONS]

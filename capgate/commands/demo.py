@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
-from registry.errors import UsageError
+from capgate.registry.errors import UsageError
 
 CASE = "TICKET-4711"
 
@@ -115,8 +115,8 @@ def run_demo(keep: str | None = None, *, out: TextIO | None = None) -> Path:
 
 def _run(config: Path, say: Say) -> None:
     from capgate.api import open as open_gate
-    from executor.approvals import load_signing_key
-    from registry.errors import ApprovalRequired, CapgateError
+    from capgate.executor.approvals import load_signing_key
+    from capgate.registry.errors import ApprovalRequired, CapgateError
 
     agent = "claims-agent"
     with open_gate(config) as ex:
@@ -160,7 +160,7 @@ def _run(config: Path, say: Say) -> None:
                                who=agent)))
 
         _title(say, "5. the case is done: `capgate case close` gives its targets back")
-        from executor import cases
+        from capgate.executor import cases
 
         closed = cases.close(ex, CASE, by=agent)
         say(f"   capgate case close {CASE}: gave back {len(closed['released'])} claim(s): "
@@ -213,8 +213,8 @@ def crash_and_resume_demo(config: str | Path | None = None, *,
     from capgate import caseview
     from capgate.api import build_executor
     from capgate.config import load_settings
-    from executor.recovery.resume import resume
-    from registry.errors import CapgateError
+    from capgate.executor.recovery.resume import resume
+    from capgate.registry.errors import CapgateError
 
     environ = {**os.environ, **(env or {})}
     case = case or f"DEMO-CRASH-{uuid.uuid4().hex[:6]}"
@@ -249,7 +249,7 @@ def crash_and_resume_demo(config: str | Path | None = None, *,
         outcome = executor.call(next_operation, later, case=case, who=who)
         lines.append(f"  {outcome.status}: {outcome.operation_id}@{outcome.version} "
                      f"intent {outcome.intent_id}")
-        from executor import cases
+        from capgate.executor import cases
 
         closed = cases.close(executor, case, by=who)
         lines.append(f"$ capgate case close {case}")

@@ -108,7 +108,7 @@ def _tables(sql: str) -> tuple[str | None, str | None, set[str]]:
     import sqlglot
     from sqlglot import exp
 
-    from registry.dialect_checks import GRAMMARS
+    from capgate.registry.dialect_checks import GRAMMARS
 
     kind: str | None = None
     target: str | None = None
@@ -171,7 +171,7 @@ def run_doctor(config: str | Path | None = None, env: Mapping[str, str] | None =
                live: bool = True) -> Report:
     """Every check; ``live=False`` skips the connections (configuration and files only)."""
     from capgate.config import read_settings
-    from registry.errors import CapgateError, ConfigMissing
+    from capgate.registry.errors import CapgateError, ConfigMissing
 
     report = Report()
     env = os.environ if env is None else env
@@ -203,9 +203,9 @@ def run_doctor(config: str | Path | None = None, env: Mapping[str, str] | None =
 
 
 def _check_grants(report: Report, settings: Any) -> Any:
-    from executor.connectors import ENVIRONMENTS
-    from executor.grants import Grants
-    from registry.errors import CapgateError, GrantUnknownConnector
+    from capgate.executor.connectors import ENVIRONMENTS
+    from capgate.executor.grants import Grants
+    from capgate.registry.errors import CapgateError, GrantUnknownConnector
 
     if not settings.grants:
         report.add(WARNING, "CG902", "grants", "no grants file configured: nobody may call "
@@ -251,8 +251,8 @@ def _check_pins(report: Report, result: Any) -> None:
     takes effect at once with nothing to review; with one, a row it does not pin
     is a draft.  A warning, not an error: drafts are how a new version starts.
     """
-    from registry.errors import RowsNotPinned
-    from registry.lock import read_lock
+    from capgate.registry.errors import RowsNotPinned
+    from capgate.registry.lock import read_lock
 
     lock_path = result.lock_path
     if lock_path is None:
@@ -276,9 +276,9 @@ def _check_pins(report: Report, result: Any) -> None:
 
 
 def _check_capabilities(report: Report, settings: Any) -> Any:
-    from registry.errors import CapgateError, GrantUnknownRole, UnknownConnector
-    from registry.loader import validate_paths
-    from registry.registry import Registry
+    from capgate.registry.errors import CapgateError, GrantUnknownRole, UnknownConnector
+    from capgate.registry.loader import validate_paths
+    from capgate.registry.registry import Registry
 
     try:
         result = validate_paths(settings.capabilities)
@@ -308,7 +308,7 @@ def _check_capabilities(report: Report, settings: Any) -> Any:
                  for role in (*c.simulation_approver_roles, *c.promotion_roles,
                               *c.production_simulation_approver_roles)}
     if settings.grants:
-        from executor.grants import Grants
+        from capgate.executor.grants import Grants
 
         try:
             grants = Grants.load(settings.grants)
@@ -325,9 +325,9 @@ def _check_capabilities(report: Report, settings: Any) -> Any:
 
 
 def _check_identities(report: Report, settings: Any, registry: Any, grants: Any) -> None:
+    from capgate.executor.connectors import Connectors
     from capgate.exposure import ENVIRONMENT, exposure
-    from executor.connectors import Connectors
-    from registry.errors import EnvironmentMismatch
+    from capgate.registry.errors import EnvironmentMismatch
 
     connectors = Connectors(dict(settings.connectors))
     identities = sorted({settings.agent} - {None} | {
@@ -353,9 +353,9 @@ def _check_identities(report: Report, settings: Any, registry: Any, grants: Any)
 def _check_connector(report: Report, config: Any, needs: Needs) -> None:
     import sqlalchemy as sa
 
-    from executor.dialects import dialect_for, normalise_url
-    from executor.target import first_line, table_states
-    from registry.errors import (
+    from capgate.executor.dialects import dialect_for, normalise_url
+    from capgate.executor.target import first_line, table_states
+    from capgate.registry.errors import (
         ConnectorUnavailable,
         TargetNotInstalled,
         TargetPrivilegeMissing,
@@ -369,8 +369,8 @@ def _check_connector(report: Report, config: Any, needs: Needs) -> None:
         report.add(ERROR, ConnectorUnavailable.code, subject,
                    f"the {dialect.title} file {database} does not exist")
         return
-    from executor.connectors import connector_engine
-    from registry.errors import CapgateError
+    from capgate.executor.connectors import connector_engine
+    from capgate.registry.errors import CapgateError
 
     try:
         engine = connector_engine(config, dialect, poolclass=sa.pool.NullPool)
@@ -447,7 +447,7 @@ class ConnectorDiagnosis:
 def _privilege_findings(report: Report, subject: str, needs: Needs,
                         has: Callable[[str, str], bool | None]) -> None:
     """One finding per missing (table, privilege); ``has`` answers None for no such table."""
-    from registry.errors import PrivilegeMissing
+    from capgate.registry.errors import PrivilegeMissing
 
     missing = 0
     for (table, privilege), refs in sorted(needs.privileges.items()):
@@ -473,7 +473,7 @@ def _budget_finding(report: Report, subject: str, config: Any, limit: int | None
                     what: str, reserve: int = 0) -> None:
     """``reserve``: sessions beyond the budget the database must still allow (resume's
     evidence sessions, which no budget refuses: recovery is never blocked by it)."""
-    from registry.errors import SessionLimitTooLow
+    from capgate.registry.errors import SessionLimitTooLow
 
     if limit is None or limit < 0:
         return

@@ -16,20 +16,20 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from capgate.config import Settings
-from executor.ledger import open_ledger
+from capgate.executor.ledger import open_ledger
 
 if TYPE_CHECKING:
     from capgate.caseview import CaseRow, Entry
-    from executor.ledger import Anchor, Event, VerifyReport
-    from executor.ledger.migrate import MigrationReport
-    from executor.ledger.stats import LedgerStats
-    from executor.ledger.store import RekeyReport
+    from capgate.executor.ledger import Anchor, Event, VerifyReport
+    from capgate.executor.ledger.migrate import MigrationReport
+    from capgate.executor.ledger.stats import LedgerStats
+    from capgate.executor.ledger.store import RekeyReport
 
 
 def read_anchor(path: str) -> Anchor:
     """An anchor exported by :func:`anchor`; ``AnchorMismatch`` when the file is not one."""
-    from executor.ledger import Anchor
-    from registry.errors import AnchorMismatch
+    from capgate.executor.ledger import Anchor
+    from capgate.registry.errors import AnchorMismatch
 
     try:
         with open(path, encoding="utf-8") as fh:
@@ -82,7 +82,7 @@ def rekey(settings: Settings, previous_env: str | None = None,
     """Sign every case head and anchor with ``CAPGATE_LEDGER_HMAC_KEY`` (each case verified
     first under the previous key, read from the variable ``previous_env``; none: the ledger
     was written without a key)."""
-    from registry.errors import ConfigError
+    from capgate.registry.errors import ConfigError
 
     env = os.environ if env is None else env
     previous: bytes | None = None
@@ -130,7 +130,7 @@ def case_record(settings: Settings, case: str, *, verify: bool = False) -> CaseR
         intents = ledger.intents(case)
         verified = ledger.verify(case).ok if verify else None
     if not events:
-        from registry.errors import UnknownCase
+        from capgate.registry.errors import UnknownCase
 
         raise UnknownCase(f"no case {case!r} in the ledger (`capgate cases` lists them)",
                           case=case)
@@ -139,7 +139,7 @@ def case_record(settings: Settings, case: str, *, verify: bool = False) -> CaseR
 
 def stats(settings: Settings, cases: Sequence[str] | None = None) -> LedgerStats:
     """Recovery accounting from the verified chain of each case (every case when None)."""
-    from executor.ledger.stats import ledger_stats
+    from capgate.executor.ledger.stats import ledger_stats
 
     with open_ledger(settings.ledger_url) as ledger:
         return ledger_stats(ledger, None if cases is None else list(cases))
@@ -155,7 +155,7 @@ def cases(settings: Settings, *, open_only: bool = False) -> list[CaseRow]:
 
 def gaps(settings: Settings) -> list[dict[str, Any]]:
     """Every recorded request for an operation no row declares, oldest first."""
-    from executor.gaps import list_gaps
+    from capgate.executor.gaps import list_gaps
 
     with open_ledger(settings.ledger_url) as ledger:
         return list_gaps(ledger)

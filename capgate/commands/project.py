@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from registry.errors import (
+from capgate.registry.errors import (
     ConnectorUnavailable,
     ProjectExists,
     TargetPrivilegeMissing,
@@ -195,7 +195,7 @@ def _approver_keys(folder: Path, approvers: dict[str, list[str]]) -> dict[str, s
     ``capgate approver keygen`` and keeps it where agents cannot read it; the
     sample keys live in the project so that the first gated write works.
     """
-    from executor.approvals import generate
+    from capgate.executor.approvals import generate
 
     return {who: generate(folder / "keys" / f"{who}.key") for who in approvers}
 
@@ -220,11 +220,11 @@ def init_project(folder: str | Path, *, target: str | None = None, empty: bool =
     """
     import sqlalchemy as sa
 
+    from capgate.executor.connectors import safe_url
+    from capgate.executor.dialects import normalise_url
+    from capgate.executor.target import first_line, install_at
+    from capgate.registry.loader import update_lock, validate_texts
     from capgate.sqlfiles import apply_schema, example_capability_files
-    from executor.connectors import safe_url
-    from executor.dialects import normalise_url
-    from executor.target import first_line, install_at
-    from registry.loader import update_lock, validate_texts
 
     if environment not in ENVIRONMENTS:
         raise UsageError(f"--environment must be one of {', '.join(ENVIRONMENTS)}, "

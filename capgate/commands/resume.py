@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from executor.call import Executor
-from executor.recovery.resume import ResumeReport
+from capgate.executor.call import Executor
+from capgate.executor.recovery.resume import ResumeReport
 
 
 def resume(gate: Executor, case: str | None, *, task: str | None = None,
@@ -23,8 +23,8 @@ def resume(gate: Executor, case: str | None, *, task: str | None = None,
     recorded session that may still commit (else only wait ``wait_seconds``).  ``act``:
     False classifies and re-checks only; nothing is recorded or retried.
     """
-    from executor.recovery.resume import resume as resume_case
-    from executor.recovery.resume import resume_many
+    from capgate.executor.recovery.resume import resume as resume_case
+    from capgate.executor.recovery.resume import resume_many
 
     options: dict[str, Any] = {"task": task, "terminate": terminate,
                                "wait_seconds": wait_seconds, "act": act}
@@ -36,6 +36,6 @@ def resume(gate: Executor, case: str | None, *, task: str | None = None,
 def resolve(gate: Executor, case: str, intent: str, *, by: str, decision: str,
             note: str = "") -> dict[str, Any]:
     """Record a person's ``decision`` (applied, not_applied, accepted) on an escalated intent."""
-    from executor.recovery.resume import resolve_escalation
+    from capgate.executor.recovery.resume import resolve_escalation
 
     return resolve_escalation(gate, case, intent, by=by, decision=decision, note=note)

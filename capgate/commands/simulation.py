@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from executor.call import Executor
-from executor.simulation.cycle import (
+from capgate.executor.call import Executor
+from capgate.executor.simulation.cycle import (
     SimulationReport,
     abandon_simulation,
     continue_simulation,
@@ -24,13 +24,13 @@ __all__ = ["SimulationReport", "abandon_simulation", "continue_simulation", "due
 
 def due(gate: Executor, case: str | None = None) -> list[dict[str, Any]]:
     """Every production simulation (of ``case``) whose reconciliation is due or overdue."""
-    from executor.simulation.production import due as due_reconciliations
+    from capgate.executor.simulation.production import due as due_reconciliations
 
     return due_reconciliations(gate.rt, case=case)
 
 
 def reconcile(gate: Executor, case: str, simulation: str, who: str) -> dict[str, Any]:
     """Run a production simulation's reconciliation query and record its result."""
-    from executor.simulation.production import reconcile as run_reconciliation
+    from capgate.executor.simulation.production import reconcile as run_reconciliation
 
     return run_reconciliation(gate.rt, case, simulation, who)

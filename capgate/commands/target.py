@@ -16,15 +16,15 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
 from capgate.config import load_settings
-from executor.call import Executor
-from executor.claims import store_for
-from executor.connectors import ConnectorConfig, connector_engine, safe_url
-from executor.dialects import dialect_for, normalise_url
-from executor.fences import LEDGER_BEHIND, fence_report
-from executor.fences import realign as realign_fences
-from executor.target import TableState, first_line, install_script, table_states
-from executor.target import install as install_tables
-from registry.errors import (
+from capgate.executor.call import Executor
+from capgate.executor.claims import store_for
+from capgate.executor.connectors import ConnectorConfig, connector_engine, safe_url
+from capgate.executor.dialects import dialect_for, normalise_url
+from capgate.executor.fences import LEDGER_BEHIND, fence_report
+from capgate.executor.fences import realign as realign_fences
+from capgate.executor.target import TableState, first_line, install_script, table_states
+from capgate.executor.target import install as install_tables
+from capgate.registry.errors import (
     CapgateError,
     ConnectorUnavailable,
     TargetPrivilegeMissing,

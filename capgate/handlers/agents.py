@@ -14,7 +14,7 @@ from typing import Any
 from capgate.commands import agents
 from capgate.config import load_settings
 from capgate.handlers.console import emit
-from registry.errors import EXIT_OK, EXIT_REFUSED
+from capgate.registry.errors import EXIT_OK, EXIT_REFUSED
 
 
 def register(sub: Any, common: argparse.ArgumentParser) -> None:

@@ -115,7 +115,7 @@ def _promotion_lines(section: dict[str, Any] | None) -> list[str]:
 
 
 def cmd_approve(args: argparse.Namespace) -> int:
-    from executor.approvals import load_signing_key
+    from capgate.executor.approvals import load_signing_key
 
     key = load_signing_key(args.key)
     with open_executor(args.config) as gate:
@@ -141,7 +141,7 @@ def cmd_call(args: argparse.Namespace) -> int:
         inputs = read_inputs(args.input)
         bindings = []
         if args.bind:  # issue 16: inputs bound to earlier intents' returned values
-            from executor.returned import parse_binding
+            from capgate.executor.returned import parse_binding
 
             bindings = [parse_binding(b) for b in args.bind]
         outcome = calls.call(gate, op, inputs, case=args.case, who=caller(args),

@@ -11,8 +11,8 @@ from typing import Any
 
 from capgate.commands import capabilities
 from capgate.handlers.console import emit, parse_operation
-from registry import errors
-from registry.loader import DEFAULT_PATH
+from capgate.registry import errors
+from capgate.registry.loader import DEFAULT_PATH
 
 
 def register(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -103,7 +103,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from registry.review import card
+    from capgate.registry.review import card
 
     paths = _paths(args)
     op, version = parse_operation(args.operation)

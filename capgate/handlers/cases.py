@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any
 from capgate.api import open as open_executor
 from capgate.commands import cases
 from capgate.handlers.console import caller, emit, parse_operation, read_inputs
-from registry.errors import EXIT_UNKNOWN
+from capgate.registry.errors import EXIT_UNKNOWN
 
 if TYPE_CHECKING:
-    from executor.approvals import SigningKey
+    from capgate.executor.approvals import SigningKey
 
 
 def register(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -103,7 +103,7 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
 
 
 def _key(args: argparse.Namespace) -> SigningKey:
-    from executor.approvals import load_signing_key
+    from capgate.executor.approvals import load_signing_key
 
     return load_signing_key(args.key)
 

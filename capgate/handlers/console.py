@@ -13,8 +13,8 @@ import json
 import re
 from typing import Any
 
-from registry.errors import UsageError
-from registry.excerpt import cut, excerpt
+from capgate.registry.errors import UsageError
+from capgate.registry.excerpt import cut, excerpt
 
 
 def emit(args: argparse.Namespace, payload: Any, text: str | None = None) -> None:

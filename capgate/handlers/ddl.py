@@ -20,13 +20,13 @@ from typing import Any, TextIO
 
 from capgate.api import open as open_executor
 from capgate.commands import ddl as ddl_commands
+from capgate.ddl.catalog import ObjectRef
+from capgate.ddl.plan import DdlPlan
+from capgate.ddl.results import SmokeCall, VerifyReport
+from capgate.ddl.service import DdlService
+from capgate.ddl.snapshots import Snapshot
 from capgate.handlers.console import caller, emit, parse_operation
-from ddl.catalog import ObjectRef
-from ddl.plan import DdlPlan
-from ddl.results import SmokeCall, VerifyReport
-from ddl.service import DdlService
-from ddl.snapshots import Snapshot
-from registry.errors import (
+from capgate.registry.errors import (
     EXIT_OK,
     EXIT_REFUSED,
     EXIT_UNKNOWN,

@@ -23,7 +23,7 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from registry.errors import EXIT_OK, EXIT_REFUSED, ConfigMissing
+    from capgate.registry.errors import EXIT_OK, EXIT_REFUSED, ConfigMissing
 
     report = run_doctor(args.config, live=not args.offline)
     emit(args, report.to_dict(), report.text())

@@ -15,7 +15,7 @@ from typing import Any
 from capgate.commands import ledger
 from capgate.config import load_settings
 from capgate.handlers.console import emit
-from registry.errors import EXIT_REFUSED, UsageError
+from capgate.registry.errors import EXIT_REFUSED, UsageError
 
 
 def register(sub: Any, common: argparse.ArgumentParser) -> None:

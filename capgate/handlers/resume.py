@@ -12,7 +12,7 @@ import argparse
 from typing import Any
 
 from capgate.handlers.console import emit
-from registry.errors import UsageError
+from capgate.registry.errors import UsageError
 
 
 def register(sub: Any, common: argparse.ArgumentParser) -> None:

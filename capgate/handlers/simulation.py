@@ -15,7 +15,7 @@ import json
 from typing import Any
 
 from capgate.handlers.console import caller, emit, parse_operation, read_inputs
-from registry.errors import UsageError
+from capgate.registry.errors import UsageError
 
 
 def register(sub: Any, common: argparse.ArgumentParser) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 from capgate.api import open as open_executor
 from capgate.commands import target
 from capgate.handlers.console import emit
-from registry.errors import EXIT_REFUSED
+from capgate.registry.errors import EXIT_REFUSED
 
 
 def register(sub: Any, common: argparse.ArgumentParser) -> None:

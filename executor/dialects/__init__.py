@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from sqlalchemy.engine import URL, make_url
 
-from executor.dialects.base import SECRET_KEY, Dialect, SessionTag, TxIdentity, safe_url
+from capgate.executor.dialects.base import SECRET_KEY, Dialect, SessionTag, TxIdentity, safe_url
 
 __all__ = ["SECRET_KEY", "Dialect", "SessionTag", "TxIdentity", "dialect_class",
            "dialect_classes", "dialect_for", "engine_name", "normalise_url", "safe_url"]
@@ -75,7 +75,7 @@ def dialect_for(name_or_url: str | URL) -> Dialect:
     """
     cls = dialect_class(name_or_url)
     if cls is None:
-        from registry.errors import ConfigError
+        from capgate.registry.errors import ConfigError
 
         known = ", ".join(Dialect.implementations.names())
         raise ConfigError(

@@ -21,8 +21,8 @@ from typing import Any, ClassVar, Protocol
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, make_url
 
-from executor.dialects.registration import Implementations, Registered, package_modules
-from registry.errors import NotSupported
+from capgate.executor.dialects.registration import Implementations, Registered, package_modules
+from capgate.registry.errors import NotSupported
 
 SECRET_KEY = re.compile(r"pass(word|wd)?|secret|token|credential", re.IGNORECASE)
 """Query or ``connect_args`` keys that carry a secret (``wallet_password``, ``access_token``)."""
@@ -277,8 +277,8 @@ class Dialect(Registered):
     """Defaults are the conservative answers: no probe, no server-side lease, no liveness."""
 
     implementations: ClassVar[Implementations[Dialect]] = Implementations(
-        "dialect", module_of=lambda name: f"executor.dialects.{name}",
-        modules=package_modules("executor.dialects"))
+        "dialect", module_of=lambda name: f"capgate.executor.dialects.{name}",
+        modules=package_modules("capgate.executor.dialects"))
     title: ClassVar[str] = "generic"
     """The engine's name as people write it (``PostgreSQL``), for messages."""
     driver: ClassVar[str | None] = None

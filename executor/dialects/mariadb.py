@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 
 import sqlalchemy as sa
 
-from executor.dialects.base import (
+from capgate.executor.dialects.base import (
     FENCE_READ,
     FENCE_TABLE,
     FENCE_VALUES,
@@ -37,7 +37,7 @@ from executor.dialects.base import (
     first_line,
     vendor_code,
 )
-from registry.errors import PrivilegeMissing
+from capgate.registry.errors import PrivilegeMissing
 
 _IDENTITY = sa.text(
     "SELECT CONNECTION_ID() AS connection_id, @@server_id AS server_id,"

@@ -84,7 +84,7 @@ from typing import Any, ClassVar
 import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
-from executor.dialects.base import (
+from capgate.executor.dialects.base import (
     FENCE_READ,
     FENCE_TABLE,
     MARKER_INSERT,
@@ -100,7 +100,7 @@ from executor.dialects.base import (
     safe_url,
     sqlstate,
 )
-from registry.errors import (
+from capgate.registry.errors import (
     CommitOutcomeUnavailable,
     DriverModeConflict,
     DriverUnsupported,

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 import sqlalchemy as sa
 
-from executor.dialects.base import (
+from capgate.executor.dialects.base import (
     MARKER_TABLE,
     POLL_SECONDS,
     REARM_AFTER_SECONDS,
@@ -29,7 +29,7 @@ from executor.dialects.base import (
     TxIdentity,
     sqlstate,
 )
-from registry.errors import ExtensionMissing, PrivilegeMissing
+from capgate.registry.errors import ExtensionMissing, PrivilegeMissing
 
 _IDENTITY_COLUMNS = (
     " pg_current_xact_id()::text AS xid,"

@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
-from executor.dialects.base import (
+from capgate.executor.dialects.base import (
     Attempt,
     AttemptEvidence,
     Diagnosis,
@@ -28,7 +28,7 @@ from executor.dialects.base import (
     TxIdentity,
     first_line,
 )
-from registry.errors import PrivilegeMissing
+from capgate.registry.errors import PrivilegeMissing
 
 
 class SqliteDialect(Dialect, name="sqlite"):

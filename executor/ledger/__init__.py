@@ -6,7 +6,7 @@ snapshot reducer, chain checks); ``backends`` holds what differs between the
 SQLite and the PostgreSQL store; ``schema`` declares the tables.
 """
 
-from executor.ledger.store import (
+from capgate.executor.ledger.store import (
     FINDING_KINDS,
     GENESIS_DIGEST,
     HMAC_KEY_ENV,

@@ -40,10 +40,10 @@ import sqlalchemy as sa
 from sqlalchemy import event as sa_event
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 
-from executor.dialects import engine_name, normalise_url
-from executor.dialects.registration import Implementations, Registered
-from executor.ledger.schema import cases, events, idempotency
-from registry.errors import LedgerError
+from capgate.executor.dialects import engine_name, normalise_url
+from capgate.executor.dialects.registration import Implementations, Registered
+from capgate.executor.ledger.schema import cases, events, idempotency
+from capgate.registry.errors import LedgerError
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 """How long a SQLite writer waits for another process's write lock before failing."""

@@ -30,16 +30,16 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from registry.canonical import (
+from capgate.registry.canonical import (
     canonical_bytes,
     canonical_hash,
     object_text,
     scalar_text,
 )
-from registry.canonical import (
+from capgate.registry.canonical import (
     canonical_text as canonical_text,  # re-exported: the ledger's stored text
 )
-from registry.errors import LedgerError
+from capgate.registry.errors import LedgerError
 
 GENESIS_DIGEST: Final = "sha256:" + "0" * 64
 """The ``prev_digest`` of every case's first event (seq 0)."""

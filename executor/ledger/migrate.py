@@ -29,7 +29,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from executor.ledger.chain import (
+from capgate.executor.ledger.chain import (
     GENESIS_DIGEST,
     CaseRow,
     Event,
@@ -37,8 +37,8 @@ from executor.ledger.chain import (
     check_case,
     fold,
 )
-from executor.ledger.schema import FIRST_REVISION, HEAD_REVISION, cases, events
-from registry.errors import LedgerNotMigrated, LedgerTampered
+from capgate.executor.ledger.schema import FIRST_REVISION, HEAD_REVISION, cases, events
+from capgate.registry.errors import LedgerNotMigrated, LedgerTampered
 
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 VERSION_TABLE = "alembic_version"

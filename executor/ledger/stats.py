@@ -41,10 +41,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from executor.ledger.chain import Event
-from executor.ledger.store import Ledger
-from executor.recovery.eligibility import eligible_now
-from registry.errors import LedgerTampered
+from capgate.executor.ledger.chain import Event
+from capgate.executor.ledger.store import Ledger
+from capgate.executor.recovery.eligibility import eligible_now
+from capgate.registry.errors import LedgerTampered
 
 __all__ = ["CaseStats", "IntentStats", "LedgerStats", "case_stats", "ledger_stats"]
 
@@ -281,7 +281,7 @@ def ledger_stats(ledger: Ledger, case_ids: Sequence[str] | None = None) -> Ledge
     and counted nowhere: accounting built on an edited record would be false.
     Raises UnknownCase for a named case the ledger does not have.
     """
-    from executor.gaps import GAPS_CASE
+    from capgate.executor.gaps import GAPS_CASE
 
     wanted = list(case_ids) if case_ids is not None else [
         c.case_id for c in ledger.cases() if c.case_id != GAPS_CASE]

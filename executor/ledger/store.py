@@ -61,7 +61,7 @@ from typing import Any, Final, ParamSpec, TypeVar
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection, Engine
 
-from executor.ledger.backends import (
+from capgate.executor.ledger.backends import (
     Backend,
     HotConnections,
     HotDisconnect,
@@ -71,7 +71,7 @@ from executor.ledger.backends import (
     StoredHead,
     backend_for,
 )
-from executor.ledger.chain import (
+from capgate.executor.ledger.chain import (
     FINDING_KINDS,
     GENESIS_DIGEST,
     RESERVED_INTENT_KEYS,
@@ -99,14 +99,14 @@ from executor.ledger.chain import (
     state_digest,
     state_parts,
 )
-from executor.ledger.migrate import (
+from capgate.executor.ledger.migrate import (
     MigrationReport,
     check_revision,
     current_revision,
     stamp_head,
 )
-from executor.ledger.migrate import upgrade as upgrade_tables
-from executor.ledger.schema import (
+from capgate.executor.ledger.migrate import upgrade as upgrade_tables
+from capgate.executor.ledger.schema import (
     HEAD_REVISION,
     anchors,
     approval_proofs,
@@ -117,8 +117,8 @@ from executor.ledger.schema import (
     metadata,
     plans,
 )
-from registry.canonical import canonical_hash
-from registry.errors import (
+from capgate.registry.canonical import canonical_hash
+from capgate.registry.errors import (
     AnchorMismatch,
     ApprovalExpired,
     ApprovalNotAuthenticated,
@@ -136,8 +136,8 @@ from registry.errors import (
     UnknownIntent,
     UnknownPlan,
 )
-from registry.excerpt import excerpt
-from registry.names import name_problem
+from capgate.registry.excerpt import excerpt
+from capgate.registry.names import name_problem
 
 __all__ = [
     "FINDING_KINDS",

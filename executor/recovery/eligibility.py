@@ -29,9 +29,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from executor import outcome as oc
-from executor.context import TERMINAL
-from registry.model import Row, Shape
+from capgate.executor import outcome as oc
+from capgate.executor.context import TERMINAL
+from capgate.registry.model import Row, Shape
 
 __all__ = ["Candidate", "RecoveryPoint", "assess", "ddl_objects", "eligible_now"]
 

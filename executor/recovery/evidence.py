@@ -34,16 +34,16 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from executor.call import Executor
-from executor.connectors import Connector
-from executor.dialects import SessionTag
-from executor.dialects.base import MARKER_TABLE, Attempt, chunks, first_line
-from executor.expectations import evaluate
-from executor.outcome import jsonable
-from executor.plan import binds_for
-from registry.errors import CapgateError
-from registry.model import Row
-from registry.vocabulary import Classification
+from capgate.executor.call import Executor
+from capgate.executor.connectors import Connector
+from capgate.executor.dialects import SessionTag
+from capgate.executor.dialects.base import MARKER_TABLE, Attempt, chunks, first_line
+from capgate.executor.expectations import evaluate
+from capgate.executor.outcome import jsonable
+from capgate.executor.plan import binds_for
+from capgate.registry.errors import CapgateError
+from capgate.registry.model import Row
+from capgate.registry.vocabulary import Classification
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from executor.ledger import Ledger, VerifiedCase
+from capgate.executor.ledger import Ledger, VerifiedCase
 
 
 def load_verified_many(ledger: Ledger, case_ids: Sequence[str]) -> dict[str, VerifiedCase]:

@@ -21,13 +21,13 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from executor import outcome as oc
-from executor.call import Executor
-from executor.dialects import SessionTag
-from executor.expectations import evaluate
-from executor.plan import binds_for, impact_keys
-from registry.errors import CapgateError
-from registry.model import Row
+from capgate.executor import outcome as oc
+from capgate.executor.call import Executor
+from capgate.executor.dialects import SessionTag
+from capgate.executor.expectations import evaluate
+from capgate.executor.plan import binds_for, impact_keys
+from capgate.registry.errors import CapgateError
+from capgate.registry.model import Row
 
 
 @dataclass(frozen=True)

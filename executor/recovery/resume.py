@@ -42,20 +42,20 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from executor import gates, shapes, symptoms
-from executor import outcome as oc
-from executor.call import Executor
-from executor.compensate import finish_compensation, record_final, run_compensation
-from executor.context import TERMINAL, CallContext
-from executor.coordination import CONTINUATION
-from executor.ledger import VerifiedCase, intent_states, is_open_status
-from executor.outcome import Outcome
-from executor.plan import fingerprint, render
-from executor.recovery.eligibility import RecoveryPoint, assess
-from executor.recovery.evidence import Facts, Pending, classify, gather
-from executor.recovery.load import load_verified_many, read_snapshots
-from executor.recovery.poison import Dependency, Recheck, dependencies, recheck
-from registry.errors import (
+from capgate.executor import gates, shapes, symptoms
+from capgate.executor import outcome as oc
+from capgate.executor.call import Executor
+from capgate.executor.compensate import finish_compensation, record_final, run_compensation
+from capgate.executor.context import TERMINAL, CallContext
+from capgate.executor.coordination import CONTINUATION
+from capgate.executor.ledger import VerifiedCase, intent_states, is_open_status
+from capgate.executor.outcome import Outcome
+from capgate.executor.plan import fingerprint, render
+from capgate.executor.recovery.eligibility import RecoveryPoint, assess
+from capgate.executor.recovery.evidence import Facts, Pending, classify, gather
+from capgate.executor.recovery.load import load_verified_many, read_snapshots
+from capgate.executor.recovery.poison import Dependency, Recheck, dependencies, recheck
+from capgate.registry.errors import (
     CapgateError,
     CaseConflict,
     IdempotencyConflict,
@@ -63,8 +63,8 @@ from registry.errors import (
     UnknownIntent,
     UsageError,
 )
-from registry.model import Recovery, Row, Shape
-from registry.vocabulary import Classification, RollbackReason
+from capgate.registry.model import Recovery, Row, Shape
+from capgate.registry.vocabulary import Classification, RollbackReason
 
 __all__ = [
     "Classification",
@@ -130,7 +130,7 @@ class ResumeReport:
 
     @property
     def exit_code(self) -> int:
-        from registry.errors import EXIT_OK, EXIT_UNKNOWN
+        from capgate.registry.errors import EXIT_OK, EXIT_UNKNOWN
 
         return EXIT_OK if self.resolved else EXIT_UNKNOWN
 
@@ -399,7 +399,7 @@ def _free_dead_sessions(executor: Executor, intent_ids: Sequence[str]) -> None:
     host whose process no longer exists is freed (a stopped process is alive:
     its session is still open); slots held elsewhere expire on their own.
     """
-    from executor import budget
+    from capgate.executor import budget
 
     with contextlib.suppress(LedgerError):
         budget.slot_store(executor).free_dead(intent_ids)
@@ -414,7 +414,7 @@ def _release_claims(executor: Executor, intent_ids: Sequence[str]) -> None:
     settling -- and one statement frees them per 500 intents; a key taken over
     since names another intent and is not touched.
     """
-    from executor import claims
+    from capgate.executor import claims
 
     if not intent_ids or not claims.claims_enabled(executor):
         return
@@ -823,7 +823,7 @@ def _retry(executor: Executor, p: Pending, ev: dict[str, Any], rows: _Rows) -> I
         if p.state.get("compensates"):
             result = _retry_compensation(executor, ctx, str(p.state["compensates"]))
         elif ctx.row.shape is Shape.LEASED:
-            from executor.lease import run_leased
+            from capgate.executor.lease import run_leased
 
             result = run_leased(executor.rt, ctx)
         else:
@@ -841,7 +841,7 @@ def _retry_compensation(executor: Executor, ctx: CallContext, original: str) -> 
     The original intent's recorded outcome becomes ``compensated`` only when
     both held; otherwise ``compensation_failed`` and the compensation escalates.
     """
-    from executor.transaction import run_transaction
+    from capgate.executor.transaction import run_transaction
 
     rt = executor.rt
     rt.check_target(ctx.connector, ctx)

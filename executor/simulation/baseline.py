@@ -22,15 +22,15 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from executor.connectors import Connector
-from executor.dialects import SessionTag
-from executor.outcome import jsonable
-from executor.plan import binds_for
-from executor.runtime import Runtime
-from registry.canonical import canonical_bytes, canonical_hash
-from registry.errors import BaselineUnreadable
-from registry.excerpt import bounded, cut
-from registry.model import Row
+from capgate.executor.connectors import Connector
+from capgate.executor.dialects import SessionTag
+from capgate.executor.outcome import jsonable
+from capgate.executor.plan import binds_for
+from capgate.executor.runtime import Runtime
+from capgate.registry.canonical import canonical_bytes, canonical_hash
+from capgate.registry.errors import BaselineUnreadable
+from capgate.registry.excerpt import bounded, cut
+from capgate.registry.model import Row
 
 __all__ = ["MAX_BASELINE_ROWS", "Baseline", "BaselineRead", "baseline_queries", "compare",
            "read_baseline"]

@@ -45,25 +45,25 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from executor import boundaries, gates
-from executor import outcome as oc
-from executor.call import Executor
-from executor.connectors import Connector
-from executor.context import TERMINAL, CallContext, check_names, validated_inputs
-from executor.dialects import SessionTag
-from executor.expectations import evaluate
-from executor.ledger.store import Guard
-from executor.outcome import Outcome, jsonable
-from executor.plan import Plan, binds_for, fingerprint, idempotency_key, render
-from executor.runtime import Runtime
-from executor.simulation.baseline import Baseline, baseline_queries, compare, read_baseline
-from executor.simulation.exemption import exemption_test
-from executor.simulation.production import (
+from capgate.executor import boundaries, gates
+from capgate.executor import outcome as oc
+from capgate.executor.call import Executor
+from capgate.executor.connectors import Connector
+from capgate.executor.context import TERMINAL, CallContext, check_names, validated_inputs
+from capgate.executor.dialects import SessionTag
+from capgate.executor.expectations import evaluate
+from capgate.executor.ledger.store import Guard
+from capgate.executor.outcome import Outcome, jsonable
+from capgate.executor.plan import Plan, binds_for, fingerprint, idempotency_key, render
+from capgate.executor.runtime import Runtime
+from capgate.executor.simulation.baseline import Baseline, baseline_queries, compare, read_baseline
+from capgate.executor.simulation.exemption import exemption_test
+from capgate.executor.simulation.production import (
     conditions,
     end_of_business_day,
     refuse_unless_all_hold,
 )
-from executor.simulation.records import (
+from capgate.executor.simulation.records import (
     FINAL_STEPS,
     IDEM_MARK,
     in_progress,
@@ -72,10 +72,10 @@ from executor.simulation.records import (
     simulation_key,
     summaries,
 )
-from executor.simulation.teardown import TeardownPlan, derive
-from executor.transaction import run_statements, run_transaction
-from registry.canonical import canonical_hash
-from registry.errors import (
+from capgate.executor.simulation.teardown import TeardownPlan, derive
+from capgate.executor.transaction import run_statements, run_transaction
+from capgate.registry.canonical import canonical_hash
+from capgate.registry.errors import (
     ApprovalRequired,
     CustomerNotInformed,
     DdlError,
@@ -86,7 +86,7 @@ from registry.errors import (
     UnknownPlan,
     UsageError,
 )
-from registry.model import AuthKind, EffectClass, Row
+from capgate.registry.model import AuthKind, EffectClass, Row
 
 __all__ = ["SimulationReport", "abandon_simulation", "continue_simulation", "simulate",
            "simulation_plan"]

@@ -26,8 +26,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from executor.simulation.teardown import underivable, write_statements
-from registry.model import Row
+from capgate.executor.simulation.teardown import underivable, write_statements
+from capgate.registry.model import Row
 
 __all__ = ["ExemptionPoint", "ExemptionTest", "exemption_test"]
 

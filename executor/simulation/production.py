@@ -34,20 +34,20 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from executor.connectors import Connector, venue_rank
-from executor.dialects import SessionTag
-from executor.expectations import evaluate
-from executor.outcome import jsonable
-from executor.plan import binds_for
-from executor.runtime import Runtime
-from executor.simulation.baseline import baseline_queries
-from executor.simulation.records import record_step, summaries
-from registry.errors import (
+from capgate.executor.connectors import Connector, venue_rank
+from capgate.executor.dialects import SessionTag
+from capgate.executor.expectations import evaluate
+from capgate.executor.outcome import jsonable
+from capgate.executor.plan import binds_for
+from capgate.executor.runtime import Runtime
+from capgate.executor.simulation.baseline import baseline_queries
+from capgate.executor.simulation.records import record_step, summaries
+from capgate.registry.errors import (
     ProductionSimulationRefused,
     ReconciliationUndeclared,
     SimulationNotFound,
 )
-from registry.model import CUSTOMER_FACING_EFFECTS, EffectClass, Row
+from capgate.registry.model import CUSTOMER_FACING_EFFECTS, EffectClass, Row
 
 __all__ = ["Condition", "conditions", "due", "end_of_business_day", "reconcile",
            "refuse_unless_all_hold"]

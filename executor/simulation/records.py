@@ -21,9 +21,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from executor.ledger import Ledger
-from executor.ledger.store import Guard
-from registry.canonical import canonical_hash
+from capgate.executor.ledger import Ledger
+from capgate.executor.ledger.store import Guard
+from capgate.registry.canonical import canonical_hash
 
 __all__ = ["EVIDENCE_PREFIX", "FINAL_STEPS", "SIMULATION_PREFIX", "evidence_entries",
            "evidence_key", "in_progress", "input_shape", "record_step", "simulation_key",

@@ -23,8 +23,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from registry.errors import TeardownUnderivable
-from registry.model import ExpectRows, Returns, Row, Statement
+from capgate.registry.errors import TeardownUnderivable
+from capgate.registry.model import ExpectRows, Returns, Row, Statement
 
 __all__ = ["TeardownPlan", "derive", "underivable", "write_statements"]
 

@@ -44,9 +44,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from registry.errors import Problem
-from registry.model import Row
-from registry.registry import Registry
+from capgate.registry.errors import Problem
+from capgate.registry.model import Row
+from capgate.registry.registry import Registry
 
 CACHE_FORMAT = "capgate-validation/1"
 CACHE_ENV = "CAPGATE_CACHE"
@@ -164,8 +164,8 @@ class IndexedRow:
                              source_line=self.line, adopt=True)
 
     def _from_source(self) -> dict[str, Any]:
-        from registry.errors import RegistryError
-        from registry.fastload.filecheck import check_file
+        from capgate.registry.errors import RegistryError
+        from capgate.registry.fastload.filecheck import check_file
 
         try:
             checked = check_file(self.source, Path(self.source).read_text("utf-8"))

@@ -12,12 +12,12 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from registry.checks import RowContext, check_row
-from registry.dialect_checks import dialect_warnings, sql_fit_problems
-from registry.errors import Problem
-from registry.fastload.yamlpos import Located, load_located
-from registry.lock import row_hash
-from registry.schema import schema_problems
+from capgate.registry.checks import RowContext, check_row
+from capgate.registry.dialect_checks import dialect_warnings, sql_fit_problems
+from capgate.registry.errors import Problem
+from capgate.registry.fastload.yamlpos import Located, load_located
+from capgate.registry.lock import row_hash
+from capgate.registry.schema import schema_problems
 
 #: ``((operation_id, version), row position, index in the file, row or None, hash)``;
 #: the row is None when it has findings of its own (it is only counted for duplicates).

@@ -33,8 +33,8 @@ from collections.abc import Callable, Iterator, Sequence
 from multiprocessing.connection import Connection
 from typing import Any
 
-from registry.errors import ConfigError, LoadWorkerFailed
-from registry.fastload.filecheck import CheckedFile, check_file
+from capgate.registry.errors import ConfigError, LoadWorkerFailed
+from capgate.registry.fastload.filecheck import CheckedFile, check_file
 
 #: Below this much YAML (about 900 rows) starting workers costs more than it saves.
 PARALLEL_MIN_CHARS = 1_000_000

@@ -33,8 +33,8 @@ from typing import Any
 
 import yaml
 
-from registry.canonical import float_is_plain
-from registry.errors import Problem
+from capgate.registry.canonical import float_is_plain
+from capgate.registry.errors import Problem
 
 Path = tuple[str | int, ...]
 

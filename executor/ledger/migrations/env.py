@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from alembic import context
 
-from executor.ledger.backends import backend_named
-from executor.ledger.schema import metadata
+from capgate.executor.ledger.backends import backend_named
+from capgate.executor.ledger.schema import metadata
 
 connection = context.config.attributes.get("connection")
 if connection is None:

@@ -18,8 +18,8 @@ from typing import Any
 def main() -> None:
     target, ledger, plan_path, stop_kind, stop_index = sys.argv[1:6]
     sys.path.insert(0, ".")
-    from ddl.loop import DdlLoop
-    from ddl.snapshots import SqlSnapshotStore
+    from capgate.ddl.loop import DdlLoop
+    from capgate.ddl.snapshots import SqlSnapshotStore
 
     seen: dict[str, int] = {}
 

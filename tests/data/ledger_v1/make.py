@@ -44,7 +44,7 @@ def scenario(target: str, ledger: str, work: Path) -> dict[str, Any]:
     """Run the calls; return the manifest."""
     sys.path.insert(0, str(ROOT))
     os.environ["CAPGATE_LEDGER_HMAC_KEY"] = KEY
-    from executor.recovery.resume import resume
+    from capgate.executor.recovery.resume import resume
     from tests.fix_capgate import KEYS, make_executor
 
     ex = make_executor(target, ledger)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-from executor.ledger.migrate import rewrite_snapshots
+from capgate.executor.ledger.migrate import rewrite_snapshots
 
 revision = "0002_ledger_v2"
 down_revision = "0001_ledger_v1"
