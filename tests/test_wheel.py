@@ -14,6 +14,7 @@ editable finder lives in a ``.pth`` file that a path line does not run);
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -37,8 +38,13 @@ def installed_name(source: Path) -> str:
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("dist")
     build = tmp_path_factory.mktemp("build")
+    # a copy of the tree: setuptools packs whatever an earlier build left in the
+    # checkout's build/lib, so building in place would test a stale layout
+    source = tmp_path_factory.mktemp("source") / "capgate"
+    shutil.copytree(ROOT, source, symlinks=True, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".*_cache"))
     proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps",
-                           "--no-build-isolation", "-q", "-w", str(out), str(ROOT)],
+                           "--no-build-isolation", "-q", "-w", str(out), str(source)],
                           cwd=build, capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (found,) = out.glob("capgate-*.whl")
