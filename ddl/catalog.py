@@ -26,6 +26,7 @@ from sqlalchemy.engine import URL, Connection, Engine
 
 from capgate.ddl import signature as sigmod
 from capgate.ddl import sqltext
+from capgate.ddl.smoke import ContainedCall, Ran
 from capgate.executor.dialects import engine_name
 from capgate.executor.dialects.registration import Implementations, Registered, package_modules
 from capgate.registry.errors import ApplyFailed, FeatureNotSupported, UnsupportedObjectType
@@ -656,6 +657,34 @@ class BaseAdapter(Registered):
         raise FeatureNotSupported(f"{self.dialect} has no read-only transaction for smoke calls",
                                   feature="read-only transaction")
         yield  # pragma: no cover
+
+    # -- contained runs: smoke calls and run-time checks ----------------------------------------
+    def check_smoke(self, name: str, sql: str) -> None:
+        """Refuse (``SmokeNotContained``, CG531) a smoke call that is not one read-only
+        statement, read with this engine's tokenizer (:func:`ddl.smoke.check_statement`)."""
+        from capgate.ddl.smoke import check_statement
+
+        check_statement(name, sql, self.sqlglot_dialect)
+
+    def run_contained(self, conn: Connection, calls: Sequence[ContainedCall],
+                      timeout: float, *, isolate: bool = True) -> list[Ran]:
+        """Run each call where nothing it does can stay, and say what it did.
+
+        The default runs each in the adapter's read-only block (``read_only``);
+        engines that can also tell whether a call left its containment (PostgreSQL,
+        MariaDB) override this and report it as ``Ran.escaped``.  ``isolate``: each
+        call in a session of its own where the engine contains calls that way.
+        """
+        out: list[Ran] = []
+        for call in calls:
+            try:
+                with self.session(conn, dict(call.session)), self.read_only(conn):
+                    result = conn.execute(sa.text(call.sql), dict(call.binds))
+                    row = result.first() if result.returns_rows else None
+                    out.append(Ran(None if row is None else tuple(row), result.returns_rows))
+            except sa.exc.DBAPIError as exc:
+                out.append(Ran(error=_first_line(exc.orig)))
+        return out
 
     def probe(self, conn: Connection,
               items: Sequence[tuple[ObjectRef, str, Mapping[str, str]]]) -> list[Probe]:

@@ -60,6 +60,7 @@ from capgate.ddl.catalog import (
     Progress,
     first_line,
 )
+from capgate.ddl.smoke import ContainedCall, Ran, refuse
 from capgate.registry.errors import (
     ApplyFailed,
     InvalidObjectName,
@@ -69,6 +70,8 @@ from capgate.registry.errors import (
 )
 
 _RELOPTION_RE = re.compile(r"^[a-z_]+=[A-Za-z0-9_]+$")
+_BIND = re.compile(r"(?<![:\w\\]):(\w+)(?!:)")
+"""A ``:name`` bind as SQLAlchemy's ``text()`` reads it (``::type`` casts are not binds)."""
 PROBE_LOCK_TIMEOUT = "2s"
 """How long a rolled-back rendering probe waits for the object's lock."""
 
@@ -1159,6 +1162,135 @@ class PostgresqlAdapter(BaseAdapter, name="postgresql"):
             finally:
                 if sp.is_active:
                     sp.rollback()
+
+    # -- smoke calls and run-time checks: contained in a read-only savepoint -------------------
+    def check_smoke(self, name: str, sql: str) -> None:
+        """One ``SELECT`` (``VALUES``, ``WITH ... SELECT``) or one ``CALL``, by PostgreSQL's parser.
+
+        Refused (CG531): more than one statement (sent over the simple protocol a
+        ``SELECT ...; COMMIT; UPDATE ...`` would commit the verification), any
+        other statement (``COMMIT``, ``SAVEPOINT``, ``SET``, DDL, ``DO``...), a
+        ``SELECT ... INTO`` (it creates a table) and a data-modifying ``WITH``.
+        """
+        from pglast import parse_sql
+        from pglast.parser import ParseError
+        from pglast.visitors import Visitor
+
+        # ``:name`` binds (SQLAlchemy's text() syntax) read as the server's ``$n`` parameters
+        numbered: dict[str, int] = {}
+        positional = _BIND.sub(
+            lambda m: f"${numbered.setdefault(m.group(1), len(numbered) + 1)}", sql)
+        try:
+            stmts = parse_sql(positional)
+        except ParseError as exc:
+            raise refuse(name, sql, f"it does not parse ({exc})") from None
+        if len(stmts) != 1:
+            raise refuse(name, sql, "it is empty" if not stmts else
+                         f"it holds {len(stmts)} statements")
+        stmt: Any = stmts[0].stmt
+        kind = type(stmt).__name__
+        if kind == "CallStmt":
+            return
+        if kind != "SelectStmt":
+            word = {"TransactionStmt": "transaction control", "VariableSetStmt": "a SET",
+                    "DoStmt": "a DO block", "InsertStmt": "an INSERT", "UpdateStmt": "an UPDATE",
+                    "DeleteStmt": "a DELETE", "MergeStmt": "a MERGE"}.get(kind, kind)
+            raise refuse(name, sql, f"it is {word}")
+        if stmt.intoClause is not None:
+            raise refuse(name, sql, "SELECT ... INTO creates a table")
+
+        class _Writes(Visitor):
+            found: list[str] = []
+
+            def visit_InsertStmt(self, ancestors: Any, node: Any) -> None:
+                self.found.append("INSERT")
+
+            def visit_UpdateStmt(self, ancestors: Any, node: Any) -> None:
+                self.found.append("UPDATE")
+
+            def visit_DeleteStmt(self, ancestors: Any, node: Any) -> None:
+                self.found.append("DELETE")
+
+            def visit_MergeStmt(self, ancestors: Any, node: Any) -> None:
+                self.found.append("MERGE")
+
+        writes = _Writes()
+        writes.found = []
+        writes(stmts)
+        if writes.found:
+            raise refuse(name, sql, f"it holds a data-modifying {writes.found[0]}")
+
+    def _transaction_id(self, conn: Connection) -> tuple[str, str | None]:
+        """The verification transaction's identity: its start time and its id, if assigned."""
+        row = conn.execute(text("SELECT transaction_timestamp()::text, "
+                                "pg_current_xact_id_if_assigned()::text")).one()
+        return str(row[0]), None if row[1] is None else str(row[1])
+
+    def run_contained(self, conn: Connection, calls: Sequence[ContainedCall],
+                      timeout: float, *, isolate: bool = True) -> list[Ran]:
+        """Each call as one statement over the extended protocol, in a read-only savepoint.
+
+        Inside the caller's transaction (the verification's, which holds the new
+        code): ``SET LOCAL transaction_read_only`` (a transaction that already
+        wrote may still become read-only; the reverse is refused, inside a
+        subtransaction always) and ``statement_timeout``, then the statement
+        sent with ``prepare=True`` -- Parse/Bind/Execute, which runs exactly one
+        statement -- and the savepoint rolled back.  The transaction's identity
+        (start time and id) is compared before and after: a call that ended it
+        is reported as ``escaped``, never as a plain failure.
+        """
+        out: list[Ran] = []
+        for call in calls:
+            if call.session:
+                with self.session(conn, dict(call.session)):
+                    pass  # refuses: PostgreSQL takes no session settings here
+            before = self._transaction_id(conn)
+            ran = Ran(error="not run")
+            sp = conn.begin_nested()
+            rollback_error: str | None = None
+            try:
+                conn.execute(text("SET LOCAL transaction_read_only = on"))
+                conn.execute(text(f"SET LOCAL statement_timeout = '{_ms(timeout)}'"))
+                ran = self._run_extended(conn, call)
+            finally:
+                try:
+                    if sp.is_active:
+                        sp.rollback()
+                except sa.exc.DBAPIError as exc:
+                    rollback_error = first_line(exc.orig)
+            after = None if rollback_error else self._transaction_id(conn)
+            if rollback_error or after != before:
+                why = (f"the savepoint was gone afterwards ({rollback_error})" if rollback_error
+                       else "the verification transaction was not the same one afterwards")
+                ran = Ran(ran.row, ran.returned_rows, ran.error, ran.writes, ran.timed_out,
+                          f"it ended the verification transaction: {why}")
+            out.append(ran)
+        return out
+
+    def _run_extended(self, conn: Connection, call: ContainedCall) -> Ran:
+        """One statement, Parse/Bind/Execute (``prepare=True``), binds from ``:name``."""
+        import psycopg
+
+        try:
+            compiled = sa.text(call.sql).compile(dialect=conn.dialect)
+            params = compiled.construct_params(dict(call.binds))
+        except sa.exc.SQLAlchemyError as exc:
+            return Ran(error=first_line(exc))
+        dbapi: Any = conn.connection.dbapi_connection
+        assert dbapi is not None
+        cur = dbapi.cursor()
+        try:
+            cur.execute(compiled.string, dict(params), prepare=True)
+            if cur.description is None:
+                return Ran(None, False)
+            row = cur.fetchone()
+            return Ran(None if row is None else tuple(row), True)
+        except psycopg.Error as exc:
+            state = getattr(exc, "sqlstate", None)
+            return Ran(error=first_line(exc), writes=state == "25006",
+                       timed_out=state == "57014")
+        finally:
+            cur.close()
 
     # -- locks -----------------------------------------------------------------------------
     @staticmethod

@@ -76,6 +76,7 @@ from capgate.ddl.results import (
     judge,
 )
 from capgate.ddl.signature import RECIPE, Signature, diff, sign
+from capgate.ddl.smoke import ContainedCall, Ran
 from capgate.ddl.snapshots import Snapshot, SnapshotStore
 from capgate.registry.errors import (
     ApplyFailed,
@@ -83,6 +84,7 @@ from capgate.registry.errors import (
     DdlProhibition,
     LockNotAcquired,
     MergeRequired,
+    NothingToApply,
     ObjectNotFound,
     PlanTampered,
     SchemaWideRecompile,
@@ -176,6 +178,7 @@ class DdlLoop:
         scope: Sequence[str] | None = None,
         target_label: str | None = None,
         lock_timeout: float = 10.0,
+        check_timeout: float = 30.0,
         progress: Progress | None = None,
         far_side: Mapping[str, str | URL] | None = None,
         engine_options: Mapping[str, Any] | None = None,
@@ -189,6 +192,9 @@ class DdlLoop:
         :param target_label: the target's name in plans and lock keys (default: the URL
             without password).
         :param lock_timeout: seconds to wait for the per-object session lock.
+        :param check_timeout: seconds one contained call may run (a smoke call, a fetch
+            from a dependent view, a call of a dependent function) before the database
+            stops it.
         :param progress: ``progress(done, total, label)`` during dependent sweeps.
         :param far_side: database link name -> URL of the far database, for remote
             dependents and far-side steps.
@@ -201,6 +207,7 @@ class DdlLoop:
         self.sink: DdlEventSink = sink or NullSink()
         self.target = target_label or _redacted(self.url)
         self.lock_timeout = lock_timeout
+        self.check_timeout = check_timeout
         self.progress = progress
         self.far_side = {k: make_url(v) for k, v in (far_side or {}).items()}
         self.engine: Engine = self.adapter.engine(self.url, **dict(engine_options or {}))
@@ -356,6 +363,8 @@ class DdlLoop:
         """
         if not changes:
             raise ValueError("a plan needs at least one change")
+        for call in smoke:  # what verification runs must be containable: refused now
+            self.adapter.check_smoke(call.name, call.sql)
         if bind and set(bind) & PLAN_FIELDS:
             raise ValueError(f"bind may not set the plan's own fields "
                              f"{sorted(set(bind) & PLAN_FIELDS)}")
@@ -475,6 +484,14 @@ class DdlLoop:
                                               entry.get("rendered_source"),
                                               attributes).to_dict())
                 objects.append(entry)
+            if all(o["change"] == "replace" and o["live_signature"] == (
+                    o["expected_signature"] or o["new_signature"]) for o in objects):
+                raise NothingToApply(
+                    f"nothing to apply: {', '.join(o['key'] for o in objects)} already "
+                    f"{'is' if len(objects) == 1 else 'are'} the new source (live signature "
+                    "equals the planned one); nothing was planned",
+                    objects=[o["key"] for o in objects],
+                    live={o["key"]: o["live_signature"] for o in objects})
             plan_keys = {r.key for r in refs}
             found = [d for d in self.adapter.dependents_many(conn, refs, self.progress)
                      if d.object.key not in plan_keys]
@@ -754,28 +771,43 @@ class DdlLoop:
                                                  transactional=True)
             applied, failure, report, after, error = self._apply_and_verify(
                 conn, plan, items, dep_refs, before, far_side=False, then="rolled back")
-            if error is not None:
-                conn.rollback()
-                if failure is None and report is not None:
-                    self._emit(ev.VERIFY_FAILED, {"plan_hash": ph, "checks": [
-                        c.to_dict() for c in report.failures]})
-                restored = self._restored(items, snaps)
-                self._emit(ev.ROLLED_BACK, {"plan_hash": ph, "restored": restored,
+            if error is None:
+                self._emit(ev.VERIFIED, {"plan_hash": ph,
+                                         "checks": len(report.checks) if report else 0,
+                                         "counts": report.counts() if report else {}})
+                conn.commit()
+                self._emit(ev.COMMITTED, {"plan_hash": ph})
+            else:
+                with suppress(sa.exc.DBAPIError, sa.exc.InvalidRequestError):
+                    conn.rollback()
+        if error is not None:
+            if failure is None and report is not None:
+                self._emit(ev.VERIFY_FAILED, {"plan_hash": ph, "checks": [
+                    c.to_dict() for c in report.failures]})
+            escapes = _escape_causes(report)
+            restored = self._restored(items, snaps)
+            if restored and not escapes:
+                self._emit(ev.ROLLED_BACK, {"plan_hash": ph, "restored": True,
                                             "error": error_details(error)})
                 return self._finish(self._outcome(ROLLED_BACK, plan, applied, items, dep_refs,
-                                                  before, after, report, None, error, restored))
-            self._emit(ev.VERIFIED, {"plan_hash": ph,
-                                     "checks": len(report.checks) if report else 0,
-                                     "counts": report.counts() if report else {}})
-            conn.commit()
-            self._emit(ev.COMMITTED, {"plan_hash": ph})
+                                                  before, after, report, None, error, True))
+            # "rolled back" only when the catalog says so.  Here the rollback did not bring
+            # the snapshots back (something ended the verification transaction), so the
+            # change is compensated like a committed one -- and escalated when code run
+            # during verification may have committed writes of its own.
+            self._emit(ev.ROLLBACK_INCOMPLETE, {"plan_hash": ph, "restored": restored,
+                                                "escapes": escapes,
+                                                "error": error_details(error)})
+            return self._compensate_outcome(plan, items, snaps, dep_refs, before, after,
+                                            applied, report, error, escalate=escapes)
         far = self._far_side_checks(plan)
         if far and not all(c.passed for c in far):
             report = VerifyReport((report.checks if report else ()) + tuple(far))
             error = VerifyFailed(f"far-side step failed after commit: {_failure_text(report)}",
                                  plan_hash=ph, checks=[c.to_dict() for c in report.failures])
             return self._compensate_outcome(plan, items, snaps, dep_refs, before, after,
-                                            applied, report, error)
+                                            applied, report, error,
+                                            escalate=_escape_causes(report))
         if far:
             report = VerifyReport((report.checks if report else ()) + tuple(far))
         bases = self._record_bases(items, plan, before)
@@ -852,7 +884,8 @@ class DdlLoop:
                     c.to_dict() for c in report.failures]})
         if error is not None:
             return self._compensate_outcome(plan, items, snaps, dep_refs, before, after,
-                                            applied, report, error)
+                                            applied, report, error,
+                                            escalate=_escape_causes(report))
         self._emit(ev.VERIFIED, {"plan_hash": ph, "checks": len(report.checks) if report else 0,
                                  "counts": report.counts() if report else {}})
         bases = self._record_bases(items, plan, before)
@@ -863,9 +896,9 @@ class DdlLoop:
         self, plan: DdlPlan, items: list[_Item], snaps: Mapping[str, Snapshot],
         dep_refs: list[ObjectRef], before: Mapping[str, ObjectStatus],
         after: Mapping[str, ObjectStatus], applied: list[ObjectApply],
-        report: VerifyReport | None, error: DdlErrorLike,
+        report: VerifyReport | None, error: DdlErrorLike, *, escalate: Sequence[str] = (),
     ) -> DdlOutcome:
-        comp = self._compensate(plan, items, snaps, dep_refs, before)
+        comp = self._compensate(plan, items, snaps, dep_refs, before, escalate)
         if comp.ok:
             return self._finish(self._outcome(COMPENSATED, plan, applied, items, dep_refs,
                                               before, after, report, comp, error, True))
@@ -977,39 +1010,25 @@ class DdlLoop:
         return VerifyReport(tuple(checks)), after
 
     def _smoke(self, conn: Connection, plan: DdlPlan) -> list[Check]:
-        """Each smoke call in an engine-enforced read-only transaction, rolled back after.
+        """Each smoke call run contained (``adapter.run_contained``), nothing of it kept.
 
-        A call that writes fails (the engine refuses the write) and leaves nothing;
-        a call that returns no rows (or no result set, like ``CALL``) is a result like
-        any other -- it passes unless the call declared an ``expect``.
+        The SQL is checked again first (``check_smoke``): a plan recorded before the
+        rule, or edited, never runs a ``COMMIT``.  A call whose code tries to write
+        fails (the engine refuses the write) and leaves nothing; a call that returns
+        no rows (or no result set, like ``CALL``) passes unless it declared an
+        ``expect``; a call that left its containment is a failed, ``escaped`` check.
         """
         out: list[Check] = []
+        if not plan.smoke:
+            return out
         for s in plan.smoke:
-            name = f"smoke:{s['name']}"
-            binds = dict(s.get("binds") or {})
-            expect = s.get("expect")
-            try:
-                with self.adapter.session(conn, dict(s.get("session") or {})), \
-                        self.adapter.read_only(conn):
-                    result = conn.execute(sa.text(s["sql"]), binds)
-                    row = result.first() if result.returns_rows else None
-            except sa.exc.DBAPIError as exc:
-                out.append(Check(name, str(s["name"]), FAILED,
-                                 f"error: {first_line(exc.orig)}", EXECUTED))
-                continue
-            except sa.exc.SQLAlchemyError as exc:
-                out.append(Check(name, str(s["name"]), FAILED, f"error: {exc}", EXECUTED))
-                continue
-            if row is None:
-                ok = expect is None
-                detail = "returned no rows" + ("" if ok else f", expected {expect!r}")
-            else:
-                value = row[0]
-                ok = expect is None or _same(value, expect)
-                detail = f"returned {value!r}" + ("" if expect is None
-                                                   else f", expected {expect!r}")
-            out.append(Check(name, str(s["name"]), PASSED if ok else FAILED,
-                             detail + " (read-only transaction)", EXECUTED))
+            self.adapter.check_smoke(str(s["name"]), str(s["sql"]))
+        calls = [ContainedCall(str(s["sql"]), dict(s.get("binds") or {}),
+                               {str(k): str(v) for k, v in (s.get("session") or {}).items()})
+                 for s in plan.smoke]
+        ran = self.adapter.run_contained(conn, calls, self.check_timeout)
+        for s, r in zip(plan.smoke, ran, strict=True):
+            out.append(_smoke_check(f"smoke:{s['name']}", str(s["name"]), r, s.get("expect")))
         return out
 
     def _far_side_checks(self, plan: DdlPlan) -> list[Check]:
@@ -1033,14 +1052,10 @@ class DdlLoop:
                                              f"far-side recompile: {st.state} {st.errors}",
                                              st.checked))
                             continue
-                    with far_adapter.read_only(far):
-                        result = far.execute(sa.text(s["assertion"]))
-                        row = result.first() if result.returns_rows else None
-                    value = None if row is None else row[0]
-                    ok = _same(value, s.get("expect"))
-                    out.append(Check(name, str(s["dependent"]), PASSED if ok else FAILED,
-                                     f"assertion returned {value!r}, expected "
-                                     f"{s.get('expect')!r} (read-only transaction)", EXECUTED))
+                    (r,) = far_adapter.run_contained(far, [ContainedCall(str(s["assertion"]))],
+                                                     self.check_timeout)
+                    out.append(_smoke_check(name, str(s["dependent"]), r, s.get("expect"),
+                                            what="assertion returned", exact=True))
                     far.rollback()
             except sa.exc.DBAPIError as exc:
                 out.append(Check(name, str(s["dependent"]), FAILED,
@@ -1115,7 +1130,14 @@ class DdlLoop:
     def _compensate(
         self, plan: DdlPlan, items: Sequence[_Item], snaps: Mapping[str, Snapshot],
         dep_refs: Sequence[ObjectRef], before: Mapping[str, ObjectStatus],
+        escalate: Sequence[str] = (),
     ) -> CompensationReport:
+        """Re-apply the snapshots, read the live signatures, verify again.
+
+        ``escalate``: what the compensation cannot undo whatever it does (code run
+        during verification that left its containment and may have committed writes
+        of its own): it is a cause, so the outcome is escalated, never ``compensated``.
+        """
         ph = plan.plan_hash
         snapshot_ids = {it.key: it.base_snapshot_id for it in items}
         self._emit(ev.COMPENSATION_STARTED, {"plan_hash": ph, "snapshot_ids": snapshot_ids})
@@ -1172,6 +1194,7 @@ class DdlLoop:
             if live_sigs[k] != snap_sigs[k]:
                 causes.append(f"{k}: live {live_sigs[k]} differs from snapshot {snap_sigs[k]}")
         causes += [f"{c.name} {c.object}: {c.detail}" for c in report.failures]
+        causes += list(escalate)
         ok = not causes
         comp = CompensationReport(ok, snapshot_ids, tuple(actions), live_sigs, snap_sigs, report,
                                   tuple(causes))
@@ -1260,6 +1283,34 @@ class DdlLoop:
 
 
 DdlErrorLike = ApplyFailed | VerifyFailed | CompensationFailed
+
+
+def _smoke_check(name: str, obj: str, r: Ran, expect: Any, *, what: str = "returned",
+                 exact: bool = False) -> Check:
+    """The verdict on one contained call (a smoke call; ``exact``: a far-side assertion,
+    whose first value must equal ``expect`` even when that is None)."""
+    if r.escaped is not None:
+        return Check(name, obj, FAILED, f"left its containment: {r.escaped}; what it wrote may "
+                     "be committed", EXECUTED, escaped=True)
+    if r.error is not None:
+        why = (" (the engine refused a write: the code tried to write)" if r.writes
+               else " (the check's time limit)" if r.timed_out else "")
+        return Check(name, obj, FAILED, f"error: {r.error}{why}", EXECUTED)
+    value = None if r.row is None else r.row[0]
+    if exact:
+        ok = _same(value, expect)
+    else:
+        ok = expect is None or (r.row is not None and _same(value, expect))
+    detail = (f"{what} no rows" if r.row is None else f"{what} {value!r}") + (
+        "" if expect is None and not exact else f", expected {expect!r}")
+    return Check(name, obj, PASSED if ok else FAILED, detail + " (contained, read-only)",
+                 EXECUTED)
+
+
+def _escape_causes(report: VerifyReport | None) -> list[str]:
+    """What no compensation of stored code can undo: checks whose code left containment."""
+    return [f"{c.name} {c.object} {c.detail}; a person checks what it wrote"
+            for c in (report.escapes if report is not None else ())]
 
 
 def _failure_text(report: VerifyReport) -> str:

@@ -99,8 +99,11 @@ class Check:
     """``passed`` | ``warning`` | ``unverified`` | ``failed`` (see ``VERDICTS``)."""
     detail: str = ""
     checked: str = ""
-    """What was actually done: ``compiled``, ``executed`` (a smoke call), ``read back``,
-    ``compared`` (signatures), ``not checked``, ``catalog``."""
+    """What was actually done: ``compiled``, ``executed`` (a smoke call, a fetch, a call),
+    ``read back``, ``compared`` (signatures), ``not checked``, ``catalog``."""
+    escaped: bool = False
+    """The code the check ran left its containment (ended or started a transaction): what
+    it wrote may be committed -- the loop escalates instead of recording a rollback."""
 
     @property
     def passed(self) -> bool:
@@ -112,8 +115,11 @@ class Check:
         return cls(name, obj, PASSED if ok else FAILED, detail, checked)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "object": self.object, "verdict": self.verdict,
-                "passed": self.passed, "checked": self.checked, "detail": self.detail}
+        out = {"name": self.name, "object": self.object, "verdict": self.verdict,
+               "passed": self.passed, "checked": self.checked, "detail": self.detail}
+        if self.escaped:
+            out["escaped"] = True
+        return out
 
 
 @dataclass(frozen=True)
@@ -127,6 +133,11 @@ class VerifyReport:
     @property
     def failures(self) -> tuple[Check, ...]:
         return tuple(c for c in self.checks if c.verdict == FAILED)
+
+    @property
+    def escapes(self) -> tuple[Check, ...]:
+        """Checks whose code left its containment (see ``Check.escaped``)."""
+        return tuple(c for c in self.checks if c.escaped)
 
     def counts(self) -> dict[str, int]:
         out = dict.fromkeys(VERDICTS, 0)

@@ -447,16 +447,43 @@ class DdlService:
     ) -> DdlPlan:
         """Make, check and record the plan for new sources of a ddl row's objects.
 
-        No DDL is committed.  Returns the plan (with ``plan_hash``); raises the
-        first prohibition it violates (recorded in the case as ``ddl.refused``).
+        No DDL is committed.  Returns the plan (with ``plan_hash``).  Every refusal --
+        an unknown row, no grant, a source out of scope or not one definition, a smoke
+        call that cannot be contained, a prohibition, nothing to apply -- is recorded
+        in the case as ``ddl.refused`` (code, message, who, the operation) and raised.
         """
         if not sources:
             raise UsageError("a DDL plan needs at least one source")
-        row, cfg = self.resolve_row(operation_id, version)
+        sink = ListSink()
+        row: Row | None = None
+        try:
+            row, cfg = self.resolve_row(operation_id, version)
+            return self._plan(row, cfg, sources, sink, case=case, who=who, bases=bases,
+                              fresh=fresh, smoke=smoke, recompile=recompile)
+        except CapgateError as exc:
+            self._record_refusal(case, who, operation_id, version, row, sink, exc)
+            raise
+
+    def _record_refusal(self, case: str, who: str, operation_id: str, version: int | None,
+                        row: Row | None, sink: ListSink, exc: CapgateError) -> None:
+        """The case's record of a refused plan: the loop's events so far and ``ddl.refused``."""
+        if not any(k == ev.REFUSED for k, _ in sink.events):
+            sink.record(ev.REFUSED, {"code": exc.code, "message": exc.message,
+                                     "error": type(exc).__name__})
+        items: list[tuple[str, Mapping[str, Any], str | None]] = []
+        for kind, payload in sink.events:
+            if kind in (ev.PLANNED, ev.REFUSED):
+                payload = {**payload, "operation_id": row.operation_id if row else operation_id,
+                           "version": row.version if row else version, "by": who}
+            items.append((kind, payload, None))
+        self.executor.ledger.append_many(case, items)
+
+    def _plan(self, row: Row, cfg: ConnectorConfig, sources: Sequence[str], sink: ListSink,
+              *, case: str, who: str, bases: Sequence[str], fresh: bool,
+              smoke: Sequence[SmokeCall], recompile: Sequence[str]) -> DdlPlan:
         for source in sources:
             validate_input(row, {"source": source})
         self.executor.grants.check_call(who, row, cfg.name, cfg.environment)
-        sink = ListSink()
         with self.loop(cfg, row=row, sink=sink) as lp:
             # the header names the object: refuse out-of-scope sources before the catalog
             for source in sources:
@@ -495,21 +522,17 @@ class DdlService:
                                   "four_eyes": row.authorization.four_eyes},
             }
             scope = row.ddl
-            try:
-                plan = lp.plan(changes, smoke=smoke, recompile=recompile, bind=bind,
-                               accepted_warnings=[a.to_dict() for a in scope.accepted_warnings]
-                               if scope else [],
-                               far_side_steps=self._far_side_steps(row),
-                               remote_dependents=self._declared_remote(row, next(
-                                   (c.object for c in changes if c.object is not None
-                                    and not c.object.is_body), changes[0].object or ObjectRef(
-                                       "function", "?"))))
-                with lp.engine.connect() as conn:
-                    self._scope_objects(lp, conn, row, plan)
-                    conn.rollback()
-            except CapgateError:
-                self._record_case_events(case, who, row, sink)
-                raise
+            plan = lp.plan(changes, smoke=smoke, recompile=recompile, bind=bind,
+                           accepted_warnings=[a.to_dict() for a in scope.accepted_warnings]
+                           if scope else [],
+                           far_side_steps=self._far_side_steps(row),
+                           remote_dependents=self._declared_remote(row, next(
+                               (c.object for c in changes if c.object is not None
+                                and not c.object.is_body), changes[0].object or ObjectRef(
+                                   "function", "?"))))
+            with lp.engine.connect() as conn:
+                self._scope_objects(lp, conn, row, plan)
+                conn.rollback()
         self.executor.ledger.record_plan(plan.plan_hash, case, who, plan.to_dict())
         self._record_case_events(case, who, row, sink)
         return plan
@@ -552,6 +575,66 @@ class DdlService:
             return replay, None
         self._check_case_closed(case)
         self._check_approval(plan_hash, who, row, plan)
+        try:
+            return self._apply_approved(plan, row, cfg, case=case, who=who)
+        except MergeRequired as exc:
+            raise self._merge_packet(plan, row, cfg, exc, case=case, who=who) from None
+
+    def _merge_packet(self, plan: DdlPlan, row: Row, cfg: ConnectorConfig,
+                      exc: MergeRequired, *, case: str, who: str) -> MergeRequired:
+        """The refusal of a plan whose objects moved, with its merge as a gate packet of its own.
+
+        A merged source is a new source: it is never applied under the approval of
+        the plan it replaces.  When every merge is clean, the merged sources (and the
+        plan's unmoved objects, against their old bases) are planned in the same case
+        against the live objects -- captured now -- with the same smoke calls and
+        recompile requests; that plan is recorded with its own hash and needs its own
+        approval.  With a conflict, or when planning the merge is refused, the refusal
+        says so and no plan is made.
+        """
+        merges = [m for m in exc.details.get("merge") or [] if isinstance(m, Mapping)]
+        details = dict(exc.details)
+        moved = {str(m.get("object")) for m in merges}
+        if not merges or not all(m.get("clean") for m in merges):
+            details["merge_plan"] = None
+            details["merge_plan_why"] = ("the merge has conflicts: resolve them, then plan "
+                                         "the result (capgate ddl plan FILE --fresh)")
+            return MergeRequired(exc.message + "; the merge has conflicts, so no plan was made "
+                                 "of it", **details)
+        merged = {str(m["object"]): str(m["merged"]) for m in merges}
+        sources: list[str] = []
+        bases: list[str] = []
+        for o in plan.objects:
+            key = str(o["key"])
+            if key in moved:
+                sources.append(merged[key])
+            else:
+                sources.append(str(o["new_source"]))
+                bases.append(str(o["base_snapshot_id"]))
+        try:
+            self.capture(cfg.name, sorted(moved))  # the live objects: the merge's base
+            smoke = [SmokeCall(str(s["name"]), str(s["sql"]), s.get("expect"),
+                               dict(s.get("binds") or {}), dict(s.get("session") or {}))
+                     for s in plan.smoke]
+            merge_plan = self.plan(row.operation_id, sources, case=case, who=who,
+                                   version=row.version, bases=bases, smoke=smoke,
+                                   recompile=list(plan.recompile))
+        except CapgateError as refused:
+            details["merge_plan"] = None
+            details["merge_plan_why"] = f"planning the merge was refused: {refused}"
+            return MergeRequired(exc.message + f"; planning the merge was refused "
+                                 f"({refused.code})", **details)
+        details["merge_plan"] = merge_plan.plan_hash
+        return MergeRequired(
+            f"{', '.join(sorted(moved))} changed since the snapshot; the clean three-way merge "
+            f"is recorded as plan {merge_plan.plan_hash} in case {case!r}, against the live "
+            "object(s): it is a new source and needs its own approval (`capgate approve "
+            f"{merge_plan.plan_hash} ...`); the approval of plan {plan.plan_hash} stays unused "
+            "and cannot apply it (nothing was recorded or applied for it)", **details)
+
+    def _apply_approved(self, plan: DdlPlan, row: Row, cfg: ConnectorConfig, *, case: str,
+                        who: str) -> tuple[Outcome, DdlOutcome | None]:
+        plan_hash = plan.plan_hash
         ledger = self.executor.ledger
         intent_id = uuid.uuid4().hex
         sink = LedgerSink(self.executor, case, intent_id)

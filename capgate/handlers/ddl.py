@@ -278,6 +278,18 @@ def _plan_text(plan: DdlPlan) -> str:
     if plan.recompile_objects:
         keys = [ObjectRef.from_dict(r).key for r in plan.recompile_objects]
         lines.append(f"  also recompiled and checked: {', '.join(keys)}")
+    if plan.smoke:
+        lines.append(f"  smoke calls: {len(plan.smoke)} (run after the apply, each contained: "
+                     "read-only, rolled back)")
+        for sm in plan.smoke:
+            extra = "".join(f"  {k} {json.dumps(sm[k], sort_keys=True)}"
+                            for k in ("binds", "session") if sm.get(k))
+            expect = "" if sm.get("expect") is None else f"  expect {sm['expect']!r}"
+            lines.append(f"    {sm['name']}: {' '.join(str(sm['sql']).split())}{extra}{expect}")
+    for st in plan.far_side_steps:
+        lines.append(f"  far-side step {st['name']} over link {st['link']}: "
+                     f"{' '.join(str(st['assertion']).split())}  expect {st.get('expect')!r}"
+                     f"{'  (recompile ' + str(st['dependent']) + ' first)' if st.get('recompile') else ''}")
     for a in plan.accepted_warnings or ():
         lines.append(f"  accepted on the row: {a['object']}: {a['message']!r} ({a['reason']})")
     for w in plan.warnings:
@@ -293,7 +305,10 @@ def _plan_text(plan: DdlPlan) -> str:
     return "\n".join(lines)
 
 
-def _print_merge(args: argparse.Namespace, merges: list[dict[str, Any]]) -> None:
+def _print_merge(args: argparse.Namespace, merges: list[dict[str, Any]],
+                 details: dict[str, Any] | None = None) -> None:
+    """Each merge proposal, whole (it is a document to apply, not an excerpt), and the plan
+    capgate made of it, if it made one."""
     if getattr(args, "json", False):
         return
     for m in merges:
@@ -302,6 +317,12 @@ def _print_merge(args: argparse.Namespace, merges: list[dict[str, Any]]) -> None
               f"{m.get('base_snapshot_id')}, ours = new source, theirs = live):",
               file=sys.stderr)
         print(m.get("merged", ""), file=sys.stderr)
+    if details and details.get("merge_plan"):
+        print(f"the merge is plan {details['merge_plan']}: a new source, with its own "
+              f"approval (capgate approve {details['merge_plan']} --by WHO --role ROLE "
+              "--key FILE)", file=sys.stderr)
+    elif details and details.get("merge_plan_why"):
+        print(f"no plan was made of the merge: {details['merge_plan_why']}", file=sys.stderr)
 
 
 _MARK = {"passed": "ok  ", "warning": "warn", "unverified": "?   ", "failed": "FAIL"}
@@ -369,7 +390,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
         try:
             outcome, _ = svc.apply(args.plan_hash, case=args.case, who=caller(args, "is acting"))
         except MergeRequired as exc:
-            _print_merge(args, exc.details.get("merge") or [])
+            _print_merge(args, exc.details.get("merge") or [], exc.details)
             raise
     payload = outcome.to_dict()
     emit(args, payload, _outcome_text(payload))
