@@ -58,7 +58,13 @@ from capgate.ddl.catalog import (
     CATALOG,
     INVALID,
     MISSING,
+    NO_ROW,
+    NOT_RUN,
+    RAN,
     READ_BACK,
+    RUN_ERROR,
+    RUN_TIMED_OUT,
+    RUN_WRITES,
     UNCHECKED,
     VALID,
     BaseAdapter,
@@ -127,6 +133,22 @@ _INVOKER = re.compile(r"\bSQL\s+SECURITY\s+INVOKER\b", re.IGNORECASE)
 def _runs_as_invoker(source: str) -> bool:
     """Whether a routine's or view's source declares ``SQL SECURITY INVOKER``."""
     return _INVOKER.search(sqltext.mask(source, strings=True)) is not None
+
+
+def _run_outcome(r: Ran, how: str, kind: str) -> tuple[str, str]:
+    """One contained run as ``ObjectStatus.run`` and its detail in words."""
+    if r.escaped is not None:
+        return RUN_ERROR, f"it left its containment: {r.escaped}"
+    if r.error is not None:
+        if r.writes:
+            return RUN_WRITES, f"{how}: it tried to write and was refused -- ran up to there"
+        if r.timed_out:
+            return RUN_TIMED_OUT, f"{how}: stopped at the check's time limit"
+        return RUN_ERROR, r.error
+    if r.row is None and kind == "view":
+        return NO_ROW, ("fetched no row from it: the functions it applies per row did not "
+                        "run (contained, read-only XA transaction)")
+    return RAN, f"{how} (contained, read-only XA transaction)"
 
 
 class MariadbAdapter(BaseAdapter, name="mariadb"):
@@ -379,7 +401,9 @@ class MariadbAdapter(BaseAdapter, name="mariadb"):
             rows = conn.execute(text(f"CHECK TABLE {_q(ref.schema)}.{_q(ref.name)}")).all()
             errors = tuple(str(r[3]) for r in rows if str(r[2]).lower() == "error"
                            and str(r[3]) != "Corrupt")
-            return ObjectStatus(ref, INVALID if errors else VALID, errors, "CHECK TABLE")
+            # CHECK TABLE resolves tables and columns, not what the functions under it do
+            return ObjectStatus(ref, INVALID if errors else VALID, errors, "CHECK TABLE",
+                                covers=False)
         live = self.read(conn, ref)
         if live is None:
             return ObjectStatus(ref, INVALID, ("SHOW CREATE could not read it",), "SHOW CREATE",
@@ -421,7 +445,55 @@ class MariadbAdapter(BaseAdapter, name="mariadb"):
 
     def recompile(self, conn: Connection, ref: ObjectRef) -> ObjectStatus:
         """MariaDB has no recompile; the object's checks are run again."""
-        return self.status(conn, ref)
+        return self.statuses(conn, [ref])[ref.key]
+
+    def sweep(self, conn: Connection, refs: Sequence[ObjectRef],
+              before: Mapping[str, ObjectStatus]) -> dict[str, ObjectStatus]:
+        return self.statuses(conn, refs)
+
+    def statuses(self, conn: Connection, refs: Sequence[ObjectRef]) -> dict[str, ObjectStatus]:
+        """Each object's check (``status``), then its run check where one can be made.
+
+        MariaDB keeps no compile status, and ``CHECK TABLE`` does not call the
+        functions a view uses; what proves an object works is running it.  In one
+        session of their own, each call in a read-only XA transaction that is rolled
+        back (``run_contained``): a row is fetched from every view, every function is
+        called (with NULL arguments -- MariaDB has no STRICT, so the body runs).
+        Procedures, packages and triggers are not run: they stay ``unverified``
+        unless a smoke call covers them, and the plan says so.
+        """
+        out = {r.key: self.status(conn, r) for r in refs}
+        runs: list[tuple[str, str, str, str]] = []
+        for ref in refs:
+            st = out[ref.key]
+            if not st.ok:
+                continue
+            resolved = st.object
+            if resolved.schema is None:
+                continue
+            qname = f"{_q(resolved.schema)}.{_q(resolved.name)}"
+            if ref.kind == "view":
+                runs.append((ref.key, f"SELECT * FROM {qname} LIMIT 1",
+                             "fetched a row from it", "view"))
+            elif ref.kind == "function":
+                n = int(conn.execute(text(
+                    "SELECT COUNT(*) FROM information_schema.PARAMETERS WHERE "
+                    "SPECIFIC_SCHEMA = :s AND SPECIFIC_NAME = :n AND ROUTINE_TYPE = 'FUNCTION' "
+                    "AND ORDINAL_POSITION > 0"),
+                    {"s": resolved.schema, "n": resolved.name}).scalar() or 0)
+                args = ", ".join(["NULL"] * n)
+                how = "called it" + (" with NULL arguments" if n else "")
+                runs.append((ref.key, f"SELECT {qname}({args})", how, "function"))
+            else:
+                word = ref.kind.replace("_", " ")
+                out[ref.key] = st.with_run(NOT_RUN, f"a {word} is not run by the check (only a "
+                                           "smoke call can exercise it)")
+        if runs:
+            ran = self.run_contained(conn, [ContainedCall(sql) for _, sql, _, _ in runs],
+                                     self.run_timeout, isolate=False)
+            for (key, _, how, kind), r in zip(runs, ran, strict=True):
+                out[key] = out[key].with_run(*_run_outcome(r, how, kind))
+        return out
 
     def has_compile_status(self, conn: Connection, *, check: bool = False) -> bool:
         if check:

@@ -46,7 +46,13 @@ from capgate.ddl.catalog import (
     CATALOG,
     INVALID,
     MISSING,
+    NO_ROW,
     NOT_CHECKED,
+    NOT_RUN,
+    RAN,
+    RUN_ERROR,
+    RUN_TIMED_OUT,
+    RUN_WRITES,
     UNCHECKED,
     VALID,
     BaseAdapter,
@@ -143,6 +149,23 @@ def _clauses(source: str) -> set[str]:
     """
     masked = sqltext.mask(source, strings=True, dollar=True)
     return {" ".join(m.group(1).upper().split()) for m in _CLAUSE.finditer(masked)}
+
+
+def _run_verdict(result: tuple[str, str], how: str, kind: str) -> tuple[str, str]:
+    """A run check's outcome as ``ObjectStatus.run`` and its detail in words."""
+    outcome, error = result
+    if outcome == "row":
+        return RAN, f"{how} (contained, read-only)"
+    if outcome == NO_ROW:
+        if kind == "view":
+            return NO_ROW, ("fetched no row from it: the functions it applies per row did "
+                            "not run (contained, read-only)")
+        return RAN, f"{how}: no row (contained, read-only)"
+    if outcome == RUN_WRITES:
+        return RUN_WRITES, f"{how}: it tried to write and was refused -- ran up to there"
+    if outcome == RUN_TIMED_OUT:
+        return RUN_TIMED_OUT, f"{how}: stopped at the check's time limit ({error})"
+    return RUN_ERROR, error
 
 
 class PostgresqlAdapter(BaseAdapter, name="postgresql"):
@@ -456,15 +479,24 @@ class PostgresqlAdapter(BaseAdapter, name="postgresql"):
 
     def probe(self, conn: Connection,
               items: Sequence[tuple[ObjectRef, str, Mapping[str, str]]]) -> list[Probe]:
+        return self.probe_many(conn, items, ())[0]
+
+    def probe_many(self, conn: Connection,
+                   items: Sequence[tuple[ObjectRef, str, Mapping[str, str]]],
+                   after: Sequence[ObjectRef]
+                   ) -> tuple[list[Probe], dict[str, ObjectStatus] | None]:
         """Apply every source in order in one savepoint, read and check each, roll back.
 
         The savepoint holds the objects' locks for the few milliseconds this takes
         (a view's or a trigger's table lock included), and waits at most
         ``PROBE_LOCK_TIMEOUT`` for them; a timeout is reported as the source's error.
         The check is the same as verify's, so a checker's complaint about the new
-        source (a ``plpgsql_check`` false positive among them) is known at plan time.
+        source (a ``plpgsql_check`` false positive among them) is known at plan time;
+        so are the statuses of ``after`` -- the dependents, compiled and run with the new
+        code in place -- before the savepoint is rolled back.
         """
         out: list[Probe] = []
+        predicted: dict[str, ObjectStatus] = {}
         with conn.begin_nested() as sp:
             try:
                 conn.execute(text(f"SET LOCAL lock_timeout = '{PROBE_LOCK_TIMEOUT}'"))
@@ -482,9 +514,10 @@ class PostgresqlAdapter(BaseAdapter, name="postgresql"):
                         status = None if live is None else self.statuses(conn, [live.object])[
                             live.object.key]
                         out.append(Probe(rendered, status, None))
+                predicted = self.statuses(conn, list(after)) if after else {}
             finally:
                 sp.rollback()
-        return out
+        return out, predicted
 
     def execute_ddl(self, conn: Connection, ref: ObjectRef, source: str) -> None:
         """Send the DDL through the extended protocol, which runs exactly one statement.
@@ -626,6 +659,8 @@ class PostgresqlAdapter(BaseAdapter, name="postgresql"):
         procs: list[tuple[ObjectRef, Any]] = []
         views: list[tuple[ObjectRef, str]] = []
         plpgsql: list[tuple[ObjectRef, int, int, str]] = []
+        runs: list[tuple[str, str, str, str]] = []
+        not_run: dict[str, str] = {}
         for ref in refs:
             self.check_kind(ref)
         proc_refs = [r if r.args is not None and r.schema is not None else self.resolve(conn, r)
@@ -635,7 +670,14 @@ class PostgresqlAdapter(BaseAdapter, name="postgresql"):
             "p.prorettype = 'trigger'::regtype AS is_trigger, "
             "p.prorettype = 'event_trigger'::regtype AS is_event_trigger, "
             "(SELECT t.tgrelid FROM pg_trigger t WHERE t.tgfoid = p.oid AND NOT t.tgisinternal "
-            "ORDER BY t.oid LIMIT 1) AS relid "
+            "ORDER BY t.oid LIMIT 1) AS relid, "
+            "quote_ident(ns.nspname) || '.' || quote_ident(p.proname) AS qname, p.pronargs, "
+            "p.proisstrict, p.provariadic <> 0 AS variadic, "
+            "(SELECT typtype = 'p' AND oid NOT IN ('void'::regtype, 'record'::regtype) "
+            "FROM pg_type WHERE oid = p.prorettype) AS pseudo_result, "
+            "EXISTS (SELECT 1 FROM unnest(p.proargtypes) a JOIN pg_type ty ON ty.oid = a "
+            "WHERE ty.typtype = 'p') AS pseudo_args, "
+            "ARRAY(SELECT format_type(a, NULL) FROM unnest(p.proargtypes) a) AS argtypes "
             "FROM unnest(CAST(:k AS text[]), CAST(:s AS text[]), CAST(:n AS text[]), "
             "CAST(:a AS text[])) AS r(k, s, n, a) "
             "JOIN pg_namespace ns ON ns.nspname = r.s "
@@ -664,6 +706,9 @@ class PostgresqlAdapter(BaseAdapter, name="postgresql"):
                 out[orig.key] = ObjectStatus(orig, MISSING, (), "pg_class", CATALOG)
             else:
                 views.append((orig, f"SELECT 1 FROM {vrow.qs}.{vrow.qn} LIMIT 0"))
+                runs.append((orig.key, f"SELECT coalesce(length(x::text), 0) FROM "
+                             f"{vrow.qs}.{vrow.qn} x LIMIT 1", "fetched a row from it",
+                             "view"))
         for ref in refs:
             if ref.kind != "trigger":
                 continue
@@ -686,8 +731,18 @@ class PostgresqlAdapter(BaseAdapter, name="postgresql"):
                                 "plpgsql_check_function_tb"))
         sql_fns: list[tuple[ObjectRef, int]] = []
         for ref, row in procs:
+            call = self._run_call(row)
+            if isinstance(call, tuple):
+                runs.append((ref.key, *call, "function"))
+            else:
+                not_run[ref.key] = call
             if row.prokind == "a":
-                views.append((ref, self._aggregate_probe(conn, int(row.oid))))
+                probe = self._aggregate_probe(conn, int(row.oid))
+                views.append((ref, probe))
+                runs.append((ref.key, f"SELECT coalesce(length(x.a::text), 0) FROM "
+                             f"({probe.removesuffix(' LIMIT 0')}) AS x(a)",
+                             "called it with NULL arguments", "aggregate"))
+                not_run.pop(ref.key, None)
             elif row.lanname == "plpgsql":
                 if row.is_event_trigger:
                     out[ref.key] = ObjectStatus(ref, UNCHECKED, (),
@@ -718,13 +773,84 @@ class PostgresqlAdapter(BaseAdapter, name="postgresql"):
         for ref, o in sql_fns:
             err = validated[o]
             out[ref.key] = ObjectStatus(ref, INVALID if err else VALID,
-                                        (err,) if err else (), "fmgr_sql_validator")
+                                        (err,) if err else (), "fmgr_sql_validator",
+                                        covers=False)
         planned = self._explain(conn, [q for _, q in views])
         for (ref, _), err in zip(views, planned, strict=True):
             method = "EXPLAIN of a call" if ref.kind == "aggregate" else "EXPLAIN"
             out[ref.key] = ObjectStatus(ref, INVALID if err else VALID,
-                                        (err,) if err else (), method)
+                                        (err,) if err else (), method, covers=False)
+        # the run checks: what compiles may still fail when it runs (a record function whose
+        # result changed shape under a view or a SQL function) -- only compiled objects
+        todo = [r for r in runs if out.get(r[0]) is not None and out[r[0]].ok]
+        for key, result in zip([r[0] for r in todo], self._run_checks(conn, [
+                r[1] for r in todo]), strict=True):
+            what = next(r for r in todo if r[0] == key)
+            out[key] = out[key].with_run(*_run_verdict(result, what[2], what[3]))
+        for key, why in not_run.items():
+            if key in out and out[key].ok and out[key].run is None:
+                out[key] = out[key].with_run(NOT_RUN, why)
         return out
+
+    @staticmethod
+    def _run_call(row: Any) -> tuple[str, str] | str:
+        """The contained call that runs one function, and what it does; or why none is made.
+
+        A function without arguments is called; a ``LANGUAGE sql`` function that is not
+        STRICT is called with typed NULLs (its body runs -- a record function read with a
+        column list that no longer matches fails here, which ``fmgr_sql_validator``
+        does not see).  Procedures, trigger functions, STRICT functions with
+        arguments, variadic and polymorphic ones are not called.
+        """
+        if row.prokind == "p":
+            return "a procedure is not called by the check (CALL could do anything it may)"
+        if row.prokind == "a":
+            return ""
+        if row.pseudo_result:
+            return "returns a pseudo-type (trigger, internal...): it cannot be called alone"
+        if row.variadic or row.pseudo_args:
+            return "takes variadic or polymorphic arguments: no call can be written for it"
+        if int(row.pronargs) == 0:
+            call, how = f"{row.qname}()", "called it"
+        elif row.lanname != "sql":
+            return (f"takes arguments: not called ({row.lanname} bodies are checked by "
+                    "their checker)" if row.lanname == "plpgsql" else
+                    f"takes arguments: not called (language {row.lanname})")
+        elif row.proisstrict:
+            return "STRICT with arguments: a call with NULL arguments would not run its body"
+        else:
+            nulls = ", ".join(f"NULL::{t}" for t in row.argtypes)
+            call, how = f"{row.qname}({nulls})", "called it with NULL arguments"
+        return (f"SELECT coalesce(length(s.r::text), 0) FROM (SELECT {call} AS r) AS s "
+                "LIMIT 1", how)
+
+    def _run_checks(self, conn: Connection, queries: Sequence[str]) -> list[tuple[str, str]]:
+        """Run many one-row queries in one statement, contained; bisect to the failing ones.
+
+        In a read-only savepoint of the caller's transaction (the verification's: it sees
+        the new code) with the loop's time limit per statement; always rolled back.
+        Returns per query ``(outcome, detail)``: ``row`` / ``no_row`` / ``error`` /
+        ``writes`` / ``timed_out`` and the error's first line.
+        """
+        if not queries:
+            return []
+        sql = " UNION ALL ".join(f"SELECT {i} AS i, ({q}) AS v" for i, q in enumerate(queries))
+        try:
+            with conn.begin_nested() as sp:
+                conn.execute(text("SET LOCAL transaction_read_only = on"))
+                conn.execute(text(f"SET LOCAL statement_timeout = '{_ms(self.run_timeout)}'"))
+                rows = conn.exec_driver_sql(sql, execution_options={"no_parameters": True}).all()
+                sp.rollback()
+        except sa.exc.DBAPIError as exc:
+            if len(queries) == 1:
+                state = getattr(exc.orig, "sqlstate", None)
+                kind = {"25006": RUN_WRITES, "57014": RUN_TIMED_OUT}.get(str(state), RUN_ERROR)
+                return [(kind, first_line(exc.orig))]
+            half = len(queries) // 2
+            return self._run_checks(conn, queries[:half]) + self._run_checks(
+                conn, queries[half:])
+        got = {int(r[0]): r[1] for r in rows}
+        return [("row" if got.get(i) is not None else NO_ROW, "") for i in range(len(queries))]
 
     def _aggregate_probe(self, conn: Connection, oid: int) -> str:
         """A call of the aggregate with typed NULLs, for EXPLAIN (ordered-set ones included)."""

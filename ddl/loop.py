@@ -42,6 +42,7 @@ from capgate.ddl.catalog import (
     LiveObject,
     ObjectRef,
     ObjectStatus,
+    Probe,
     Progress,
     adapter_for,
     first_line,
@@ -59,6 +60,7 @@ from capgate.ddl.results import (
     FAILED,
     PASSED,
     ROLLED_BACK,
+    UNVERIFIED,
     WARNING,
     Change,
     Check,
@@ -210,6 +212,7 @@ class DdlLoop:
         self.check_timeout = check_timeout
         self.progress = progress
         self.far_side = {k: make_url(v) for k, v in (far_side or {}).items()}
+        self.adapter.run_timeout = check_timeout
         self.engine: Engine = self.adapter.engine(self.url, **dict(engine_options or {}))
 
     # -- plumbing ----------------------------------------------------------------------------
@@ -409,9 +412,25 @@ class DdlLoop:
                 warnings += self.adapter.preconditions(conn, ref, ch.source, attributes,
                                                        live is not None)
                 prepared.append((ch, ref, live, live_sig, base, attributes))
-            probes = self.adapter.probe(conn, [(ref, ch.source, attrs)
-                                               for ch, ref, _, _, _, attrs in prepared]) \
-                if render else [None] * len(prepared)
+            # the dependents and their statuses before, then the sources tried (where the
+            # engine can) with the dependents checked under them: what the change breaks and
+            # what no check covers is known before anyone approves it
+            plan_keys = {r.key for r in refs}
+            found = [d for d in self.adapter.dependents_many(conn, refs, self.progress)
+                     if d.object.key not in plan_keys]
+            recompile_objects = self._recompile_objects(conn, recompile)
+            checked = [d.object for d in found] + [
+                r for r in recompile_objects if r.key not in {d.object.key for d in found}]
+            before = self.adapter.statuses(conn, checked)
+            probes: Sequence[Probe | None]
+            predicted: dict[str, ObjectStatus] | None = None
+            changed_after: dict[str, ObjectStatus] = {}
+            if render:
+                probes, predicted = self.adapter.probe_many(
+                    conn, [(ref, ch.source, attrs) for ch, ref, _, _, _, attrs in prepared],
+                    checked)
+            else:
+                probes = [None] * len(prepared)
             for (ch, ref, live, live_sig, base, attributes), probe in zip(
                     prepared, probes, strict=True):
                 base_sig = self.snapshot_signature(base)
@@ -442,6 +461,8 @@ class DdlLoop:
                                    "ddl.accepted_warnings declares it")
                             warnings.append(f"{ref.key}: {probe.status.method} reports for the "
                                             f"new source: {f['error']} -- {why}")
+                if probe is not None and probe.status is not None:
+                    changed_after[ref.key] = probe.status
                 status_before = self._status(conn, ref) if live is not None else None
                 state = self.adapter.holds_state(ref, live.source if live else "")
                 state += [s for s in self.adapter.holds_state(ref, ch.source) if s not in state]
@@ -484,23 +505,12 @@ class DdlLoop:
                                               entry.get("rendered_source"),
                                               attributes).to_dict())
                 objects.append(entry)
-            if all(o["change"] == "replace" and o["live_signature"] == (
-                    o["expected_signature"] or o["new_signature"]) for o in objects):
-                raise NothingToApply(
-                    f"nothing to apply: {', '.join(o['key'] for o in objects)} already "
-                    f"{'is' if len(objects) == 1 else 'are'} the new source (live signature "
-                    "equals the planned one); nothing was planned",
-                    objects=[o["key"] for o in objects],
-                    live={o["key"]: o["live_signature"] for o in objects})
-            plan_keys = {r.key for r in refs}
-            found = [d for d in self.adapter.dependents_many(conn, refs, self.progress)
-                     if d.object.key not in plan_keys]
-            before = self.adapter.statuses(conn, [d.object for d in found])
+            unverified = self._unverified(objects, changed_after, found, recompile_objects,
+                                          before, predicted, accepted, warnings)
             for d in found:
                 row = d.to_dict()
                 row["status_before"] = before[d.object.key].to_dict()
                 deps.setdefault(d.object.key, row)
-            recompile_objects = self._recompile_objects(conn, recompile)
             if search_callers:
                 for ref in refs:
                     searches.append(self.adapter.search_callers(conn, ref).to_dict())
@@ -533,6 +543,7 @@ class DdlLoop:
             "recompile": list(recompile),
             "recompile_objects": [r.to_dict() for r in recompile_objects],
             "accepted_warnings": accepted,
+            "unverified": unverified,
             "warnings": warnings,
             "approval": {"required": True, "reason": "DDL rows are gated: a person approves "
                          "this plan hash before it is applied"},
@@ -541,6 +552,15 @@ class DdlLoop:
         data["prohibitions"] = prohibitions.summary(data)
         data["plan_hash"] = plan_hash(data)
         plan = DdlPlan.from_dict(data)
+        if refuse and all(p["passed"] for p in data["prohibitions"]) and all(
+                o["change"] == "replace" and o["live_signature"] == (
+                    o["expected_signature"] or o["new_signature"]) for o in plan.objects):
+            keys = [str(o["key"]) for o in plan.objects]
+            raise NothingToApply(
+                f"nothing to apply: {', '.join(keys)} already "
+                f"{'is' if len(keys) == 1 else 'are'} the new source (live signature equals "
+                "the planned one); nothing was planned",
+                objects=keys, live={str(o["key"]): o["live_signature"] for o in plan.objects})
         self._emit(ev.PLANNED, {"plan_hash": plan.plan_hash,
                                 "objects": [o["key"] for o in plan.objects],
                                 "snapshot_ids": [o["base_snapshot_id"] for o in plan.objects],
@@ -554,6 +574,46 @@ class DdlLoop:
                                         "message": exc.message})
                 raise
         return plan
+
+    def _unverified(
+        self, objects: Sequence[Mapping[str, Any]], changed_after: Mapping[str, ObjectStatus],
+        found: Sequence[Dependent], recompile: Sequence[ObjectRef],
+        before: Mapping[str, ObjectStatus],
+        predicted: Mapping[str, ObjectStatus] | None, accepted: Sequence[Mapping[str, Any]],
+        warnings: list[str],
+    ) -> list[dict[str, Any]]:
+        """What the plan lists as unverified (and, as warnings, the dependents it breaks).
+
+        Each object is judged as the apply will judge it: under the new sources where
+        the engine could try them (``predicted``), else by its status now (an engine
+        whose DDL commits cannot try first; whether a check can be made rarely depends
+        on the change).  Approving the plan accepts exactly the objects listed.
+        """
+        out: list[dict[str, Any]] = []
+        for o in objects:
+            if o.get("status_before") is None:
+                continue
+            ref = ObjectRef.from_dict(o["object"])
+            now = ObjectStatus.from_dict(ref, o["status_before"])
+            after = changed_after.get(ref.key, now)
+            c = judge("compile", ref.key, after, now, accepted, same_as_before_is_fine=False)
+            if c.verdict == UNVERIFIED:
+                out.append({"object": ref.key, "role": "changed", "why": c.detail})
+        roles = [(d.object, "dependent") for d in found] + [(r, "recompile") for r in recompile]
+        seen: set[str] = set()
+        for ref, role in roles:
+            if ref.key in seen or ref.key not in before:
+                continue
+            seen.add(ref.key)
+            now = before[ref.key]
+            after = now if predicted is None else predicted.get(ref.key, now)
+            c = judge(role, ref.key, after, now, accepted)
+            if c.verdict == UNVERIFIED:
+                out.append({"object": ref.key, "role": role, "why": c.detail})
+            elif c.verdict == FAILED and predicted is not None:
+                warnings.append(f"{ref.key}: the new source breaks this {role}: {c.detail} -- "
+                                "the apply will fail its verify and be undone")
+        return out
 
     def _refuse_create_over_existing(self, ref: ObjectRef, source: str,
                                      live: LiveObject | None) -> None:
@@ -1003,6 +1063,8 @@ class DdlLoop:
             for ref in extra:
                 checks.append(judge("recompile", ref.key, rec.get(ref.key), before.get(ref.key),
                                     accepted))
+        if not restoring:
+            checks = _accept_listed_unverified(checks, plan)
         if smoke:
             checks += self._smoke(conn, plan)
         if far_side:
@@ -1305,6 +1367,24 @@ def _smoke_check(name: str, obj: str, r: Ran, expect: Any, *, what: str = "retur
         "" if expect is None and not exact else f", expected {expect!r}")
     return Check(name, obj, PASSED if ok else FAILED, detail + " (contained, read-only)",
                  EXECUTED)
+
+
+def _accept_listed_unverified(checks: Sequence[Check], plan: DdlPlan) -> list[Check]:
+    """An ``unverified`` object passes only when the approved plan lists it as unverified.
+
+    Approving a plan's hash accepts what it says nothing covers; an object found
+    unverified only at apply (a view that no longer gives a row, a dependent that
+    appeared since the plan) is something nobody accepted, so the verify fails.
+    """
+    listed = {str(u.get("object")) for u in plan.unverified or ()}
+    out: list[Check] = []
+    for c in checks:
+        if c.verdict == UNVERIFIED and c.name in ("compile", "dependent", "recompile") \
+                and c.object not in listed:
+            c = Check(c.name, c.object, FAILED, f"{c.detail} -- unverified, and not listed as "
+                      "unverified in the approved plan", c.checked)
+        out.append(c)
+    return out
 
 
 def _escape_causes(report: VerifyReport | None) -> list[str]:

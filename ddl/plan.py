@@ -71,13 +71,18 @@ class DdlPlan:
     not a failure.  None: a plan recorded before capgate wrote this field."""
     warnings: tuple[str, ...]
     """What the approver should read before approving (callers found, package state
-    discarded, checker findings)."""
+    discarded, checker findings, dependents the new source breaks)."""
     approval: Json
     """That a person must approve this plan hash, and why."""
     prohibitions: tuple[Json, ...]
     """Each standing prohibition (``ddl.prohibitions``) and whether the plan passed it."""
     plan_hash: str
     """The canonical hash of every other field: what an approval names."""
+    unverified: tuple[Json, ...] | None = None
+    """The objects no check can prove work after the change (``{"object", "role", "why"}``):
+    approving the plan's hash accepts exactly these as unverified; any other object found
+    unverified at apply fails the verify.  None: a plan recorded before capgate wrote this
+    field -- then nothing is accepted unverified."""
     bound: Json = field(default_factory=dict)
     """The caller's fields, bound into the plan and covered by its hash (``bind=``): the
     service binds the case, requester, row (operation, version, row hash, effect class,
@@ -105,6 +110,8 @@ class DdlPlan:
             out["recompile_objects"] = list(self.recompile_objects)
         if self.accepted_warnings is not None:
             out["accepted_warnings"] = list(self.accepted_warnings)
+        if self.unverified is not None:
+            out["unverified"] = list(self.unverified)
         out["warnings"] = list(self.warnings)
         out["approval"] = self.approval
         out.update(self.bound)
@@ -145,6 +152,7 @@ class DdlPlan:
             accepted_warnings=_tables(data, "accepted_warnings")
             if "accepted_warnings" in data else None,
             warnings=_texts(data, "warnings"),
+            unverified=_tables(data, "unverified") if "unverified" in data else None,
             approval=_table(data, "approval"),
             prohibitions=_tables(data, "prohibitions"),
             plan_hash=_text(data, "plan_hash"),
@@ -163,7 +171,7 @@ class DdlPlan:
 PLAN_FIELDS = frozenset({
     "format", "dialect", "target", "recipe", "transactional_ddl", "objects", "dependents",
     "caller_search", "far_side_steps", "smoke", "recompile", "recompile_objects", "warnings",
-    "approval", "prohibitions", "plan_hash", "accepted_warnings",
+    "approval", "prohibitions", "plan_hash", "accepted_warnings", "unverified",
 })
 
 

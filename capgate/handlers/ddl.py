@@ -287,9 +287,21 @@ def _plan_text(plan: DdlPlan) -> str:
             expect = "" if sm.get("expect") is None else f"  expect {sm['expect']!r}"
             lines.append(f"    {sm['name']}: {' '.join(str(sm['sql']).split())}{extra}{expect}")
     for st in plan.far_side_steps:
+        first = f"  (recompile {st['dependent']} first)" if st.get("recompile") else ""
         lines.append(f"  far-side step {st['name']} over link {st['link']}: "
                      f"{' '.join(str(st['assertion']).split())}  expect {st.get('expect')!r}"
-                     f"{'  (recompile ' + str(st['dependent']) + ' first)' if st.get('recompile') else ''}")
+                     f"{first}")
+    unverified = plan.unverified or ()
+    if unverified:
+        lines.append(f"  unverified: {len(unverified)} (nothing can prove these work after the "
+                     "change; approving this plan accepts them unverified)")
+        for u in unverified[:50]:
+            lines.append(f"    {u['object']} ({u.get('role', '')}): {u.get('why', '')}")
+        if len(unverified) > 50:
+            lines.append(f"    ... and {len(unverified) - 50} more (all of them in --json)")
+    else:
+        lines.append("  unverified: none (every object is covered by a check that runs or "
+                     "compiles it)")
     for a in plan.accepted_warnings or ():
         lines.append(f"  accepted on the row: {a['object']}: {a['message']!r} ({a['reason']})")
     for w in plan.warnings:
