@@ -95,8 +95,11 @@ from capgate.registry.errors import (
     ObjectOutOfScope,
     OutcomeUnknown,
     PlanTampered,
+    PromoterLacksRole,
+    PromotionRefused,
     ReconciliationRequired,
     SelfApproval,
+    SimulationVenueRefused,
     StaleExtract,
     UsageError,
     error_details,
@@ -508,7 +511,10 @@ class DdlService:
             if named:
                 raise UsageError(f"base snapshot(s) of objects the plan does not change: "
                                  f"{', '.join(sorted(named))}", objects=sorted(named))
+            stage = self._stage(lp, row, cfg, case, [
+                (c.object, c.source) for c in changes if c.object is not None])
             bind = {
+                "stage": stage,
                 "case": case,
                 "requested_by": who,
                 "operation_id": row.operation_id,
@@ -536,6 +542,152 @@ class DdlService:
         self.executor.ledger.record_plan(plan.plan_hash, case, who, plan.to_dict())
         self._record_case_events(case, who, row, sink)
         return plan
+
+    # -- simulation first: the stage a plan rests on ---------------------------------------------
+    def _stage(self, lp: DdlLoop, row: Row, cfg: ConnectorConfig, case: str,
+               changes: Sequence[tuple[ObjectRef, str]]) -> dict[str, Any]:
+        """The plan's stage: the environment, and on a promotion venue the simulation evidence
+        of the same source (or the exemption test) it rests on; refused without either."""
+        from capgate.ddl import promotion
+
+        source_id, parts = promotion.source_identity(lp.adapter, changes)
+        decision = promotion.decide(self.executor, row, cfg, case, source_id, None)
+        if decision.promotes and decision.evidence is None:
+            refs = [ref for ref, _ in changes]
+            with lp.engine.connect() as conn:
+                keys = {r.key for r in refs}
+                deps = [d.object.key for d in lp.adapter.dependents_many(conn, refs)
+                        if d.object.key not in keys]
+                callers = sorted({h.object.key for r in refs
+                                  for h in lp.adapter.search_callers(conn, r).hits
+                                  if h.object.key not in keys})
+                conn.rollback()
+            history = self.executor.ledger.intents(case) if \
+                self.executor.ledger.snapshot(case) is not None else {}
+            test = promotion.exemption_test(row, cfg.environment, refs, deps, callers, history)
+            decision = promotion.decide(self.executor, row, cfg, case, source_id, test)
+        if not decision.allowed:
+            assert decision.exemption is not None
+            failed = "; ".join(f"({p.number}) {p.name}: {p.why}"
+                               for p in decision.exemption.failed)
+            raise PromotionRefused(
+                f"{row.ref} on {cfg.name!r} ({cfg.environment}) is a promotion and case "
+                f"{case!r} holds no simulation of this source on a lower venue "
+                f"({(decision.missing or 'no_evidence').replace('_', ' ')}); nor is it "
+                f"exempt: {failed}. Simulate it first: plan and approve it on a lower venue, "
+                f"then `capgate ddl simulate PLAN_HASH --case {case}` (apply, verify, "
+                "compensate); nothing was planned",
+                operation_id=row.operation_id, version=row.version, case=case,
+                environment=cfg.environment, missing=decision.missing, source_id=source_id,
+                exemption=decision.exemption.to_dict(),
+                evidence_seen=[dict(e) for e in decision.seen])
+        return {**decision.to_dict(), "source_id": source_id, "sources": parts}
+
+    def _check_stage(self, plan: DdlPlan, row: Row, cfg: ConnectorConfig, case: str,
+                     who: str) -> None:
+        """At apply, before anything is recorded: the plan's stage still holds here.
+
+        On a promotion venue the promoting identity must hold one of the connector's
+        ``promotion_roles`` for the environment (when it names some), and the plan must
+        rest on simulation evidence that is still there, proven and fresh -- or on its
+        exemption test, which is recorded in the case (``exemption_claimed``) once.
+        """
+        from capgate.ddl import promotion
+
+        if not cfg.promotes:
+            return
+        stage = plan.bound.get("stage")
+        roles = cfg.promotion_roles
+        if roles:
+            principal = self.executor.grants.principal(who)
+            if not any(principal.holds(r, cfg.environment) for r in roles):
+                raise PromoterLacksRole(
+                    f"{who!r} holds none of the promotion roles {', '.join(roles)} for "
+                    f"{cfg.environment!r}, which applying stored code on {cfg.name!r} needs; "
+                    "nothing was recorded", principal=who, roles=list(roles),
+                    environment=cfg.environment)
+        if not isinstance(stage, Mapping) or not stage.get("promotes"):
+            raise PromotionRefused(
+                f"plan {plan.plan_hash} names no stage on the promotion venue "
+                f"{cfg.environment!r} (it was made where it was no promotion, or before "
+                "capgate recorded stages); make a new plan here", plan_hash=plan.plan_hash,
+                environment=cfg.environment)
+        if stage.get("evidence") is not None:
+            decision = promotion.decide(self.executor, row, cfg, case,
+                                        str(stage.get("source_id")), None)
+            if decision.evidence is None:
+                raise PromotionRefused(
+                    f"the simulation evidence plan {plan.plan_hash} rests on no longer holds "
+                    f"({(decision.missing or 'no_evidence').replace('_', ' ')}); simulate "
+                    "again on a lower venue and make a new plan; nothing was recorded",
+                    plan_hash=plan.plan_hash, missing=decision.missing,
+                    environment=cfg.environment)
+            return
+        exemption = stage.get("exemption")
+        if not isinstance(exemption, Mapping) or not exemption.get("exempt"):
+            raise PromotionRefused(
+                f"plan {plan.plan_hash} rests on neither simulation evidence nor an "
+                "exemption; make a new plan", plan_hash=plan.plan_hash)
+        key = f"exemption:{plan.plan_hash}"
+        snapshot = self.executor.ledger.snapshot(case) or {}
+        if key not in (snapshot.get("case") or {}):
+            self.executor.ledger.append(case, "exemption_claimed", {
+                "operation_id": row.operation_id, "version": row.version,
+                "row_hash": row.row_hash, "environment": cfg.environment,
+                "plan_hash": plan.plan_hash, "by": who, "effect_class": "ddl",
+                "case_state": {key: dict(exemption)}})
+
+    def simulate(self, plan_hash: str, *, case: str, who: str) -> dict[str, Any]:
+        """A DDL simulation on a lower venue: apply + verify, then compensate; the evidence.
+
+        The plan is applied through every gate (its approval is consumed, the intent
+        recorded), and when it ends ``applied_verified`` it is compensated at once
+        (snapshots re-applied, verified, the live signatures re-read).  Only when both
+        hold is the evidence written to the case (``ddl_simulated``, under
+        ``ddl_simulated:INTENT``): the source identity, the row version, the venue and
+        the intent, which a promotion cross-checks against the intent's own events.
+        A simulation is not a deployment: the venue is left as it was.  Refused on a
+        promotion venue (``SimulationVenueRefused``): simulate below it.
+        """
+        from capgate.ddl import promotion
+
+        plan, _, _ = self._recorded_plan(plan_hash)
+        row, cfg = self._row_of_plan(plan)
+        if cfg.promotes:
+            raise SimulationVenueRefused(
+                f"{cfg.name!r} ({cfg.environment}) is a promotion venue: a DDL simulation runs "
+                "on a lower venue (rig, dev, qa), and its evidence lets the change be planned "
+                "here; nothing ran", environment=cfg.environment, connector=cfg.name)
+        outcome, result = self.apply(plan_hash, case=case, who=who)
+        out: dict[str, Any] = {"case": case, "plan_hash": plan_hash,
+                               "environment": cfg.environment, "applied": outcome.to_dict()}
+        if outcome.status != APPLIED_VERIFIED or result is None:
+            out.update(simulated=False, why=f"the apply ended {outcome.status}: no evidence "
+                       "(a replayed apply is no simulation either)" if result is not None
+                       else f"the apply ended {outcome.status}: no evidence")
+            return out
+        comp = self.compensate(case, outcome.intent_id, who=who)
+        out["compensated"] = comp.to_dict()
+        if not comp.ok:
+            out.update(simulated=False, why="the compensation did not restore the snapshots: "
+                       "escalated, no evidence")
+            return out
+        stage = plan.bound.get("stage") if isinstance(plan.bound.get("stage"), Mapping) else None
+        if stage is None or "source_id" not in stage:
+            out.update(simulated=False, why="the plan names no source identity (made before "
+                       "capgate recorded stages): make a new plan and simulate it")
+            return out
+        entry = {"operation_id": row.operation_id, "version": row.version,
+                 "row_hash": row.row_hash, "source_id": stage["source_id"],
+                 "sources": stage.get("sources"), "environment": cfg.environment,
+                 "connector": cfg.name, "plan_hash": plan_hash,
+                 "intent_id": outcome.intent_id, "by": who,
+                 "apply": "applied_verified", "compensation": "compensated",
+                 "completed_at": self._now()}
+        self.executor.ledger.append(case, "ddl_simulated", {
+            **entry, "case_state": {f"{promotion.EVIDENCE_PREFIX}{outcome.intent_id}": entry}})
+        out.update(simulated=True, evidence=entry)
+        return out
 
     def _record_case_events(self, case: str, who: str, row: Row, sink: ListSink) -> None:
         items: list[tuple[str, Mapping[str, Any], str | None]] = []
@@ -575,6 +727,7 @@ class DdlService:
             return replay, None
         self._check_case_closed(case)
         self._check_approval(plan_hash, who, row, plan)
+        self._check_stage(plan, row, cfg, case, who)
         try:
             return self._apply_approved(plan, row, cfg, case=case, who=who)
         except MergeRequired as exc:

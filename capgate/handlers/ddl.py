@@ -78,6 +78,14 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--as", dest="who", default=None)
     p.set_defaults(handler=cmd_apply)
 
+    p = dsub.add_parser("simulate", parents=[common],
+                        help="on a lower venue: apply an approved plan, verify, compensate -- "
+                             "the evidence a promotion of the same source needs")
+    p.add_argument("plan_hash", metavar="PLAN_HASH")
+    p.add_argument("--case", required=True)
+    p.add_argument("--as", dest="who", default=None)
+    p.set_defaults(handler=cmd_simulate)
+
     p = dsub.add_parser("verify", parents=[common],
                         help="compile status and dependent sweep of an object (or a plan)")
     p.add_argument("object", nargs="?", metavar="OBJECT")
@@ -237,6 +245,7 @@ def _plan_text(plan: DdlPlan) -> str:
              f"  {bound['operation_id']}@{bound['version']} on {bound['connector']} "
              f"({bound['environment']}), {plan.dialect}"
              f"{', transactional DDL' if plan.transactional_ddl else ', DDL commits'}"]
+    lines += _stage_lines(bound.get("stage"))
     for o in plan.objects:
         changed = o.get("changed_blocks") or []
         # the block numbers and their lines, never a bare "0" that reads as "none changed"
@@ -315,6 +324,30 @@ def _plan_text(plan: DdlPlan) -> str:
     lines.append(f"  next: capgate approve {h} --by WHO --role {roles.split('|')[0]} "
                  "--key FILE")
     return "\n".join(lines)
+
+
+def _stage_lines(stage: Any) -> list[str]:
+    """Where the plan runs and what it rests on: the evidence, the exemption, or no promotion."""
+    if not isinstance(stage, dict):
+        return ["  stage: not recorded (a plan made before capgate recorded stages)"]
+    env = stage.get("environment")
+    if not stage.get("promotes"):
+        return [f"  stage: {env} (no promotion venue: no simulation evidence needed; "
+                f"`capgate ddl simulate` here makes the evidence for a higher venue)"]
+    ev = stage.get("evidence")
+    if isinstance(ev, dict):
+        return [f"  stage: {env} (a promotion): rests on the simulation of the same source on "
+                f"{ev.get('environment')} in this case -- intent {ev.get('intent_id')}, plan "
+                f"{ev.get('plan_hash')}, {ev.get('completed_at')}: apply + verify "
+                f"{ev.get('apply')}, then {ev.get('compensation')}"]
+    ex = stage.get("exemption") or {}
+    out = [f"  stage: {env} (a promotion): no simulation evidence "
+           f"({str(stage.get('missing') or 'none').replace('_', ' ')}); exempt by the "
+           "five-point test:"]
+    for p in ex.get("points") or []:
+        out.append(f"    ({p['point']}) {p['name']}: {'holds' if p['holds'] else 'fails'} "
+                   f"[{p['how']}] {p['why']}")
+    return out
 
 
 def _print_merge(args: argparse.Namespace, merges: list[dict[str, Any]],
@@ -407,6 +440,26 @@ def cmd_apply(args: argparse.Namespace) -> int:
     payload = outcome.to_dict()
     emit(args, payload, _outcome_text(payload))
     return outcome.exit_code
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    with _service(args) as svc:
+        result = svc.simulate(args.plan_hash, case=args.case, who=caller(args, "is acting"))
+    applied = result.get("applied") or {}
+    lines = [f"{'simulated' if result.get('simulated') else 'NOT simulated'}: plan "
+             f"{result['plan_hash']} on {result['environment']}, case {result['case']}"]
+    lines.append(f"  apply + verify: {applied.get('status')} (intent {applied.get('intent_id')})")
+    if result.get("compensated"):
+        lines.append(f"  compensation: {result['compensated'].get('outcome')}")
+    if result.get("simulated"):
+        ev = result["evidence"]
+        lines.append(f"  evidence: source {ev['source_id']} of {ev['operation_id']}@"
+                     f"{ev['version']}, recorded in the case at {ev['completed_at']}; a "
+                     "promotion of the same source in this case rests on it")
+    else:
+        lines.append(f"  no evidence: {result.get('why')}")
+    emit(args, result, "\n".join(lines))
+    return EXIT_OK if result.get("simulated") else EXIT_REFUSED
 
 
 def _verify_text(what: str, report: VerifyReport) -> str:
