@@ -733,6 +733,14 @@ class BaseAdapter(Registered):
                 out.append(Ran(error=_first_line(exc.orig)))
         return out
 
+    def catalog_version(self, conn: Connection, refs: Sequence[ObjectRef]) -> str | None:
+        """A digest of the catalog in the sweep's scope, or None where none can be made.
+
+        Equal digests at plan and at apply mean the dependents found at plan are still
+        the dependents (an apply then skips finding them again); None always sweeps.
+        """
+        return None
+
     def probe_many(self, conn: Connection,
                    items: Sequence[tuple[ObjectRef, str, Mapping[str, str]]],
                    after: Sequence[ObjectRef]

@@ -44,6 +44,7 @@ from capgate.ddl import source as srcmod
 from capgate.ddl import sqltext
 from capgate.ddl.catalog import (
     CATALOG,
+    EXECUTED,
     INVALID,
     MISSING,
     NO_ROW,
@@ -137,6 +138,21 @@ _PG_DEPEND_EDGES = (
     f"JOIN pg_namespace n ON n.oid = c.relnamespace WHERE {_DEP_FILTER}"
 )
 
+
+_IN_SCOPE = "JOIN pg_namespace n ON n.oid = {ns} WHERE n.nspname = ANY(:s)"
+_CATALOG_VERSION = (
+    "SELECT md5(string_agg(x, ',' ORDER BY x)) FROM ("
+    "SELECT 'p' || p.oid || ':' || p.xmin FROM pg_proc p "
+    + _IN_SCOPE.format(ns="p.pronamespace") +
+    " UNION ALL SELECT 'c' || c.oid || ':' || c.xmin FROM pg_class c "
+    + _IN_SCOPE.format(ns="c.relnamespace") +
+    " UNION ALL SELECT 'r' || r.oid || ':' || r.xmin FROM pg_rewrite r "
+    "JOIN pg_class c ON c.oid = r.ev_class " + _IN_SCOPE.format(ns="c.relnamespace") +
+    " UNION ALL SELECT 't' || t.oid || ':' || t.xmin FROM pg_trigger t "
+    "JOIN pg_class c ON c.oid = t.tgrelid " + _IN_SCOPE.format(ns="c.relnamespace") +
+    ") AS v(x)")
+"""The catalog digest of a sweep's scope (``catalog_version``): a new dependent is a new
+function, relation, rule or trigger row, and a replaced one a new ``xmin``."""
 
 _CLAUSE = re.compile(r"\b(SECURITY\s+(?:DEFINER|INVOKER)|SET\s+SEARCH_PATH)\b", re.IGNORECASE)
 
@@ -469,6 +485,15 @@ class PostgresqlAdapter(BaseAdapter, name="postgresql"):
         src = re.sub(r"^CREATE TRIGGER\b", "CREATE OR REPLACE TRIGGER", str(row.tdef))
         return LiveObject(ObjectRef("trigger", ref.name, ref.schema, parent=str(row.relname)), src)
 
+    def catalog_version(self, conn: Connection, refs: Sequence[ObjectRef]) -> str | None:
+        """md5 over every function, relation, rule and trigger row of the scope, each with its
+        ``xmin``: creating, replacing or dropping any of them changes it."""
+        scopes = sorted({s for r in refs for s in self.scopes(r)} | {
+            str(r.schema) for r in refs if r.schema})
+        if not scopes:
+            return None
+        return str(conn.execute(text(_CATALOG_VERSION), {"s": scopes}).scalar())
+
     def render(self, conn: Connection, ref: ObjectRef, source: str) -> str | None:
         """Apply ``source`` in a savepoint, read the catalog's rendering, roll back."""
         (probe,) = self.probe(conn, [(ref, source, {})])
@@ -628,22 +653,6 @@ class PostgresqlAdapter(BaseAdapter, name="postgresql"):
                     **self._validate_sql(conn, oids[half:])}
         return dict.fromkeys(oids)
 
-    def _explain(self, conn: Connection, queries: Sequence[str]) -> list[str | None]:
-        """Plan many ``SELECT``s in one ``EXPLAIN``; bisect to the failing ones."""
-        if not queries:
-            return []
-        sql = "EXPLAIN " + " UNION ALL ".join(f"(SELECT 1 FROM ({q}) AS x)" for q in queries)
-        try:
-            with conn.begin_nested() as sp:
-                conn.exec_driver_sql(sql, execution_options={"no_parameters": True}).all()
-                sp.rollback()
-        except sa.exc.DBAPIError as exc:
-            if len(queries) == 1:
-                return [first_line(exc.orig)]
-            half = len(queries) // 2
-            return self._explain(conn, queries[:half]) + self._explain(conn, queries[half:])
-        return [None] * len(queries)
-
     def status(self, conn: Connection, ref: ObjectRef) -> ObjectStatus:
         return self.statuses(conn, [ref])[ref.key]
 
@@ -652,8 +661,11 @@ class PostgresqlAdapter(BaseAdapter, name="postgresql"):
 
         PL/pgSQL functions and trigger functions (against their table):
         ``plpgsql_check_function_tb``; SQL functions: ``fmgr_sql_validator``;
-        views and aggregates: planned in one ``EXPLAIN``; other languages:
-        ``unchecked``.  Bisection finds the failing ones when a batch fails.
+        views and aggregates: run (a row fetched, a call with typed NULLs); other
+        languages: ``unchecked``.  Then the run checks of functions that can be called
+        (``_run_call``).  Every run is contained: a read-only savepoint of the caller's
+        transaction, rolled back, with the check's time limit.  Bisection finds the
+        failing ones when a batch fails.
         """
         out: dict[str, ObjectStatus] = {}
         procs: list[tuple[ObjectRef, Any]] = []
@@ -705,10 +717,8 @@ class PostgresqlAdapter(BaseAdapter, name="postgresql"):
             if vrow is None:
                 out[orig.key] = ObjectStatus(orig, MISSING, (), "pg_class", CATALOG)
             else:
-                views.append((orig, f"SELECT 1 FROM {vrow.qs}.{vrow.qn} LIMIT 0"))
-                runs.append((orig.key, f"SELECT coalesce(length(x::text), 0) FROM "
-                             f"{vrow.qs}.{vrow.qn} x LIMIT 1", "fetched a row from it",
-                             "view"))
+                views.append((orig, f"SELECT coalesce(length(x::text), 0) FROM "
+                              f"{vrow.qs}.{vrow.qn} x LIMIT 1"))
         for ref in refs:
             if ref.kind != "trigger":
                 continue
@@ -738,10 +748,8 @@ class PostgresqlAdapter(BaseAdapter, name="postgresql"):
                 not_run[ref.key] = call
             if row.prokind == "a":
                 probe = self._aggregate_probe(conn, int(row.oid))
-                views.append((ref, probe))
-                runs.append((ref.key, f"SELECT coalesce(length(x.a::text), 0) FROM "
-                             f"({probe.removesuffix(' LIMIT 0')}) AS x(a)",
-                             "called it with NULL arguments", "aggregate"))
+                views.append((ref, f"SELECT coalesce(length(x.a::text), 0) FROM "
+                                   f"({probe.removesuffix(' LIMIT 0')}) AS x(a)"))
                 not_run.pop(ref.key, None)
             elif row.lanname == "plpgsql":
                 if row.is_event_trigger:
@@ -775,18 +783,26 @@ class PostgresqlAdapter(BaseAdapter, name="postgresql"):
             out[ref.key] = ObjectStatus(ref, INVALID if err else VALID,
                                         (err,) if err else (), "fmgr_sql_validator",
                                         covers=False)
-        planned = self._explain(conn, [q for _, q in views])
-        for (ref, _), err in zip(views, planned, strict=True):
-            method = "EXPLAIN of a call" if ref.kind == "aggregate" else "EXPLAIN"
-            out[ref.key] = ObjectStatus(ref, INVALID if err else VALID,
-                                        (err,) if err else (), method, covers=False)
-        # the run checks: what compiles may still fail when it runs (a record function whose
-        # result changed shape under a view or a SQL function) -- only compiled objects
+        # a view (an aggregate) is checked by running it: a row fetched (a call with typed
+        # NULLs), planned and executed in one go -- EXPLAIN would only plan it, and not run
+        # the functions under it; a failure is the object's error, as a compile error was
+        fetched = self._run_checks(conn, [q for _, q in views])
+        for (ref, _), (outcome, error) in zip(views, fetched, strict=True):
+            how = "called it with NULL arguments" if ref.kind == "aggregate" else \
+                "fetched a row from it"
+            if outcome == RUN_ERROR:
+                out[ref.key] = ObjectStatus(ref, INVALID, (error,), f"{how} (contained)",
+                                            EXECUTED)
+                continue
+            run, detail = _run_verdict((outcome, error), how, ref.kind)
+            out[ref.key] = ObjectStatus(ref, VALID, (), "planned and run", EXECUTED,
+                                        covers=False, run=run, run_detail=detail)
+        # the run checks of functions: what compiles may still fail when it runs (a record
+        # function whose result changed shape under a SQL function) -- compiled ones only
         todo = [r for r in runs if out.get(r[0]) is not None and out[r[0]].ok]
-        for key, result in zip([r[0] for r in todo], self._run_checks(conn, [
+        for (key, _, how, kind), result in zip(todo, self._run_checks(conn, [
                 r[1] for r in todo]), strict=True):
-            what = next(r for r in todo if r[0] == key)
-            out[key] = out[key].with_run(*_run_verdict(result, what[2], what[3]))
+            out[key] = out[key].with_run(*_run_verdict(result, how, kind))
         for key, why in not_run.items():
             if key in out and out[key].ok and out[key].run is None:
                 out[key] = out[key].with_run(NOT_RUN, why)

@@ -416,6 +416,7 @@ class DdlLoop:
             # engine can) with the dependents checked under them: what the change breaks and
             # what no check covers is known before anyone approves it
             plan_keys = {r.key for r in refs}
+            catalog = self.adapter.catalog_version(conn, refs)
             found = [d for d in self.adapter.dependents_many(conn, refs, self.progress)
                      if d.object.key not in plan_keys]
             recompile_objects = self._recompile_objects(conn, recompile)
@@ -548,6 +549,8 @@ class DdlLoop:
             "approval": {"required": True, "reason": "DDL rows are gated: a person approves "
                          "this plan hash before it is applied"},
         }
+        if catalog is not None:
+            data["catalog_version"] = catalog
         data.update(bind or {})
         data["prohibitions"] = prohibitions.summary(data)
         data["plan_hash"] = plan_hash(data)
@@ -890,11 +893,26 @@ class DdlLoop:
             if transactional:
                 conn.rollback()
             raise self._refuse_merge(plan, pre)
-        self._emit(ev.PREFLIGHT, {"plan_hash": ph, "live": dict(pre.live), "ok": True})
-        dep_refs = self._dependent_refs(conn, plan, items)
         extra = [ObjectRef.from_dict(r) for r in plan.recompile_objects or ()]
-        before = self._statuses(conn, [it.ref for it in items] + dep_refs + [
-            r for r in extra if r.key not in {d.key for d in dep_refs}])
+        as_planned = plan.catalog_version is not None and plan.catalog_version == \
+            self.adapter.catalog_version(conn, [it.ref for it in items])
+        self._emit(ev.PREFLIGHT, {"plan_hash": ph, "live": dict(pre.live), "ok": True,
+                                  "catalog": "as planned" if as_planned else "swept again"})
+        if as_planned:
+            # nothing in the scope's catalog moved since the plan: its dependents are still
+            # the dependents, and their statuses then are their statuses before (for a run
+            # check that depends on data, an older "before" can only make a failure more
+            # likely to be blamed on this change, never excuse one)
+            dep_refs = sorted((ObjectRef.from_dict(d["object"]) for d in plan.dependents
+                               if not d.get("remote")), key=lambda r: r.key)
+            before = _plan_before(plan)
+            missing = [r for r in [it.ref for it in items] + dep_refs + extra
+                       if r.key not in before]
+            before.update(self._statuses(conn, missing))
+        else:
+            dep_refs = self._dependent_refs(conn, plan, items)
+            before = self._statuses(conn, [it.ref for it in items] + dep_refs + [
+                r for r in extra if r.key not in {d.key for d in dep_refs}])
         snapshot_ids = [it.base_snapshot_id for it in items]
         if on_apply_started is not None:
             on_apply_started(snapshot_ids)
