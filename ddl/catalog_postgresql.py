@@ -38,7 +38,7 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy import text
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import URL, Connection, Engine
 
 from capgate.ddl import source as srcmod
 from capgate.ddl import sqltext
@@ -139,9 +139,13 @@ _PG_DEPEND_EDGES = (
 )
 
 
+_FIRST_TRIGGER = ("SELECT DISTINCT ON (tgfoid) tgfoid, tgrelid FROM pg_trigger "
+                  "WHERE NOT tgisinternal ORDER BY tgfoid, oid")
+"""Per trigger function, the table of its first trigger (plpgsql_check checks it against it);
+one pass over pg_trigger, joined -- not a scan of it per function."""
 _IN_SCOPE = "JOIN pg_namespace n ON n.oid = {ns} WHERE n.nspname = ANY(:s)"
 _CATALOG_VERSION = (
-    "SELECT md5(string_agg(x, ',' ORDER BY x)) FROM ("
+    "SELECT count(*) || ':' || coalesce(sum(hashtextextended(x, 7)), 0) FROM ("
     "SELECT 'p' || p.oid || ':' || p.xmin FROM pg_proc p "
     + _IN_SCOPE.format(ns="p.pronamespace") +
     " UNION ALL SELECT 'c' || c.oid || ':' || c.xmin FROM pg_class c "
@@ -190,6 +194,15 @@ class PostgresqlAdapter(BaseAdapter, name="postgresql"):
     kinds = frozenset({"function", "procedure", "aggregate", "view", "trigger"})
     fold = "lower"
     sqlglot_dialect = "postgres"
+
+    def engine(self, url: str | URL, **options: Any) -> Engine:
+        """A small pool for the loop's lifetime: a plan or an apply opens several short
+        sessions (the lock's, the working one, reads between), each a new backend without
+        one.  Nothing session-scoped is left on a returned connection: settings are ``SET
+        LOCAL``, the advisory locks are released, the pool rolls back on return."""
+        opts: dict[str, Any] = {"poolclass": sa.pool.QueuePool, "pool_size": 2,
+                                "max_overflow": 8, **options}
+        return sa.create_engine(url, **opts)
 
     # -- whose rights the code runs with -----------------------------------------------------
     def privilege_changes(self, ref: ObjectRef, base: str | None, new: str) -> list[str]:
@@ -486,8 +499,9 @@ class PostgresqlAdapter(BaseAdapter, name="postgresql"):
         return LiveObject(ObjectRef("trigger", ref.name, ref.schema, parent=str(row.relname)), src)
 
     def catalog_version(self, conn: Connection, refs: Sequence[ObjectRef]) -> str | None:
-        """md5 over every function, relation, rule and trigger row of the scope, each with its
-        ``xmin``: creating, replacing or dropping any of them changes it."""
+        """A digest (count, and the sum of 64-bit hashes -- no sort) of every function,
+        relation, rule and trigger row of the scope, each with its ``xmin``: creating,
+        replacing or dropping any of them changes it."""
         scopes = sorted({s for r in refs for s in self.scopes(r)} | {
             str(r.schema) for r in refs if r.schema})
         if not scopes:
@@ -681,8 +695,7 @@ class PostgresqlAdapter(BaseAdapter, name="postgresql"):
             "SELECT r.k, p.oid, l.lanname, p.prokind, "
             "p.prorettype = 'trigger'::regtype AS is_trigger, "
             "p.prorettype = 'event_trigger'::regtype AS is_event_trigger, "
-            "(SELECT t.tgrelid FROM pg_trigger t WHERE t.tgfoid = p.oid AND NOT t.tgisinternal "
-            "ORDER BY t.oid LIMIT 1) AS relid, "
+            "tr.tgrelid AS relid, "
             "quote_ident(ns.nspname) || '.' || quote_ident(p.proname) AS qname, p.pronargs, "
             "p.proisstrict, p.provariadic <> 0 AS variadic, "
             "(SELECT typtype = 'p' AND oid NOT IN ('void'::regtype, 'record'::regtype) "
@@ -694,7 +707,8 @@ class PostgresqlAdapter(BaseAdapter, name="postgresql"):
             "CAST(:a AS text[])) AS r(k, s, n, a) "
             "JOIN pg_namespace ns ON ns.nspname = r.s "
             "JOIN pg_proc p ON p.pronamespace = ns.oid AND p.proname = r.n "
-            "AND oidvectortypes(p.proargtypes) = r.a JOIN pg_language l ON l.oid = p.prolang"),
+            "AND oidvectortypes(p.proargtypes) = r.a JOIN pg_language l ON l.oid = p.prolang "
+            f"LEFT JOIN ({_FIRST_TRIGGER}) tr ON tr.tgfoid = p.oid"),
             {"k": [r.key for r in proc_refs], "s": [r.schema for r in proc_refs],
              "n": [r.name for r in proc_refs], "a": [r.args or "" for r in proc_refs]}).all()}
         for orig, ref in zip([r for r in refs if r.kind in _PROC_KINDS], proc_refs, strict=True):
@@ -991,11 +1005,11 @@ class PostgresqlAdapter(BaseAdapter, name="postgresql"):
         and the functions whose body the checker could not read at all."""
         cands = conn.execute(text(
             "SELECT p.oid, p.proname, n.nspname, oidvectortypes(p.proargtypes) AS args, "
-            "p.prokind, COALESCE((SELECT t.tgrelid FROM pg_trigger t WHERE t.tgfoid = p.oid "
-            "AND NOT t.tgisinternal ORDER BY t.oid LIMIT 1), 0) AS relid, "
+            "p.prokind, COALESCE(tr.tgrelid, 0) AS relid, "
             "p.prorettype = 'trigger'::regtype AS is_trigger, p.prosrc "
             "FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
             "JOIN pg_language l ON l.oid = p.prolang "
+            f"LEFT JOIN ({_FIRST_TRIGGER}) tr ON tr.tgfoid = p.oid "
             "WHERE l.lanname = 'plpgsql' AND n.nspname = ANY(:s) "
             "AND p.prorettype <> 'event_trigger'::regtype"), {"s": list(scopes)}).all()
         cands = [c for c in cands if not (c.is_trigger and not c.relid)]
