@@ -42,6 +42,12 @@ does the work:
 * **Compensate** (``DdlService.compensate``): re-apply an intent's snapshots
   and verify, refused when the live objects match neither the snapshots nor
   the new sources (somebody else's change would be overwritten).
+* **Simulate** (``DdlService.simulate``): on a lower venue, apply + verify and
+  then compensate an approved plan, and record the evidence; a plan on a
+  promotion venue names its stage and rests on that evidence (the same source
+  in the same case) or on the exemption test (:mod:`ddl.promotion`).
+* **Refusals**: every refused plan is recorded in its case (``ddl.refused``);
+  a refused apply whose objects moved proposes the merge as a plan of its own.
 
 Snapshots are kept in the ledger's own store (``SqlSnapshotStore`` on the
 ledger engine, table ``cg_ddl_snapshots``).

@@ -1,5 +1,5 @@
-"""``capgate ddl capture | plan | apply | verify | compensate | recover | snapshots | export |
-prohibitions``: the DDL loop for stored code.
+"""``capgate ddl capture | plan | apply | simulate | verify | compensate | recover | snapshots |
+export | prohibitions``: the DDL loop for stored code.
 
 Each handler parses its arguments, calls the DDL service
 (:mod:`capgate.commands.ddl`) on an executor opened from the configuration and
