@@ -30,7 +30,8 @@ from tests.fix_capgate import KEYS, approval_key_line
 
 GRANTS = f"""\
 [principals.agent]
-grants = [{{ connector = "*", environments = ["rig", "dev", "qa", "staging", "prod"], access = "write" }}]
+grants = [{{ connector = "*", environments = ["rig", "dev", "qa", "staging", "prod"], \
+access = "write" }}]
 
 [principals.bob]
 roles = ["dba"]

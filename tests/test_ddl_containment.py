@@ -188,7 +188,7 @@ def test_pg_a_failed_verify_and_a_failed_smoke_are_recorded_as_the_catalog_shows
     assert scalar(url, "SELECT premium(100)") == 110
 
 
-# --- MariaDB ---------------------------------------------------------------------------------------
+# --- MariaDB ----------------------------------------------------------------------------------
 
 MARIA_PREMIUM = "CREATE OR REPLACE FUNCTION premium(x INT) RETURNS INT RETURN x + 10"
 MARIA_NEW = MARIA_PREMIUM.replace("x + 10", "x + 20")

@@ -213,3 +213,28 @@ def test_maria_a_package_body_equal_to_the_live_one_is_nothing_to_apply(
     rig, _ = maria_rig
     with rig.service() as svc, pytest.raises(NothingToApply):
         svc.plan("code.calc", [maria_body()], case="N1", who="agent")
+
+
+# --- every refusal at plan time is recorded in the case -----------------------------------------
+
+
+@pytest.mark.parametrize("source,who,code", [
+    (pg_long(ours=True) + "CREATE TABLE sneak (x int);\n", "agent", "CG527"),
+    ("CREATE OR REPLACE FUNCTION other() RETURNS int LANGUAGE sql RETURN 1;", "agent", "CG526"),
+    (pg_long(ours=True), "bob", "CG200"),
+])
+def test_pg_every_refused_plan_leaves_a_trace_in_its_case(
+        pg_rig: tuple[Rig, URL], source: str, who: str, code: str) -> None:
+    """Before, only a prohibition was recorded; a source that was more than one
+    definition, out of the row's scope, or planned without a grant left no trace."""
+    from capgate.registry.errors import CapgateError
+
+    rig, _ = pg_rig
+    with rig.service() as svc:
+        with pytest.raises(CapgateError) as exc:
+            svc.plan("code.long", [source], case="RF", who=who)
+        assert exc.value.code == code, exc.value
+        refused = [p for k, p in events(svc.executor, "RF") if k == "ddl.refused"]
+        assert [p["code"] for p in refused] == [code], events(svc.executor, "RF")
+        assert refused[0]["by"] == who and refused[0]["operation_id"] == "code.long"
+        assert refused[0]["message"] == exc.value.message

@@ -89,7 +89,7 @@ def test_pg_a_dependent_that_breaks_when_it_runs_rolls_the_change_back(
 
 def test_pg_the_dependents_that_run_fine_are_passed_as_executed(
         pg_rig: tuple[Rig, URL]) -> None:
-    rig, url = pg_rig
+    rig, _ = pg_rig
     same_shape = RECS.replace("SELECT id, base FROM pol", "SELECT id, base + 0 FROM pol")
     with rig.service() as svc:
         plan = svc.plan("code.recs", [same_shape], case="OK", who="agent")
