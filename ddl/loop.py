@@ -747,6 +747,7 @@ class DdlLoop:
                 target=self.target,
             )
         prohibitions.refuse(plan.to_dict(), {"plan_hash": plan.plan_hash})
+        self._check_smokes(plan)
         items = [_Item.from_plan(o) for o in plan.objects]
         snaps = {it.key: self.store.get(it.base_snapshot_id) for it in items}
         for it in items:
@@ -756,6 +757,12 @@ class DdlLoop:
             if self.adapter.transactional_ddl:
                 return self._execute_transactional(plan, items, snaps, on_apply_started)
             return self._execute_committing(plan, items, snaps, on_apply_started)
+
+    def _check_smokes(self, plan: DdlPlan) -> None:
+        """Refuse (CG531), before any DDL runs, a plan whose smoke calls could not be contained
+        (a plan recorded before capgate checked them when planning)."""
+        for s in plan.smoke:
+            self.adapter.check_smoke(str(s["name"]), str(s["sql"]))
 
     def _dependent_refs(
         self, conn: Connection, plan: DdlPlan, items: Sequence[_Item]
@@ -1092,8 +1099,8 @@ class DdlLoop:
     def _smoke(self, conn: Connection, plan: DdlPlan) -> list[Check]:
         """Each smoke call run contained (``adapter.run_contained``), nothing of it kept.
 
-        The SQL is checked again first (``check_smoke``): a plan recorded before the
-        rule, or edited, never runs a ``COMMIT``.  A call whose code tries to write
+        Its SQL was checked again before anything ran (``_check_smokes``: a plan
+        recorded before the rule never runs a ``COMMIT``).  A call whose code tries to write
         fails (the engine refuses the write) and leaves nothing; a call that returns
         no rows (or no result set, like ``CALL``) passes unless it declared an
         ``expect``; a call that left its containment is a failed, ``escaped`` check.
@@ -1101,8 +1108,6 @@ class DdlLoop:
         out: list[Check] = []
         if not plan.smoke:
             return out
-        for s in plan.smoke:
-            self.adapter.check_smoke(str(s["name"]), str(s["sql"]))
         calls = [ContainedCall(str(s["sql"]), dict(s.get("binds") or {}),
                                {str(k): str(v) for k, v in (s.get("session") or {}).items()})
                  for s in plan.smoke]
@@ -1197,6 +1202,7 @@ class DdlLoop:
     def verify(self, plan: PlanLike) -> VerifyReport:
         """Check the live state against the plan: compile status, landed text, dependents, smoke."""
         plan = DdlPlan.of(plan)
+        self._check_smokes(plan)
         items = [_Item.from_plan(o) for o in plan.objects]
         before = _plan_before(plan)
         with self.engine.connect() as conn:

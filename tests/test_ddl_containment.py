@@ -280,3 +280,27 @@ def test_maria_a_smoke_call_that_passes_reports_its_value(maria_rig: tuple[Rig, 
         assert assert_record_matches_catalog(svc, "M3", intent_of(svc, "M3", plan.plan_hash)) \
             == "applied_verified"
     assert scalar(url, "SELECT premium(100)") == 120
+
+
+def test_maria_a_recorded_plan_with_an_uncontainable_smoke_is_refused_before_any_ddl(
+        maria_rig: tuple[Rig, URL], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plan recorded before the plan-time rule (here: planned with the rule switched off)
+    is refused at apply before the DDL -- on MariaDB, whose DDL commits, a refusal after it
+    would leave the change live."""
+    from capgate.ddl.catalog_mariadb import MariadbAdapter
+
+    rig, url = maria_rig
+    with rig.service() as svc:
+        with monkeypatch.context() as m:
+            m.setattr(MariadbAdapter, "check_smoke", lambda self, name, sql: None,
+                      raising=False)
+            plan = svc.plan("code.premium", [MARIA_NEW], case="M4", who="agent",
+                            smoke=[SmokeCall("ddl", "CREATE TABLE zz3 (a INT)")])
+        approve(svc, plan.plan_hash)
+        with pytest.raises(SmokeNotContained):
+            svc.apply(plan.plan_hash, case="M4", who="agent")
+        state = svc.executor.ledger.intent("M4", intent_of(svc, "M4", plan.plan_hash))
+        assert state["outcome"] == "rolled_back"
+        assert state["outcome_record"]["reason"]["kind"] == "refused_before_apply"
+        assert "ddl_apply_started" not in [k for k, _ in events(svc.executor, "M4")]
+    assert scalar(url, "SELECT premium(100)") == 110 and "zz3" not in _tables(url)
