@@ -699,7 +699,13 @@ class MariadbAdapter(BaseAdapter, name="mariadb"):
                     session.execute(text("SET SESSION TRANSACTION READ ONLY"))
                     session.execute(text("SET SESSION max_statement_time = :t"),
                                     {"t": max(float(timeout), 0.001)})
-                out.append(self._run_in_xa(session, call))
+                try:
+                    out.append(self._run_in_xa(session, call))
+                except sa.exc.DBAPIError as exc:  # the session could not be set up for it
+                    out.append(Ran(error=first_line(exc.orig)))
+                    session.close()
+                    session = None
+                    continue
                 if isolate:
                     session.close()
                     session = None
@@ -731,6 +737,9 @@ class MariadbAdapter(BaseAdapter, name="mariadb"):
         ran = Ran(error="not run")
         delta: dict[str, int] = {}
         ended: str | None = None
+        unknown = set(call.session) - {"sql_mode", "database"}
+        if unknown:  # a failed check, never an exception in the middle of a verify
+            return Ran(error=f"unknown MariaDB session settings {sorted(unknown)}")
         with self.session(session, dict(call.session)):
             before = self._tx_counters(session)
             session.execute(text("XA START :x"), {"x": xid})
