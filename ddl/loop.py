@@ -90,6 +90,7 @@ from capgate.registry.errors import (
     ObjectNotFound,
     PlanTampered,
     SchemaWideRecompile,
+    SmokeNotContained,
     SourceDoesNotParse,
     VerifyFailed,
     error_details,
@@ -1202,15 +1203,20 @@ class DdlLoop:
     def verify(self, plan: PlanLike) -> VerifyReport:
         """Check the live state against the plan: compile status, landed text, dependents, smoke."""
         plan = DdlPlan.of(plan)
-        self._check_smokes(plan)
+        refused: list[Check] = []
+        try:
+            self._check_smokes(plan)
+        except SmokeNotContained as exc:  # a plan recorded before the rule: not run, failed
+            refused = [Check(f"smoke:{s['name']}", str(s["name"]), FAILED,
+                             f"not run: {exc.message}", "") for s in plan.smoke]
         items = [_Item.from_plan(o) for o in plan.objects]
         before = _plan_before(plan)
         with self.engine.connect() as conn:
             dep_refs = self._dependent_refs(conn, plan, items)
-            report, _ = self._verify(conn, plan, items, dep_refs, before, smoke=True,
+            report, _ = self._verify(conn, plan, items, dep_refs, before, smoke=not refused,
                                      far_side=True)
             conn.rollback()
-        return report
+        return VerifyReport(report.checks + tuple(refused)) if refused else report
 
     # -- compensate ------------------------------------------------------------------------
     def _compensate(
