@@ -304,3 +304,26 @@ def test_maria_a_recorded_plan_with_an_uncontainable_smoke_is_refused_before_any
         assert state["outcome_record"]["reason"]["kind"] == "refused_before_apply"
         assert "ddl_apply_started" not in [k for k, _ in events(svc.executor, "M4")]
     assert scalar(url, "SELECT premium(100)") == 110 and "zz3" not in _tables(url)
+
+
+def test_maria_a_failed_compensation_is_escalated_with_what_is_live(
+        maria_rig: tuple[Rig, URL], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The last failure path: the smoke call fails, the compensation cannot re-apply the
+    snapshot (a fault injected into the restore), and the record says what is live."""
+    from capgate.ddl.catalog_mariadb import MariadbAdapter
+    from capgate.registry.errors import ApplyFailed
+
+    def refuse_restore(self: MariadbAdapter, *args: object, **kwargs: object) -> list[str]:
+        raise ApplyFailed("the restore was refused (injected fault)")
+
+    rig, url = maria_rig
+    with rig.service() as svc:
+        plan = svc.plan("code.premium", [MARIA_NEW], case="M5", who="agent",
+                        smoke=[SmokeCall("wrong", "SELECT premium(100)", 999)])
+        approve(svc, plan.plan_hash)
+        monkeypatch.setattr(MariadbAdapter, "restore", refuse_restore)
+        outcome, _ = svc.apply(plan.plan_hash, case="M5", who="agent")
+        assert outcome.status == "compensation_failed", outcome.to_dict()
+        assert assert_record_matches_catalog(svc, "M5", intent_of(svc, "M5", plan.plan_hash)) \
+            == "compensation_failed"
+    assert scalar(url, "SELECT premium(100)") == 120  # still the new code: escalated, as said
