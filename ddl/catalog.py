@@ -26,6 +26,7 @@ from sqlalchemy.engine import URL, Connection, Engine
 
 from capgate.ddl import signature as sigmod
 from capgate.ddl import sqltext
+from capgate.ddl.smoke import ContainedCall, Ran
 from capgate.executor.dialects import engine_name
 from capgate.executor.dialects.registration import Implementations, Registered, package_modules
 from capgate.registry.errors import ApplyFailed, FeatureNotSupported, UnsupportedObjectType
@@ -180,11 +181,35 @@ NOT_CHECKED = "not checked"
 """No checker exists for it (a language PostgreSQL cannot check, an event trigger)."""
 CATALOG = "catalog"
 """Looked up in the catalog only (to find it missing)."""
+EXECUTED = "executed"
+"""The object ran: a row fetched from a view, a call of a function (contained, read-only)."""
+
+RAN = "ran"
+"""Run check: it ran and returned (a view gave a row, a function returned)."""
+NO_ROW = "no_row"
+"""Run check: the view returned no row -- what it applies per row did not run."""
+RUN_ERROR = "error"
+"""Run check: it raised an error."""
+RUN_WRITES = "writes"
+"""Run check: it tried to write and the read-only check refused it (ran up to there)."""
+RUN_TIMED_OUT = "timed_out"
+"""Run check: it ran past the check's time limit and was stopped."""
+NOT_RUN = "not_run"
+"""Run check: there was no way to run it (arguments, a procedure, a trigger...)."""
 
 
 @dataclass(frozen=True)
 class ObjectStatus:
-    """The compile status of one object, and how it was established."""
+    """The status of one object: its compile check, its run check, and how each was done.
+
+    The compile check (``state``) is what the catalog or a checker says of the
+    object as stored.  Some checkers prove little about what happens when the code
+    runs (``EXPLAIN`` of a view does not run the functions under it;
+    ``fmgr_sql_validator`` does not see a record function's result change shape;
+    MariaDB's ``CHECK TABLE`` does not call the functions a view uses): their
+    verdict does not ``cover`` the object, and only a run check -- a row fetched,
+    a call made, in a read-only contained transaction -- can.
+    """
 
     object: ObjectRef
     state: str
@@ -194,24 +219,45 @@ class ObjectStatus:
     """What was checked, in words, e.g. ``plpgsql_check_function_tb`` or ``ALL_OBJECTS.STATUS``."""
     checked: str = COMPILED
     """What the check actually did: ``compiled``, ``read back``, ``not checked``, ``catalog``."""
+    covers: bool = True
+    """Whether a ``valid`` compile check is enough evidence on its own (False: EXPLAIN,
+    fmgr_sql_validator, CHECK TABLE -- only the run check can prove the object works)."""
+    run: str | None = None
+    """The run check: ``ran``, ``no_row``, ``error``, ``writes``, ``timed_out``, ``not_run``;
+    None where no run check was attempted."""
+    run_detail: str = ""
+    """What the run check did, or the error it met, in words."""
 
     @property
     def ok(self) -> bool:
         return self.state in (VALID, UNCHECKED)
 
+    def with_run(self, run: str, detail: str) -> ObjectStatus:
+        return ObjectStatus(self.object, self.state, self.errors, self.method, self.checked,
+                            self.covers, run, detail)
+
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "object": self.object.key,
             "state": self.state,
             "errors": list(self.errors),
             "method": self.method,
             "checked": self.checked,
         }
+        if not self.covers:
+            out["covers"] = False
+        if self.run is not None:
+            out["run"] = self.run
+            out["run_detail"] = self.run_detail
+        return out
 
     @classmethod
     def from_dict(cls, ref: ObjectRef, data: Mapping[str, Any]) -> ObjectStatus:
+        run = data.get("run")
         return cls(ref, str(data["state"]), tuple(str(e) for e in data.get("errors") or ()),
-                   str(data.get("method", "")), str(data.get("checked", COMPILED)))
+                   str(data.get("method", "")), str(data.get("checked", COMPILED)),
+                   bool(data.get("covers", True)), None if run is None else str(run),
+                   str(data.get("run_detail", "")))
 
 
 @dataclass(frozen=True)
@@ -443,6 +489,8 @@ class BaseAdapter(Registered):
     def __init__(self, scope: Sequence[str] | None = None) -> None:
         self.scope: tuple[str, ...] | None = tuple(scope) if scope else None
         """Schemas searched for callers and dependents; None means the object's own schema."""
+        self.run_timeout: float = 30.0
+        """Seconds one contained run check may take (the DDL loop sets its ``check_timeout``)."""
 
     # -- identifiers
     @classmethod
@@ -656,6 +704,56 @@ class BaseAdapter(Registered):
         raise FeatureNotSupported(f"{self.dialect} has no read-only transaction for smoke calls",
                                   feature="read-only transaction")
         yield  # pragma: no cover
+
+    # -- contained runs: smoke calls and run-time checks ----------------------------------------
+    def check_smoke(self, name: str, sql: str) -> None:
+        """Refuse (``SmokeNotContained``, CG531) a smoke call that is not one read-only
+        statement, read with this engine's tokenizer (:func:`ddl.smoke.check_statement`)."""
+        from capgate.ddl.smoke import check_statement
+
+        check_statement(name, sql, self.sqlglot_dialect)
+
+    def run_contained(self, conn: Connection, calls: Sequence[ContainedCall],
+                      timeout: float, *, isolate: bool = True) -> list[Ran]:
+        """Run each call where nothing it does can stay, and say what it did.
+
+        The default runs each in the adapter's read-only block (``read_only``);
+        engines that can also tell whether a call left its containment (PostgreSQL,
+        MariaDB) override this and report it as ``Ran.escaped``.  ``isolate``: each
+        call in a session of its own where the engine contains calls that way.
+        """
+        out: list[Ran] = []
+        for call in calls:
+            try:
+                with self.session(conn, dict(call.session)), self.read_only(conn):
+                    result = conn.execute(sa.text(call.sql), dict(call.binds))
+                    row = result.first() if result.returns_rows else None
+                    out.append(Ran(None if row is None else tuple(row), result.returns_rows))
+            except sa.exc.DBAPIError as exc:
+                out.append(Ran(error=_first_line(exc.orig)))
+        return out
+
+    def catalog_version(self, conn: Connection, refs: Sequence[ObjectRef]) -> str | None:
+        """A digest of the catalog in the sweep's scope, or None where none can be made.
+
+        Equal digests at plan and at apply mean the dependents found at plan are still
+        the dependents (an apply then skips finding them again); None always sweeps.
+        """
+        return None
+
+    def probe_many(self, conn: Connection,
+                   items: Sequence[tuple[ObjectRef, str, Mapping[str, str]]],
+                   after: Sequence[ObjectRef]
+                   ) -> tuple[list[Probe], dict[str, ObjectStatus] | None]:
+        """``probe`` the sources, and the statuses ``after`` would have under them.
+
+        Where the engine can try the sources without keeping them (PostgreSQL: in a
+        savepoint that is rolled back) the statuses of ``after`` (the dependents) are
+        checked -- compiled and run -- with the new code in place, so the plan knows what
+        the change breaks and what no check covers before anyone approves it.  None
+        where that cannot be known before the apply.
+        """
+        return self.probe(conn, items), None
 
     def probe(self, conn: Connection,
               items: Sequence[tuple[ObjectRef, str, Mapping[str, str]]]) -> list[Probe]:

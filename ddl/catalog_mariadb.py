@@ -40,9 +40,10 @@
 
 from __future__ import annotations
 
+import os
 import re
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from typing import Any
 
@@ -57,7 +58,13 @@ from capgate.ddl.catalog import (
     CATALOG,
     INVALID,
     MISSING,
+    NO_ROW,
+    NOT_RUN,
+    RAN,
     READ_BACK,
+    RUN_ERROR,
+    RUN_TIMED_OUT,
+    RUN_WRITES,
     UNCHECKED,
     VALID,
     BaseAdapter,
@@ -70,6 +77,7 @@ from capgate.ddl.catalog import (
     Progress,
     first_line,
 )
+from capgate.ddl.smoke import ContainedCall, Ran
 from capgate.registry.errors import (
     DefinerCannotBeKept,
     FeatureNotSupported,
@@ -125,6 +133,22 @@ _INVOKER = re.compile(r"\bSQL\s+SECURITY\s+INVOKER\b", re.IGNORECASE)
 def _runs_as_invoker(source: str) -> bool:
     """Whether a routine's or view's source declares ``SQL SECURITY INVOKER``."""
     return _INVOKER.search(sqltext.mask(source, strings=True)) is not None
+
+
+def _run_outcome(r: Ran, how: str, kind: str) -> tuple[str, str]:
+    """One contained run as ``ObjectStatus.run`` and its detail in words."""
+    if r.escaped is not None:
+        return RUN_ERROR, f"it left its containment: {r.escaped}"
+    if r.error is not None:
+        if r.writes:
+            return RUN_WRITES, f"{how}: it tried to write and was refused -- ran up to there"
+        if r.timed_out:
+            return RUN_TIMED_OUT, f"{how}: stopped at the check's time limit"
+        return RUN_ERROR, r.error
+    if r.row is None and kind == "view":
+        return NO_ROW, ("fetched no row from it: the functions it applies per row did not "
+                        "run (contained, read-only XA transaction)")
+    return RAN, f"{how} (contained, read-only XA transaction)"
 
 
 class MariadbAdapter(BaseAdapter, name="mariadb"):
@@ -377,7 +401,9 @@ class MariadbAdapter(BaseAdapter, name="mariadb"):
             rows = conn.execute(text(f"CHECK TABLE {_q(ref.schema)}.{_q(ref.name)}")).all()
             errors = tuple(str(r[3]) for r in rows if str(r[2]).lower() == "error"
                            and str(r[3]) != "Corrupt")
-            return ObjectStatus(ref, INVALID if errors else VALID, errors, "CHECK TABLE")
+            # CHECK TABLE resolves tables and columns, not what the functions under it do
+            return ObjectStatus(ref, INVALID if errors else VALID, errors, "CHECK TABLE",
+                                covers=False)
         live = self.read(conn, ref)
         if live is None:
             return ObjectStatus(ref, INVALID, ("SHOW CREATE could not read it",), "SHOW CREATE",
@@ -419,7 +445,55 @@ class MariadbAdapter(BaseAdapter, name="mariadb"):
 
     def recompile(self, conn: Connection, ref: ObjectRef) -> ObjectStatus:
         """MariaDB has no recompile; the object's checks are run again."""
-        return self.status(conn, ref)
+        return self.statuses(conn, [ref])[ref.key]
+
+    def sweep(self, conn: Connection, refs: Sequence[ObjectRef],
+              before: Mapping[str, ObjectStatus]) -> dict[str, ObjectStatus]:
+        return self.statuses(conn, refs)
+
+    def statuses(self, conn: Connection, refs: Sequence[ObjectRef]) -> dict[str, ObjectStatus]:
+        """Each object's check (``status``), then its run check where one can be made.
+
+        MariaDB keeps no compile status, and ``CHECK TABLE`` does not call the
+        functions a view uses; what proves an object works is running it.  In one
+        session of their own, each call in a read-only XA transaction that is rolled
+        back (``run_contained``): a row is fetched from every view, every function is
+        called (with NULL arguments -- MariaDB has no STRICT, so the body runs).
+        Procedures, packages and triggers are not run: they stay ``unverified``
+        unless a smoke call covers them, and the plan says so.
+        """
+        out = {r.key: self.status(conn, r) for r in refs}
+        runs: list[tuple[str, str, str, str]] = []
+        for ref in refs:
+            st = out[ref.key]
+            if not st.ok:
+                continue
+            resolved = st.object
+            if resolved.schema is None:
+                continue
+            qname = f"{_q(resolved.schema)}.{_q(resolved.name)}"
+            if ref.kind == "view":
+                runs.append((ref.key, f"SELECT * FROM {qname} LIMIT 1",
+                             "fetched a row from it", "view"))
+            elif ref.kind == "function":
+                n = int(conn.execute(text(
+                    "SELECT COUNT(*) FROM information_schema.PARAMETERS WHERE "
+                    "SPECIFIC_SCHEMA = :s AND SPECIFIC_NAME = :n AND ROUTINE_TYPE = 'FUNCTION' "
+                    "AND ORDINAL_POSITION > 0"),
+                    {"s": resolved.schema, "n": resolved.name}).scalar() or 0)
+                args = ", ".join(["NULL"] * n)
+                how = "called it" + (" with NULL arguments" if n else "")
+                runs.append((ref.key, f"SELECT {qname}({args})", how, "function"))
+            else:
+                word = ref.kind.replace("_", " ")
+                out[ref.key] = st.with_run(NOT_RUN, f"a {word} is not run by the check (only a "
+                                           "smoke call can exercise it)")
+        if runs:
+            ran = self.run_contained(conn, [ContainedCall(sql) for _, sql, _, _ in runs],
+                                     self.run_timeout, isolate=False)
+            for (key, _, how, kind), r in zip(runs, ran, strict=True):
+                out[key] = out[key].with_run(*_run_outcome(r, how, kind))
+        return out
 
     def has_compile_status(self, conn: Connection, *, check: bool = False) -> bool:
         if check:
@@ -583,14 +657,129 @@ class MariadbAdapter(BaseAdapter, name="mariadb"):
 
     @contextmanager
     def read_only(self, conn: Connection) -> Iterator[None]:
-        """``START TRANSACTION READ ONLY`` ... ``ROLLBACK``: a smoke call that writes is refused
-        (1792, "Cannot execute statement in a READ ONLY transaction") and leaves nothing."""
+        """A read-only transaction, rolled back after (far-side assertions on a MariaDB far side).
+
+        ``SET SESSION TRANSACTION READ ONLY`` first, so that a transaction the called
+        code starts on its own after a ``COMMIT`` is read-only too; smoke calls and
+        run-time checks get more (``run_contained``: their own session, an XA transaction).
+        """
+        conn.execute(text("SET SESSION TRANSACTION READ ONLY"))
         conn.execute(text("START TRANSACTION READ ONLY"))
         try:
             yield
         finally:
             with suppress(sa.exc.DBAPIError):
                 conn.execute(text("ROLLBACK"))
+            with suppress(sa.exc.DBAPIError):
+                conn.execute(text("SET SESSION TRANSACTION READ WRITE"))
+
+    def run_contained(self, conn: Connection, calls: Sequence[ContainedCall],
+                      timeout: float, *, isolate: bool = True) -> list[Ran]:
+        """Each call in a session of its own, inside a read-only XA transaction, rolled back.
+
+        A session-level read-only transaction alone is not enough: a procedure
+        can ``COMMIT`` and ``START TRANSACTION READ WRITE`` (or ``SET SESSION
+        TRANSACTION READ WRITE``) and then write -- measured on 10.11.  Inside an
+        XA transaction MariaDB refuses ``COMMIT``, ``START TRANSACTION`` and every
+        statement that commits implicitly (DDL) with XAER_RMFAIL, and the session's
+        ``TRANSACTION READ ONLY`` refuses the writes (1792).  The XA id is random,
+        so called code cannot end it by name; the session's transaction counters
+        (``Com_commit``, ``Com_begin``, ``Com_xa_*``...) are read before and after,
+        and a call that moved them -- or after which the XA transaction was not
+        active any more -- is reported as ``escaped``.  ``isolate=False`` runs the
+        calls one after another in one session (run-time checks of dependents,
+        which call only functions and views: no transaction control inside).
+        """
+        out: list[Ran] = []
+        session: Connection | None = None
+        try:
+            for call in calls:
+                if session is None:
+                    session = conn.engine.connect()
+                    session.execute(text("SET SESSION TRANSACTION READ ONLY"))
+                    session.execute(text("SET SESSION max_statement_time = :t"),
+                                    {"t": max(float(timeout), 0.001)})
+                try:
+                    out.append(self._run_in_xa(session, call))
+                except sa.exc.DBAPIError as exc:  # the session could not be set up for it
+                    out.append(Ran(error=first_line(exc.orig)))
+                    session.close()
+                    session = None
+                    continue
+                if isolate:
+                    session.close()
+                    session = None
+        finally:
+            if session is not None:
+                session.close()
+        return out
+
+    _TX_COUNTERS = ("Com_begin", "Com_commit", "Com_rollback", "Com_xa_start", "Com_xa_end",
+                    "Com_xa_commit", "Com_xa_rollback", "Com_xa_prepare")
+
+    def _tx_counters(self, session: Connection) -> dict[str, int]:
+        rows = session.execute(text(
+            "SHOW SESSION STATUS WHERE Variable_name IN :n").bindparams(
+            bindparam("n", expanding=True)), {"n": list(self._TX_COUNTERS)}).all()
+        return {str(r[0]).lower(): int(r[1]) for r in rows}
+
+    def _run_in_xa(self, session: Connection, call: ContainedCall) -> Ran:
+        """One call inside its own XA transaction (random id), rolled back, counters read.
+
+        Counters move even for statements MariaDB refuses (measured on 10.11), so
+        they are read as evidence, not as the verdict: inside an active XA
+        transaction ``COMMIT``/``BEGIN``/``ROLLBACK`` are always refused
+        (XAER_RMFAIL), so a moved ``Com_commit`` is a refused attempt -- named in
+        the error; only an XA statement run by the call itself, or our ``XA END``
+        failing, means the transaction may have been left.
+        """
+        xid = f"cg_check_{os.urandom(12).hex()}"
+        ran = Ran(error="not run")
+        delta: dict[str, int] = {}
+        ended: str | None = None
+        unknown = set(call.session) - {"sql_mode", "database"}
+        if unknown:  # a failed check, never an exception in the middle of a verify
+            return Ran(error=f"unknown MariaDB session settings {sorted(unknown)}")
+        with self.session(session, dict(call.session)):
+            before = self._tx_counters(session)
+            session.execute(text("XA START :x"), {"x": xid})
+            try:
+                try:
+                    result = session.execute(text(call.sql), dict(call.binds))
+                    row = result.first() if result.returns_rows else None
+                    ran = Ran(None if row is None else tuple(row), bool(result.returns_rows))
+                except sa.exc.DBAPIError as exc:
+                    code = exc.orig.args[0] if exc.orig is not None and exc.orig.args else None
+                    ran = Ran(error=first_line(exc.orig), writes=code == 1792,
+                              timed_out=code == 1969)
+                except sa.exc.SQLAlchemyError as exc:
+                    ran = Ran(error=first_line(exc))
+                after = self._tx_counters(session)
+                delta = {k: after[k] - before.get(k, 0) - (1 if k == "com_xa_start" else 0)
+                         for k in after}
+            finally:
+                try:
+                    session.execute(text("XA END :x"), {"x": xid})
+                except sa.exc.DBAPIError as exc:
+                    code = exc.orig.args[0] if exc.orig is not None and exc.orig.args else None
+                    if code in (1397, 1399):  # XAER_NOTA, XAER_RMFAIL: not ours, not active
+                        ended = first_line(exc.orig)
+                with suppress(sa.exc.DBAPIError):
+                    session.execute(text("XA ROLLBACK :x"), {"x": xid})
+        xa = sorted(k for k, n in delta.items() if n > 0 and k.startswith("com_xa_"))
+        if xa or ended:
+            why = (f"it ran {', '.join(k.removeprefix('com_').upper() for k in xa)}"
+                   if xa else f"XA END answered {ended}")
+            return Ran(ran.row, ran.returned_rows, ran.error, ran.writes, ran.timed_out,
+                       f"it ended or left the check's transaction ({why})")
+        tried = sorted(k.removeprefix("com_").upper() for k, n in delta.items()
+                       if n > 0 and not k.startswith("com_xa_"))
+        if tried:  # refused, but code that verification runs may not even try
+            said = f"{ran.error} " if ran.error is not None else ""
+            ran = Ran(ran.row, ran.returned_rows,
+                      f"{said}(it tried to {'/'.join(tried)}; refused inside the check's XA "
+                      "transaction)", ran.writes, ran.timed_out)
+        return ran
 
     @contextmanager
     def ddl_session(self, conn: Connection, lock_timeout: float) -> Iterator[None]:

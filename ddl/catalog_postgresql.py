@@ -38,15 +38,22 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy import text
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import URL, Connection, Engine
 
 from capgate.ddl import source as srcmod
 from capgate.ddl import sqltext
 from capgate.ddl.catalog import (
     CATALOG,
+    EXECUTED,
     INVALID,
     MISSING,
+    NO_ROW,
     NOT_CHECKED,
+    NOT_RUN,
+    RAN,
+    RUN_ERROR,
+    RUN_TIMED_OUT,
+    RUN_WRITES,
     UNCHECKED,
     VALID,
     BaseAdapter,
@@ -60,6 +67,7 @@ from capgate.ddl.catalog import (
     Progress,
     first_line,
 )
+from capgate.ddl.smoke import ContainedCall, Ran, refuse
 from capgate.registry.errors import (
     ApplyFailed,
     InvalidObjectName,
@@ -69,6 +77,8 @@ from capgate.registry.errors import (
 )
 
 _RELOPTION_RE = re.compile(r"^[a-z_]+=[A-Za-z0-9_]+$")
+_BIND = re.compile(r"(?<![:\w\\]):(\w+)(?!:)")
+"""A ``:name`` bind as SQLAlchemy's ``text()`` reads it (``::type`` casts are not binds)."""
 PROBE_LOCK_TIMEOUT = "2s"
 """How long a rolled-back rendering probe waits for the object's lock."""
 
@@ -129,6 +139,25 @@ _PG_DEPEND_EDGES = (
 )
 
 
+_FIRST_TRIGGER = ("SELECT DISTINCT ON (tgfoid) tgfoid, tgrelid FROM pg_trigger "
+                  "WHERE NOT tgisinternal ORDER BY tgfoid, oid")
+"""Per trigger function, the table of its first trigger (plpgsql_check checks it against it);
+one pass over pg_trigger, joined -- not a scan of it per function."""
+_IN_SCOPE = "JOIN pg_namespace n ON n.oid = {ns} WHERE n.nspname = ANY(:s)"
+_CATALOG_VERSION = (
+    "SELECT count(*) || ':' || coalesce(sum(hashtextextended(x, 7)), 0) FROM ("
+    "SELECT 'p' || p.oid || ':' || p.xmin FROM pg_proc p "
+    + _IN_SCOPE.format(ns="p.pronamespace") +
+    " UNION ALL SELECT 'c' || c.oid || ':' || c.xmin FROM pg_class c "
+    + _IN_SCOPE.format(ns="c.relnamespace") +
+    " UNION ALL SELECT 'r' || r.oid || ':' || r.xmin FROM pg_rewrite r "
+    "JOIN pg_class c ON c.oid = r.ev_class " + _IN_SCOPE.format(ns="c.relnamespace") +
+    " UNION ALL SELECT 't' || t.oid || ':' || t.xmin FROM pg_trigger t "
+    "JOIN pg_class c ON c.oid = t.tgrelid " + _IN_SCOPE.format(ns="c.relnamespace") +
+    ") AS v(x)")
+"""The catalog digest of a sweep's scope (``catalog_version``): a new dependent is a new
+function, relation, rule or trigger row, and a replaced one a new ``xmin``."""
+
 _CLAUSE = re.compile(r"\b(SECURITY\s+(?:DEFINER|INVOKER)|SET\s+SEARCH_PATH)\b", re.IGNORECASE)
 
 
@@ -142,12 +171,38 @@ def _clauses(source: str) -> set[str]:
     return {" ".join(m.group(1).upper().split()) for m in _CLAUSE.finditer(masked)}
 
 
+def _run_verdict(result: tuple[str, str], how: str, kind: str) -> tuple[str, str]:
+    """A run check's outcome as ``ObjectStatus.run`` and its detail in words."""
+    outcome, error = result
+    if outcome == "row":
+        return RAN, f"{how} (contained, read-only)"
+    if outcome == NO_ROW:
+        if kind == "view":
+            return NO_ROW, ("fetched no row from it: the functions it applies per row did "
+                            "not run (contained, read-only)")
+        return RAN, f"{how}: no row (contained, read-only)"
+    if outcome == RUN_WRITES:
+        return RUN_WRITES, f"{how}: it tried to write and was refused -- ran up to there"
+    if outcome == RUN_TIMED_OUT:
+        return RUN_TIMED_OUT, f"{how}: stopped at the check's time limit ({error})"
+    return RUN_ERROR, error
+
+
 class PostgresqlAdapter(BaseAdapter, name="postgresql"):
     plain_identifier = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]{0,62}$")
     transactional_ddl = True
     kinds = frozenset({"function", "procedure", "aggregate", "view", "trigger"})
     fold = "lower"
     sqlglot_dialect = "postgres"
+
+    def engine(self, url: str | URL, **options: Any) -> Engine:
+        """A small pool for the loop's lifetime: a plan or an apply opens several short
+        sessions (the lock's, the working one, reads between), each a new backend without
+        one.  Nothing session-scoped is left on a returned connection: settings are ``SET
+        LOCAL``, the advisory locks are released, the pool rolls back on return."""
+        opts: dict[str, Any] = {"poolclass": sa.pool.QueuePool, "pool_size": 2,
+                                "max_overflow": 8, **options}
+        return sa.create_engine(url, **opts)
 
     # -- whose rights the code runs with -----------------------------------------------------
     def privilege_changes(self, ref: ObjectRef, base: str | None, new: str) -> list[str]:
@@ -443,6 +498,16 @@ class PostgresqlAdapter(BaseAdapter, name="postgresql"):
         src = re.sub(r"^CREATE TRIGGER\b", "CREATE OR REPLACE TRIGGER", str(row.tdef))
         return LiveObject(ObjectRef("trigger", ref.name, ref.schema, parent=str(row.relname)), src)
 
+    def catalog_version(self, conn: Connection, refs: Sequence[ObjectRef]) -> str | None:
+        """A digest (count, and the sum of 64-bit hashes -- no sort) of every function,
+        relation, rule and trigger row of the scope, each with its ``xmin``: creating,
+        replacing or dropping any of them changes it."""
+        scopes = sorted({s for r in refs for s in self.scopes(r)} | {
+            str(r.schema) for r in refs if r.schema})
+        if not scopes:
+            return None
+        return str(conn.execute(text(_CATALOG_VERSION), {"s": scopes}).scalar())
+
     def render(self, conn: Connection, ref: ObjectRef, source: str) -> str | None:
         """Apply ``source`` in a savepoint, read the catalog's rendering, roll back."""
         (probe,) = self.probe(conn, [(ref, source, {})])
@@ -453,15 +518,24 @@ class PostgresqlAdapter(BaseAdapter, name="postgresql"):
 
     def probe(self, conn: Connection,
               items: Sequence[tuple[ObjectRef, str, Mapping[str, str]]]) -> list[Probe]:
+        return self.probe_many(conn, items, ())[0]
+
+    def probe_many(self, conn: Connection,
+                   items: Sequence[tuple[ObjectRef, str, Mapping[str, str]]],
+                   after: Sequence[ObjectRef]
+                   ) -> tuple[list[Probe], dict[str, ObjectStatus] | None]:
         """Apply every source in order in one savepoint, read and check each, roll back.
 
         The savepoint holds the objects' locks for the few milliseconds this takes
         (a view's or a trigger's table lock included), and waits at most
         ``PROBE_LOCK_TIMEOUT`` for them; a timeout is reported as the source's error.
         The check is the same as verify's, so a checker's complaint about the new
-        source (a ``plpgsql_check`` false positive among them) is known at plan time.
+        source (a ``plpgsql_check`` false positive among them) is known at plan time;
+        so are the statuses of ``after`` -- the dependents, compiled and run with the new
+        code in place -- before the savepoint is rolled back.
         """
         out: list[Probe] = []
+        predicted: dict[str, ObjectStatus] = {}
         with conn.begin_nested() as sp:
             try:
                 conn.execute(text(f"SET LOCAL lock_timeout = '{PROBE_LOCK_TIMEOUT}'"))
@@ -479,9 +553,10 @@ class PostgresqlAdapter(BaseAdapter, name="postgresql"):
                         status = None if live is None else self.statuses(conn, [live.object])[
                             live.object.key]
                         out.append(Probe(rendered, status, None))
+                predicted = self.statuses(conn, list(after)) if after else {}
             finally:
                 sp.rollback()
-        return out
+        return out, predicted
 
     def execute_ddl(self, conn: Connection, ref: ObjectRef, source: str) -> None:
         """Send the DDL through the extended protocol, which runs exactly one statement.
@@ -592,22 +667,6 @@ class PostgresqlAdapter(BaseAdapter, name="postgresql"):
                     **self._validate_sql(conn, oids[half:])}
         return dict.fromkeys(oids)
 
-    def _explain(self, conn: Connection, queries: Sequence[str]) -> list[str | None]:
-        """Plan many ``SELECT``s in one ``EXPLAIN``; bisect to the failing ones."""
-        if not queries:
-            return []
-        sql = "EXPLAIN " + " UNION ALL ".join(f"(SELECT 1 FROM ({q}) AS x)" for q in queries)
-        try:
-            with conn.begin_nested() as sp:
-                conn.exec_driver_sql(sql, execution_options={"no_parameters": True}).all()
-                sp.rollback()
-        except sa.exc.DBAPIError as exc:
-            if len(queries) == 1:
-                return [first_line(exc.orig)]
-            half = len(queries) // 2
-            return self._explain(conn, queries[:half]) + self._explain(conn, queries[half:])
-        return [None] * len(queries)
-
     def status(self, conn: Connection, ref: ObjectRef) -> ObjectStatus:
         return self.statuses(conn, [ref])[ref.key]
 
@@ -616,13 +675,18 @@ class PostgresqlAdapter(BaseAdapter, name="postgresql"):
 
         PL/pgSQL functions and trigger functions (against their table):
         ``plpgsql_check_function_tb``; SQL functions: ``fmgr_sql_validator``;
-        views and aggregates: planned in one ``EXPLAIN``; other languages:
-        ``unchecked``.  Bisection finds the failing ones when a batch fails.
+        views and aggregates: run (a row fetched, a call with typed NULLs); other
+        languages: ``unchecked``.  Then the run checks of functions that can be called
+        (``_run_call``).  Every run is contained: a read-only savepoint of the caller's
+        transaction, rolled back, with the check's time limit.  Bisection finds the
+        failing ones when a batch fails.
         """
         out: dict[str, ObjectStatus] = {}
         procs: list[tuple[ObjectRef, Any]] = []
         views: list[tuple[ObjectRef, str]] = []
         plpgsql: list[tuple[ObjectRef, int, int, str]] = []
+        runs: list[tuple[str, str, str, str]] = []
+        not_run: dict[str, str] = {}
         for ref in refs:
             self.check_kind(ref)
         proc_refs = [r if r.args is not None and r.schema is not None else self.resolve(conn, r)
@@ -631,13 +695,20 @@ class PostgresqlAdapter(BaseAdapter, name="postgresql"):
             "SELECT r.k, p.oid, l.lanname, p.prokind, "
             "p.prorettype = 'trigger'::regtype AS is_trigger, "
             "p.prorettype = 'event_trigger'::regtype AS is_event_trigger, "
-            "(SELECT t.tgrelid FROM pg_trigger t WHERE t.tgfoid = p.oid AND NOT t.tgisinternal "
-            "ORDER BY t.oid LIMIT 1) AS relid "
+            "tr.tgrelid AS relid, "
+            "quote_ident(ns.nspname) || '.' || quote_ident(p.proname) AS qname, p.pronargs, "
+            "p.proisstrict, p.provariadic <> 0 AS variadic, "
+            "(SELECT typtype = 'p' AND oid NOT IN ('void'::regtype, 'record'::regtype) "
+            "FROM pg_type WHERE oid = p.prorettype) AS pseudo_result, "
+            "EXISTS (SELECT 1 FROM unnest(p.proargtypes) a JOIN pg_type ty ON ty.oid = a "
+            "WHERE ty.typtype = 'p') AS pseudo_args, "
+            "ARRAY(SELECT format_type(a, NULL) FROM unnest(p.proargtypes) a) AS argtypes "
             "FROM unnest(CAST(:k AS text[]), CAST(:s AS text[]), CAST(:n AS text[]), "
             "CAST(:a AS text[])) AS r(k, s, n, a) "
             "JOIN pg_namespace ns ON ns.nspname = r.s "
             "JOIN pg_proc p ON p.pronamespace = ns.oid AND p.proname = r.n "
-            "AND oidvectortypes(p.proargtypes) = r.a JOIN pg_language l ON l.oid = p.prolang"),
+            "AND oidvectortypes(p.proargtypes) = r.a JOIN pg_language l ON l.oid = p.prolang "
+            f"LEFT JOIN ({_FIRST_TRIGGER}) tr ON tr.tgfoid = p.oid"),
             {"k": [r.key for r in proc_refs], "s": [r.schema for r in proc_refs],
              "n": [r.name for r in proc_refs], "a": [r.args or "" for r in proc_refs]}).all()}
         for orig, ref in zip([r for r in refs if r.kind in _PROC_KINDS], proc_refs, strict=True):
@@ -660,7 +731,8 @@ class PostgresqlAdapter(BaseAdapter, name="postgresql"):
             if vrow is None:
                 out[orig.key] = ObjectStatus(orig, MISSING, (), "pg_class", CATALOG)
             else:
-                views.append((orig, f"SELECT 1 FROM {vrow.qs}.{vrow.qn} LIMIT 0"))
+                views.append((orig, f"SELECT coalesce(length(x::text), 0) FROM "
+                              f"{vrow.qs}.{vrow.qn} x LIMIT 1"))
         for ref in refs:
             if ref.kind != "trigger":
                 continue
@@ -683,8 +755,16 @@ class PostgresqlAdapter(BaseAdapter, name="postgresql"):
                                 "plpgsql_check_function_tb"))
         sql_fns: list[tuple[ObjectRef, int]] = []
         for ref, row in procs:
+            call = self._run_call(row)
+            if isinstance(call, tuple):
+                runs.append((ref.key, *call, "function"))
+            else:
+                not_run[ref.key] = call
             if row.prokind == "a":
-                views.append((ref, self._aggregate_probe(conn, int(row.oid))))
+                probe = self._aggregate_probe(conn, int(row.oid))
+                views.append((ref, f"SELECT coalesce(length(x.a::text), 0) FROM "
+                                   f"({probe.removesuffix(' LIMIT 0')}) AS x(a)"))
+                not_run.pop(ref.key, None)
             elif row.lanname == "plpgsql":
                 if row.is_event_trigger:
                     out[ref.key] = ObjectStatus(ref, UNCHECKED, (),
@@ -715,13 +795,92 @@ class PostgresqlAdapter(BaseAdapter, name="postgresql"):
         for ref, o in sql_fns:
             err = validated[o]
             out[ref.key] = ObjectStatus(ref, INVALID if err else VALID,
-                                        (err,) if err else (), "fmgr_sql_validator")
-        planned = self._explain(conn, [q for _, q in views])
-        for (ref, _), err in zip(views, planned, strict=True):
-            method = "EXPLAIN of a call" if ref.kind == "aggregate" else "EXPLAIN"
-            out[ref.key] = ObjectStatus(ref, INVALID if err else VALID,
-                                        (err,) if err else (), method)
+                                        (err,) if err else (), "fmgr_sql_validator",
+                                        covers=False)
+        # a view (an aggregate) is checked by running it: a row fetched (a call with typed
+        # NULLs), planned and executed in one go -- EXPLAIN would only plan it, and not run
+        # the functions under it; a failure is the object's error, as a compile error was
+        fetched = self._run_checks(conn, [q for _, q in views])
+        for (ref, _), (outcome, error) in zip(views, fetched, strict=True):
+            how = "called it with NULL arguments" if ref.kind == "aggregate" else \
+                "fetched a row from it"
+            if outcome == RUN_ERROR:
+                out[ref.key] = ObjectStatus(ref, INVALID, (error,), f"{how} (contained)",
+                                            EXECUTED)
+                continue
+            run, detail = _run_verdict((outcome, error), how, ref.kind)
+            out[ref.key] = ObjectStatus(ref, VALID, (), "planned and run", EXECUTED,
+                                        covers=False, run=run, run_detail=detail)
+        # the run checks of functions: what compiles may still fail when it runs (a record
+        # function whose result changed shape under a SQL function) -- compiled ones only
+        todo = [r for r in runs if out.get(r[0]) is not None and out[r[0]].ok]
+        for (key, _, how, kind), result in zip(todo, self._run_checks(conn, [
+                r[1] for r in todo]), strict=True):
+            out[key] = out[key].with_run(*_run_verdict(result, how, kind))
+        for key, why in not_run.items():
+            if key in out and out[key].ok and out[key].run is None:
+                out[key] = out[key].with_run(NOT_RUN, why)
         return out
+
+    @staticmethod
+    def _run_call(row: Any) -> tuple[str, str] | str:
+        """The contained call that runs one function, and what it does; or why none is made.
+
+        A function without arguments is called; a ``LANGUAGE sql`` function that is not
+        STRICT is called with typed NULLs (its body runs -- a record function read with a
+        column list that no longer matches fails here, which ``fmgr_sql_validator``
+        does not see).  Procedures, trigger functions, STRICT functions with
+        arguments, variadic and polymorphic ones are not called.
+        """
+        if row.prokind == "p":
+            return "a procedure is not called by the check (CALL could do anything it may)"
+        if row.prokind == "a":
+            return ""
+        if row.pseudo_result:
+            return "returns a pseudo-type (trigger, internal...): it cannot be called alone"
+        if row.variadic or row.pseudo_args:
+            return "takes variadic or polymorphic arguments: no call can be written for it"
+        if int(row.pronargs) == 0:
+            call, how = f"{row.qname}()", "called it"
+        elif row.lanname != "sql":
+            return (f"takes arguments: not called ({row.lanname} bodies are checked by "
+                    "their checker)" if row.lanname == "plpgsql" else
+                    f"takes arguments: not called (language {row.lanname})")
+        elif row.proisstrict:
+            return "STRICT with arguments: a call with NULL arguments would not run its body"
+        else:
+            nulls = ", ".join(f"NULL::{t}" for t in row.argtypes)
+            call, how = f"{row.qname}({nulls})", "called it with NULL arguments"
+        return (f"SELECT coalesce(length(s.r::text), 0) FROM (SELECT {call} AS r) AS s "
+                "LIMIT 1", how)
+
+    def _run_checks(self, conn: Connection, queries: Sequence[str]) -> list[tuple[str, str]]:
+        """Run many one-row queries in one statement, contained; bisect to the failing ones.
+
+        In a read-only savepoint of the caller's transaction (the verification's: it sees
+        the new code) with the loop's time limit per statement; always rolled back.
+        Returns per query ``(outcome, detail)``: ``row`` / ``no_row`` / ``error`` /
+        ``writes`` / ``timed_out`` and the error's first line.
+        """
+        if not queries:
+            return []
+        sql = " UNION ALL ".join(f"SELECT {i} AS i, ({q}) AS v" for i, q in enumerate(queries))
+        try:
+            with conn.begin_nested() as sp:
+                conn.execute(text("SET LOCAL transaction_read_only = on"))
+                conn.execute(text(f"SET LOCAL statement_timeout = '{_ms(self.run_timeout)}'"))
+                rows = conn.exec_driver_sql(sql, execution_options={"no_parameters": True}).all()
+                sp.rollback()
+        except sa.exc.DBAPIError as exc:
+            if len(queries) == 1:
+                state = getattr(exc.orig, "sqlstate", None)
+                kind = {"25006": RUN_WRITES, "57014": RUN_TIMED_OUT}.get(str(state), RUN_ERROR)
+                return [(kind, first_line(exc.orig))]
+            half = len(queries) // 2
+            return self._run_checks(conn, queries[:half]) + self._run_checks(
+                conn, queries[half:])
+        got = {int(r[0]): r[1] for r in rows}
+        return [("row" if got.get(i) is not None else NO_ROW, "") for i in range(len(queries))]
 
     def _aggregate_probe(self, conn: Connection, oid: int) -> str:
         """A call of the aggregate with typed NULLs, for EXPLAIN (ordered-set ones included)."""
@@ -846,11 +1005,11 @@ class PostgresqlAdapter(BaseAdapter, name="postgresql"):
         and the functions whose body the checker could not read at all."""
         cands = conn.execute(text(
             "SELECT p.oid, p.proname, n.nspname, oidvectortypes(p.proargtypes) AS args, "
-            "p.prokind, COALESCE((SELECT t.tgrelid FROM pg_trigger t WHERE t.tgfoid = p.oid "
-            "AND NOT t.tgisinternal ORDER BY t.oid LIMIT 1), 0) AS relid, "
+            "p.prokind, COALESCE(tr.tgrelid, 0) AS relid, "
             "p.prorettype = 'trigger'::regtype AS is_trigger, p.prosrc "
             "FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
             "JOIN pg_language l ON l.oid = p.prolang "
+            f"LEFT JOIN ({_FIRST_TRIGGER}) tr ON tr.tgfoid = p.oid "
             "WHERE l.lanname = 'plpgsql' AND n.nspname = ANY(:s) "
             "AND p.prorettype <> 'event_trigger'::regtype"), {"s": list(scopes)}).all()
         cands = [c for c in cands if not (c.is_trigger and not c.relid)]
@@ -1159,6 +1318,136 @@ class PostgresqlAdapter(BaseAdapter, name="postgresql"):
             finally:
                 if sp.is_active:
                     sp.rollback()
+
+    # -- smoke calls and run-time checks: contained in a read-only savepoint -------------------
+    def check_smoke(self, name: str, sql: str) -> None:
+        """One ``SELECT`` (``VALUES``, ``WITH ... SELECT``) or one ``CALL``, by PostgreSQL's parser.
+
+        Refused (CG531): more than one statement (sent over the simple protocol a
+        ``SELECT ...; COMMIT; UPDATE ...`` would commit the verification), any
+        other statement (``COMMIT``, ``SAVEPOINT``, ``SET``, DDL, ``DO``...), a
+        ``SELECT ... INTO`` (it creates a table) and a data-modifying ``WITH``.
+        """
+        from pglast import parse_sql
+        from pglast.parser import ParseError
+        from pglast.visitors import Visitor
+
+        # ``:name`` binds (SQLAlchemy's text() syntax) read as the server's ``$n`` parameters
+        numbered: dict[str, int] = {}
+        positional = _BIND.sub(
+            lambda m: f"${numbered.setdefault(m.group(1), len(numbered) + 1)}", sql)
+        try:
+            stmts = parse_sql(positional)
+        except ParseError as exc:
+            raise refuse(name, sql, f"it does not parse ({exc})") from None
+        if len(stmts) != 1:
+            raise refuse(name, sql, "it is empty" if not stmts else
+                         f"it holds {len(stmts)} statements")
+        stmt: Any = stmts[0].stmt
+        kind = type(stmt).__name__
+        if kind == "CallStmt":
+            return
+        if kind != "SelectStmt":
+            word = {"TransactionStmt": "transaction control", "VariableSetStmt": "a SET",
+                    "DoStmt": "a DO block", "InsertStmt": "an INSERT", "UpdateStmt": "an UPDATE",
+                    "DeleteStmt": "a DELETE", "MergeStmt": "a MERGE"}.get(kind, kind)
+            raise refuse(name, sql, f"it is {word}")
+        if stmt.intoClause is not None:
+            raise refuse(name, sql, "SELECT ... INTO creates a table")
+
+        class _Writes(Visitor):
+            found: list[str] = []
+
+            def visit_InsertStmt(self, ancestors: Any, node: Any) -> None:
+                self.found.append("INSERT")
+
+            def visit_UpdateStmt(self, ancestors: Any, node: Any) -> None:
+                self.found.append("UPDATE")
+
+            def visit_DeleteStmt(self, ancestors: Any, node: Any) -> None:
+                self.found.append("DELETE")
+
+            def visit_MergeStmt(self, ancestors: Any, node: Any) -> None:
+                self.found.append("MERGE")
+
+        writes = _Writes()
+        writes.found = []
+        writes(stmts)
+        if writes.found:
+            raise refuse(name, sql, f"it holds a data-modifying {writes.found[0]}")
+
+    def _transaction_id(self, conn: Connection) -> tuple[str, str | None]:
+        """The verification transaction's identity: its start time and its id, if assigned."""
+        row = conn.execute(text("SELECT transaction_timestamp()::text, "
+                                "pg_current_xact_id_if_assigned()::text")).one()
+        return str(row[0]), None if row[1] is None else str(row[1])
+
+    def run_contained(self, conn: Connection, calls: Sequence[ContainedCall],
+                      timeout: float, *, isolate: bool = True) -> list[Ran]:
+        """Each call as one statement over the extended protocol, in a read-only savepoint.
+
+        Inside the caller's transaction (the verification's, which holds the new
+        code): ``SET LOCAL transaction_read_only`` (a transaction that already
+        wrote may still become read-only; the reverse is refused, inside a
+        subtransaction always) and ``statement_timeout``, then the statement
+        sent with ``prepare=True`` -- Parse/Bind/Execute, which runs exactly one
+        statement -- and the savepoint rolled back.  The transaction's identity
+        (start time and id) is compared before and after: a call that ended it
+        is reported as ``escaped``, never as a plain failure.
+        """
+        out: list[Ran] = []
+        for call in calls:
+            if call.session:  # a failed check, never an exception in the middle of a verify
+                out.append(Ran(error=f"PostgreSQL takes no session settings for a check "
+                                     f"({', '.join(sorted(call.session))})"))
+                continue
+            before = self._transaction_id(conn)
+            ran = Ran(error="not run")
+            sp = conn.begin_nested()
+            rollback_error: str | None = None
+            try:
+                conn.execute(text("SET LOCAL transaction_read_only = on"))
+                conn.execute(text(f"SET LOCAL statement_timeout = '{_ms(timeout)}'"))
+                ran = self._run_extended(conn, call)
+            finally:
+                try:
+                    if sp.is_active:
+                        sp.rollback()
+                except sa.exc.DBAPIError as exc:
+                    rollback_error = first_line(exc.orig)
+            after = None if rollback_error else self._transaction_id(conn)
+            if rollback_error or after != before:
+                why = (f"the savepoint was gone afterwards ({rollback_error})" if rollback_error
+                       else "the verification transaction was not the same one afterwards")
+                ran = Ran(ran.row, ran.returned_rows, ran.error, ran.writes, ran.timed_out,
+                          f"it ended the verification transaction: {why}")
+            out.append(ran)
+        return out
+
+    def _run_extended(self, conn: Connection, call: ContainedCall) -> Ran:
+        """One statement, Parse/Bind/Execute (``prepare=True``), binds from ``:name``."""
+        import psycopg
+
+        try:
+            compiled = sa.text(call.sql).compile(dialect=conn.dialect)
+            params = compiled.construct_params(dict(call.binds))
+        except sa.exc.SQLAlchemyError as exc:
+            return Ran(error=first_line(exc))
+        dbapi: Any = conn.connection.dbapi_connection
+        assert dbapi is not None
+        cur = dbapi.cursor()
+        try:
+            cur.execute(compiled.string, dict(params), prepare=True)
+            if cur.description is None:
+                return Ran(None, False)
+            row = cur.fetchone()
+            return Ran(None if row is None else tuple(row), True)
+        except psycopg.Error as exc:
+            state = getattr(exc, "sqlstate", None)
+            return Ran(error=first_line(exc), writes=state == "25006",
+                       timed_out=state == "57014")
+        finally:
+            cur.close()
 
     # -- locks -----------------------------------------------------------------------------
     @staticmethod

@@ -42,6 +42,7 @@ from capgate.ddl.catalog import (
     LiveObject,
     ObjectRef,
     ObjectStatus,
+    Probe,
     Progress,
     adapter_for,
     first_line,
@@ -59,6 +60,7 @@ from capgate.ddl.results import (
     FAILED,
     PASSED,
     ROLLED_BACK,
+    UNVERIFIED,
     WARNING,
     Change,
     Check,
@@ -76,6 +78,7 @@ from capgate.ddl.results import (
     judge,
 )
 from capgate.ddl.signature import RECIPE, Signature, diff, sign
+from capgate.ddl.smoke import ContainedCall, Ran
 from capgate.ddl.snapshots import Snapshot, SnapshotStore
 from capgate.registry.errors import (
     ApplyFailed,
@@ -83,9 +86,11 @@ from capgate.registry.errors import (
     DdlProhibition,
     LockNotAcquired,
     MergeRequired,
+    NothingToApply,
     ObjectNotFound,
     PlanTampered,
     SchemaWideRecompile,
+    SmokeNotContained,
     SourceDoesNotParse,
     VerifyFailed,
     error_details,
@@ -176,6 +181,7 @@ class DdlLoop:
         scope: Sequence[str] | None = None,
         target_label: str | None = None,
         lock_timeout: float = 10.0,
+        check_timeout: float = 30.0,
         progress: Progress | None = None,
         far_side: Mapping[str, str | URL] | None = None,
         engine_options: Mapping[str, Any] | None = None,
@@ -189,6 +195,9 @@ class DdlLoop:
         :param target_label: the target's name in plans and lock keys (default: the URL
             without password).
         :param lock_timeout: seconds to wait for the per-object session lock.
+        :param check_timeout: seconds one contained call may run (a smoke call, a fetch
+            from a dependent view, a call of a dependent function) before the database
+            stops it.
         :param progress: ``progress(done, total, label)`` during dependent sweeps.
         :param far_side: database link name -> URL of the far database, for remote
             dependents and far-side steps.
@@ -201,8 +210,10 @@ class DdlLoop:
         self.sink: DdlEventSink = sink or NullSink()
         self.target = target_label or _redacted(self.url)
         self.lock_timeout = lock_timeout
+        self.check_timeout = check_timeout
         self.progress = progress
         self.far_side = {k: make_url(v) for k, v in (far_side or {}).items()}
+        self.adapter.run_timeout = check_timeout
         self.engine: Engine = self.adapter.engine(self.url, **dict(engine_options or {}))
 
     # -- plumbing ----------------------------------------------------------------------------
@@ -356,6 +367,8 @@ class DdlLoop:
         """
         if not changes:
             raise ValueError("a plan needs at least one change")
+        for call in smoke:  # what verification runs must be containable: refused now
+            self.adapter.check_smoke(call.name, call.sql)
         if bind and set(bind) & PLAN_FIELDS:
             raise ValueError(f"bind may not set the plan's own fields "
                              f"{sorted(set(bind) & PLAN_FIELDS)}")
@@ -400,9 +413,26 @@ class DdlLoop:
                 warnings += self.adapter.preconditions(conn, ref, ch.source, attributes,
                                                        live is not None)
                 prepared.append((ch, ref, live, live_sig, base, attributes))
-            probes = self.adapter.probe(conn, [(ref, ch.source, attrs)
-                                               for ch, ref, _, _, _, attrs in prepared]) \
-                if render else [None] * len(prepared)
+            # the dependents and their statuses before, then the sources tried (where the
+            # engine can) with the dependents checked under them: what the change breaks and
+            # what no check covers is known before anyone approves it
+            plan_keys = {r.key for r in refs}
+            catalog = self.adapter.catalog_version(conn, refs)
+            found = [d for d in self.adapter.dependents_many(conn, refs, self.progress)
+                     if d.object.key not in plan_keys]
+            recompile_objects = self._recompile_objects(conn, recompile)
+            checked = [d.object for d in found] + [
+                r for r in recompile_objects if r.key not in {d.object.key for d in found}]
+            before = self.adapter.statuses(conn, checked)
+            probes: Sequence[Probe | None]
+            predicted: dict[str, ObjectStatus] | None = None
+            changed_after: dict[str, ObjectStatus] = {}
+            if render:
+                probes, predicted = self.adapter.probe_many(
+                    conn, [(ref, ch.source, attrs) for ch, ref, _, _, _, attrs in prepared],
+                    checked)
+            else:
+                probes = [None] * len(prepared)
             for (ch, ref, live, live_sig, base, attributes), probe in zip(
                     prepared, probes, strict=True):
                 base_sig = self.snapshot_signature(base)
@@ -433,6 +463,8 @@ class DdlLoop:
                                    "ddl.accepted_warnings declares it")
                             warnings.append(f"{ref.key}: {probe.status.method} reports for the "
                                             f"new source: {f['error']} -- {why}")
+                if probe is not None and probe.status is not None:
+                    changed_after[ref.key] = probe.status
                 status_before = self._status(conn, ref) if live is not None else None
                 state = self.adapter.holds_state(ref, live.source if live else "")
                 state += [s for s in self.adapter.holds_state(ref, ch.source) if s not in state]
@@ -475,15 +507,12 @@ class DdlLoop:
                                               entry.get("rendered_source"),
                                               attributes).to_dict())
                 objects.append(entry)
-            plan_keys = {r.key for r in refs}
-            found = [d for d in self.adapter.dependents_many(conn, refs, self.progress)
-                     if d.object.key not in plan_keys]
-            before = self.adapter.statuses(conn, [d.object for d in found])
+            unverified = self._unverified(objects, changed_after, found, recompile_objects,
+                                          before, predicted, accepted, warnings)
             for d in found:
                 row = d.to_dict()
                 row["status_before"] = before[d.object.key].to_dict()
                 deps.setdefault(d.object.key, row)
-            recompile_objects = self._recompile_objects(conn, recompile)
             if search_callers:
                 for ref in refs:
                     searches.append(self.adapter.search_callers(conn, ref).to_dict())
@@ -516,14 +545,26 @@ class DdlLoop:
             "recompile": list(recompile),
             "recompile_objects": [r.to_dict() for r in recompile_objects],
             "accepted_warnings": accepted,
+            "unverified": unverified,
             "warnings": warnings,
             "approval": {"required": True, "reason": "DDL rows are gated: a person approves "
                          "this plan hash before it is applied"},
         }
+        if catalog is not None:
+            data["catalog_version"] = catalog
         data.update(bind or {})
         data["prohibitions"] = prohibitions.summary(data)
         data["plan_hash"] = plan_hash(data)
         plan = DdlPlan.from_dict(data)
+        if refuse and all(p["passed"] for p in data["prohibitions"]) and all(
+                o["change"] == "replace" and o["live_signature"] == (
+                    o["expected_signature"] or o["new_signature"]) for o in plan.objects):
+            keys = [str(o["key"]) for o in plan.objects]
+            raise NothingToApply(
+                f"nothing to apply: {', '.join(keys)} already "
+                f"{'is' if len(keys) == 1 else 'are'} the new source (live signature equals "
+                "the planned one); nothing was planned",
+                objects=keys, live={str(o["key"]): o["live_signature"] for o in plan.objects})
         self._emit(ev.PLANNED, {"plan_hash": plan.plan_hash,
                                 "objects": [o["key"] for o in plan.objects],
                                 "snapshot_ids": [o["base_snapshot_id"] for o in plan.objects],
@@ -537,6 +578,46 @@ class DdlLoop:
                                         "message": exc.message})
                 raise
         return plan
+
+    def _unverified(
+        self, objects: Sequence[Mapping[str, Any]], changed_after: Mapping[str, ObjectStatus],
+        found: Sequence[Dependent], recompile: Sequence[ObjectRef],
+        before: Mapping[str, ObjectStatus],
+        predicted: Mapping[str, ObjectStatus] | None, accepted: Sequence[Mapping[str, Any]],
+        warnings: list[str],
+    ) -> list[dict[str, Any]]:
+        """What the plan lists as unverified (and, as warnings, the dependents it breaks).
+
+        Each object is judged as the apply will judge it: under the new sources where
+        the engine could try them (``predicted``), else by its status now (an engine
+        whose DDL commits cannot try first; whether a check can be made rarely depends
+        on the change).  Approving the plan accepts exactly the objects listed.
+        """
+        out: list[dict[str, Any]] = []
+        for o in objects:
+            if o.get("status_before") is None:
+                continue
+            ref = ObjectRef.from_dict(o["object"])
+            now = ObjectStatus.from_dict(ref, o["status_before"])
+            after = changed_after.get(ref.key, now)
+            c = judge("compile", ref.key, after, now, accepted, same_as_before_is_fine=False)
+            if c.verdict == UNVERIFIED:
+                out.append({"object": ref.key, "role": "changed", "why": c.detail})
+        roles = [(d.object, "dependent") for d in found] + [(r, "recompile") for r in recompile]
+        seen: set[str] = set()
+        for ref, role in roles:
+            if ref.key in seen or ref.key not in before:
+                continue
+            seen.add(ref.key)
+            now = before[ref.key]
+            after = now if predicted is None else predicted.get(ref.key, now)
+            c = judge(role, ref.key, after, now, accepted)
+            if c.verdict == UNVERIFIED:
+                out.append({"object": ref.key, "role": role, "why": c.detail})
+            elif c.verdict == FAILED and predicted is not None:
+                warnings.append(f"{ref.key}: the new source breaks this {role}: {c.detail} -- "
+                                "the apply will fail its verify and be undone")
+        return out
 
     def _refuse_create_over_existing(self, ref: ObjectRef, source: str,
                                      live: LiveObject | None) -> None:
@@ -667,6 +748,7 @@ class DdlLoop:
                 target=self.target,
             )
         prohibitions.refuse(plan.to_dict(), {"plan_hash": plan.plan_hash})
+        self._check_smokes(plan)
         items = [_Item.from_plan(o) for o in plan.objects]
         snaps = {it.key: self.store.get(it.base_snapshot_id) for it in items}
         for it in items:
@@ -676,6 +758,12 @@ class DdlLoop:
             if self.adapter.transactional_ddl:
                 return self._execute_transactional(plan, items, snaps, on_apply_started)
             return self._execute_committing(plan, items, snaps, on_apply_started)
+
+    def _check_smokes(self, plan: DdlPlan) -> None:
+        """Refuse (CG531), before any DDL runs, a plan whose smoke calls could not be contained
+        (a plan recorded before capgate checked them when planning)."""
+        for s in plan.smoke:
+            self.adapter.check_smoke(str(s["name"]), str(s["sql"]))
 
     def _dependent_refs(
         self, conn: Connection, plan: DdlPlan, items: Sequence[_Item]
@@ -754,28 +842,43 @@ class DdlLoop:
                                                  transactional=True)
             applied, failure, report, after, error = self._apply_and_verify(
                 conn, plan, items, dep_refs, before, far_side=False, then="rolled back")
-            if error is not None:
-                conn.rollback()
-                if failure is None and report is not None:
-                    self._emit(ev.VERIFY_FAILED, {"plan_hash": ph, "checks": [
-                        c.to_dict() for c in report.failures]})
-                restored = self._restored(items, snaps)
-                self._emit(ev.ROLLED_BACK, {"plan_hash": ph, "restored": restored,
+            if error is None:
+                self._emit(ev.VERIFIED, {"plan_hash": ph,
+                                         "checks": len(report.checks) if report else 0,
+                                         "counts": report.counts() if report else {}})
+                conn.commit()
+                self._emit(ev.COMMITTED, {"plan_hash": ph})
+            else:
+                with suppress(sa.exc.DBAPIError, sa.exc.InvalidRequestError):
+                    conn.rollback()
+        if error is not None:
+            if failure is None and report is not None:
+                self._emit(ev.VERIFY_FAILED, {"plan_hash": ph, "checks": [
+                    c.to_dict() for c in report.failures]})
+            escapes = _escape_causes(report)
+            restored = self._restored(items, snaps)
+            if restored and not escapes:
+                self._emit(ev.ROLLED_BACK, {"plan_hash": ph, "restored": True,
                                             "error": error_details(error)})
                 return self._finish(self._outcome(ROLLED_BACK, plan, applied, items, dep_refs,
-                                                  before, after, report, None, error, restored))
-            self._emit(ev.VERIFIED, {"plan_hash": ph,
-                                     "checks": len(report.checks) if report else 0,
-                                     "counts": report.counts() if report else {}})
-            conn.commit()
-            self._emit(ev.COMMITTED, {"plan_hash": ph})
+                                                  before, after, report, None, error, True))
+            # "rolled back" only when the catalog says so.  Here the rollback did not bring
+            # the snapshots back (something ended the verification transaction), so the
+            # change is compensated like a committed one -- and escalated when code run
+            # during verification may have committed writes of its own.
+            self._emit(ev.ROLLBACK_INCOMPLETE, {"plan_hash": ph, "restored": restored,
+                                                "escapes": escapes,
+                                                "error": error_details(error)})
+            return self._compensate_outcome(plan, items, snaps, dep_refs, before, after,
+                                            applied, report, error, escalate=escapes)
         far = self._far_side_checks(plan)
         if far and not all(c.passed for c in far):
             report = VerifyReport((report.checks if report else ()) + tuple(far))
             error = VerifyFailed(f"far-side step failed after commit: {_failure_text(report)}",
                                  plan_hash=ph, checks=[c.to_dict() for c in report.failures])
             return self._compensate_outcome(plan, items, snaps, dep_refs, before, after,
-                                            applied, report, error)
+                                            applied, report, error,
+                                            escalate=_escape_causes(report))
         if far:
             report = VerifyReport((report.checks if report else ()) + tuple(far))
         bases = self._record_bases(items, plan, before)
@@ -798,11 +901,26 @@ class DdlLoop:
             if transactional:
                 conn.rollback()
             raise self._refuse_merge(plan, pre)
-        self._emit(ev.PREFLIGHT, {"plan_hash": ph, "live": dict(pre.live), "ok": True})
-        dep_refs = self._dependent_refs(conn, plan, items)
         extra = [ObjectRef.from_dict(r) for r in plan.recompile_objects or ()]
-        before = self._statuses(conn, [it.ref for it in items] + dep_refs + [
-            r for r in extra if r.key not in {d.key for d in dep_refs}])
+        as_planned = plan.catalog_version is not None and plan.catalog_version == \
+            self.adapter.catalog_version(conn, [it.ref for it in items])
+        self._emit(ev.PREFLIGHT, {"plan_hash": ph, "live": dict(pre.live), "ok": True,
+                                  "catalog": "as planned" if as_planned else "swept again"})
+        if as_planned:
+            # nothing in the scope's catalog moved since the plan: its dependents are still
+            # the dependents, and their statuses then are their statuses before (for a run
+            # check that depends on data, an older "before" can only make a failure more
+            # likely to be blamed on this change, never excuse one)
+            dep_refs = sorted((ObjectRef.from_dict(d["object"]) for d in plan.dependents
+                               if not d.get("remote")), key=lambda r: r.key)
+            before = _plan_before(plan)
+            missing = [r for r in [it.ref for it in items] + dep_refs + extra
+                       if r.key not in before]
+            before.update(self._statuses(conn, missing))
+        else:
+            dep_refs = self._dependent_refs(conn, plan, items)
+            before = self._statuses(conn, [it.ref for it in items] + dep_refs + [
+                r for r in extra if r.key not in {d.key for d in dep_refs}])
         snapshot_ids = [it.base_snapshot_id for it in items]
         if on_apply_started is not None:
             on_apply_started(snapshot_ids)
@@ -852,7 +970,8 @@ class DdlLoop:
                     c.to_dict() for c in report.failures]})
         if error is not None:
             return self._compensate_outcome(plan, items, snaps, dep_refs, before, after,
-                                            applied, report, error)
+                                            applied, report, error,
+                                            escalate=_escape_causes(report))
         self._emit(ev.VERIFIED, {"plan_hash": ph, "checks": len(report.checks) if report else 0,
                                  "counts": report.counts() if report else {}})
         bases = self._record_bases(items, plan, before)
@@ -863,9 +982,9 @@ class DdlLoop:
         self, plan: DdlPlan, items: list[_Item], snaps: Mapping[str, Snapshot],
         dep_refs: list[ObjectRef], before: Mapping[str, ObjectStatus],
         after: Mapping[str, ObjectStatus], applied: list[ObjectApply],
-        report: VerifyReport | None, error: DdlErrorLike,
+        report: VerifyReport | None, error: DdlErrorLike, *, escalate: Sequence[str] = (),
     ) -> DdlOutcome:
-        comp = self._compensate(plan, items, snaps, dep_refs, before)
+        comp = self._compensate(plan, items, snaps, dep_refs, before, escalate)
         if comp.ok:
             return self._finish(self._outcome(COMPENSATED, plan, applied, items, dep_refs,
                                               before, after, report, comp, error, True))
@@ -970,6 +1089,8 @@ class DdlLoop:
             for ref in extra:
                 checks.append(judge("recompile", ref.key, rec.get(ref.key), before.get(ref.key),
                                     accepted))
+        if not restoring:
+            checks = _accept_listed_unverified(checks, plan)
         if smoke:
             checks += self._smoke(conn, plan)
         if far_side:
@@ -977,39 +1098,23 @@ class DdlLoop:
         return VerifyReport(tuple(checks)), after
 
     def _smoke(self, conn: Connection, plan: DdlPlan) -> list[Check]:
-        """Each smoke call in an engine-enforced read-only transaction, rolled back after.
+        """Each smoke call run contained (``adapter.run_contained``), nothing of it kept.
 
-        A call that writes fails (the engine refuses the write) and leaves nothing;
-        a call that returns no rows (or no result set, like ``CALL``) is a result like
-        any other -- it passes unless the call declared an ``expect``.
+        Its SQL was checked again before anything ran (``_check_smokes``: a plan
+        recorded before the rule never runs a ``COMMIT``).  A call whose code tries to write
+        fails (the engine refuses the write) and leaves nothing; a call that returns
+        no rows (or no result set, like ``CALL``) passes unless it declared an
+        ``expect``; a call that left its containment is a failed, ``escaped`` check.
         """
         out: list[Check] = []
-        for s in plan.smoke:
-            name = f"smoke:{s['name']}"
-            binds = dict(s.get("binds") or {})
-            expect = s.get("expect")
-            try:
-                with self.adapter.session(conn, dict(s.get("session") or {})), \
-                        self.adapter.read_only(conn):
-                    result = conn.execute(sa.text(s["sql"]), binds)
-                    row = result.first() if result.returns_rows else None
-            except sa.exc.DBAPIError as exc:
-                out.append(Check(name, str(s["name"]), FAILED,
-                                 f"error: {first_line(exc.orig)}", EXECUTED))
-                continue
-            except sa.exc.SQLAlchemyError as exc:
-                out.append(Check(name, str(s["name"]), FAILED, f"error: {exc}", EXECUTED))
-                continue
-            if row is None:
-                ok = expect is None
-                detail = "returned no rows" + ("" if ok else f", expected {expect!r}")
-            else:
-                value = row[0]
-                ok = expect is None or _same(value, expect)
-                detail = f"returned {value!r}" + ("" if expect is None
-                                                   else f", expected {expect!r}")
-            out.append(Check(name, str(s["name"]), PASSED if ok else FAILED,
-                             detail + " (read-only transaction)", EXECUTED))
+        if not plan.smoke:
+            return out
+        calls = [ContainedCall(str(s["sql"]), dict(s.get("binds") or {}),
+                               {str(k): str(v) for k, v in (s.get("session") or {}).items()})
+                 for s in plan.smoke]
+        ran = self.adapter.run_contained(conn, calls, self.check_timeout)
+        for s, r in zip(plan.smoke, ran, strict=True):
+            out.append(_smoke_check(f"smoke:{s['name']}", str(s["name"]), r, s.get("expect")))
         return out
 
     def _far_side_checks(self, plan: DdlPlan) -> list[Check]:
@@ -1033,14 +1138,10 @@ class DdlLoop:
                                              f"far-side recompile: {st.state} {st.errors}",
                                              st.checked))
                             continue
-                    with far_adapter.read_only(far):
-                        result = far.execute(sa.text(s["assertion"]))
-                        row = result.first() if result.returns_rows else None
-                    value = None if row is None else row[0]
-                    ok = _same(value, s.get("expect"))
-                    out.append(Check(name, str(s["dependent"]), PASSED if ok else FAILED,
-                                     f"assertion returned {value!r}, expected "
-                                     f"{s.get('expect')!r} (read-only transaction)", EXECUTED))
+                    (r,) = far_adapter.run_contained(far, [ContainedCall(str(s["assertion"]))],
+                                                     self.check_timeout)
+                    out.append(_smoke_check(name, str(s["dependent"]), r, s.get("expect"),
+                                            what="assertion returned", exact=True))
                     far.rollback()
             except sa.exc.DBAPIError as exc:
                 out.append(Check(name, str(s["dependent"]), FAILED,
@@ -1102,20 +1203,33 @@ class DdlLoop:
     def verify(self, plan: PlanLike) -> VerifyReport:
         """Check the live state against the plan: compile status, landed text, dependents, smoke."""
         plan = DdlPlan.of(plan)
+        refused: list[Check] = []
+        try:
+            self._check_smokes(plan)
+        except SmokeNotContained as exc:  # a plan recorded before the rule: not run, failed
+            refused = [Check(f"smoke:{s['name']}", str(s["name"]), FAILED,
+                             f"not run: {exc.message}", "") for s in plan.smoke]
         items = [_Item.from_plan(o) for o in plan.objects]
         before = _plan_before(plan)
         with self.engine.connect() as conn:
             dep_refs = self._dependent_refs(conn, plan, items)
-            report, _ = self._verify(conn, plan, items, dep_refs, before, smoke=True,
+            report, _ = self._verify(conn, plan, items, dep_refs, before, smoke=not refused,
                                      far_side=True)
             conn.rollback()
-        return report
+        return VerifyReport(report.checks + tuple(refused)) if refused else report
 
     # -- compensate ------------------------------------------------------------------------
     def _compensate(
         self, plan: DdlPlan, items: Sequence[_Item], snaps: Mapping[str, Snapshot],
         dep_refs: Sequence[ObjectRef], before: Mapping[str, ObjectStatus],
+        escalate: Sequence[str] = (),
     ) -> CompensationReport:
+        """Re-apply the snapshots, read the live signatures, verify again.
+
+        ``escalate``: what the compensation cannot undo whatever it does (code run
+        during verification that left its containment and may have committed writes
+        of its own): it is a cause, so the outcome is escalated, never ``compensated``.
+        """
         ph = plan.plan_hash
         snapshot_ids = {it.key: it.base_snapshot_id for it in items}
         self._emit(ev.COMPENSATION_STARTED, {"plan_hash": ph, "snapshot_ids": snapshot_ids})
@@ -1172,6 +1286,7 @@ class DdlLoop:
             if live_sigs[k] != snap_sigs[k]:
                 causes.append(f"{k}: live {live_sigs[k]} differs from snapshot {snap_sigs[k]}")
         causes += [f"{c.name} {c.object}: {c.detail}" for c in report.failures]
+        causes += list(escalate)
         ok = not causes
         comp = CompensationReport(ok, snapshot_ids, tuple(actions), live_sigs, snap_sigs, report,
                                   tuple(causes))
@@ -1260,6 +1375,52 @@ class DdlLoop:
 
 
 DdlErrorLike = ApplyFailed | VerifyFailed | CompensationFailed
+
+
+def _smoke_check(name: str, obj: str, r: Ran, expect: Any, *, what: str = "returned",
+                 exact: bool = False) -> Check:
+    """The verdict on one contained call (a smoke call; ``exact``: a far-side assertion,
+    whose first value must equal ``expect`` even when that is None)."""
+    if r.escaped is not None:
+        return Check(name, obj, FAILED, f"left its containment: {r.escaped}; what it wrote may "
+                     "be committed", EXECUTED, escaped=True)
+    if r.error is not None:
+        why = (" (the engine refused a write: the code tried to write)" if r.writes
+               else " (the check's time limit)" if r.timed_out else "")
+        return Check(name, obj, FAILED, f"error: {r.error}{why}", EXECUTED)
+    value = None if r.row is None else r.row[0]
+    if exact:
+        ok = _same(value, expect)
+    else:
+        ok = expect is None or (r.row is not None and _same(value, expect))
+    detail = (f"{what} no rows" if r.row is None else f"{what} {value!r}") + (
+        "" if expect is None and not exact else f", expected {expect!r}")
+    return Check(name, obj, PASSED if ok else FAILED, detail + " (contained, read-only)",
+                 EXECUTED)
+
+
+def _accept_listed_unverified(checks: Sequence[Check], plan: DdlPlan) -> list[Check]:
+    """An ``unverified`` object passes only when the approved plan lists it as unverified.
+
+    Approving a plan's hash accepts what it says nothing covers; an object found
+    unverified only at apply (a view that no longer gives a row, a dependent that
+    appeared since the plan) is something nobody accepted, so the verify fails.
+    """
+    listed = {str(u.get("object")) for u in plan.unverified or ()}
+    out: list[Check] = []
+    for c in checks:
+        if c.verdict == UNVERIFIED and c.name in ("compile", "dependent", "recompile") \
+                and c.object not in listed:
+            c = Check(c.name, c.object, FAILED, f"{c.detail} -- unverified, and not listed as "
+                      "unverified in the approved plan", c.checked)
+        out.append(c)
+    return out
+
+
+def _escape_causes(report: VerifyReport | None) -> list[str]:
+    """What no compensation of stored code can undo: checks whose code left containment."""
+    return [f"{c.name} {c.object} {c.detail}; a person checks what it wrote"
+            for c in (report.escapes if report is not None else ())]
 
 
 def _failure_text(report: VerifyReport) -> str:

@@ -71,13 +71,24 @@ class DdlPlan:
     not a failure.  None: a plan recorded before capgate wrote this field."""
     warnings: tuple[str, ...]
     """What the approver should read before approving (callers found, package state
-    discarded, checker findings)."""
+    discarded, checker findings, dependents the new source breaks)."""
     approval: Json
     """That a person must approve this plan hash, and why."""
     prohibitions: tuple[Json, ...]
     """Each standing prohibition (``ddl.prohibitions``) and whether the plan passed it."""
     plan_hash: str
     """The canonical hash of every other field: what an approval names."""
+    catalog_version: str | None = None
+    """A digest of the catalog rows in the sweep's scope when the plan was made (PostgreSQL:
+    every function, relation, rule and trigger row, with its ``xmin``).  An
+    apply that finds the same digest uses the plan's dependents and their statuses before,
+    instead of finding and checking them again; any other value (or None) means a new
+    sweep."""
+    unverified: tuple[Json, ...] | None = None
+    """The objects no check can prove work after the change (``{"object", "role", "why"}``):
+    approving the plan's hash accepts exactly these as unverified; any other object found
+    unverified at apply fails the verify.  None: a plan recorded before capgate wrote this
+    field -- then nothing is accepted unverified."""
     bound: Json = field(default_factory=dict)
     """The caller's fields, bound into the plan and covered by its hash (``bind=``): the
     service binds the case, requester, row (operation, version, row hash, effect class,
@@ -105,6 +116,10 @@ class DdlPlan:
             out["recompile_objects"] = list(self.recompile_objects)
         if self.accepted_warnings is not None:
             out["accepted_warnings"] = list(self.accepted_warnings)
+        if self.unverified is not None:
+            out["unverified"] = list(self.unverified)
+        if self.catalog_version is not None:
+            out["catalog_version"] = self.catalog_version
         out["warnings"] = list(self.warnings)
         out["approval"] = self.approval
         out.update(self.bound)
@@ -145,6 +160,9 @@ class DdlPlan:
             accepted_warnings=_tables(data, "accepted_warnings")
             if "accepted_warnings" in data else None,
             warnings=_texts(data, "warnings"),
+            unverified=_tables(data, "unverified") if "unverified" in data else None,
+            catalog_version=_text(data, "catalog_version") if data.get("catalog_version")
+            is not None else None,
             approval=_table(data, "approval"),
             prohibitions=_tables(data, "prohibitions"),
             plan_hash=_text(data, "plan_hash"),
@@ -155,15 +173,20 @@ class DdlPlan:
     def of(cls, plan: DdlPlan | Mapping[str, Any]) -> DdlPlan:
         """``plan`` checked intact (format, hash) and as a DdlPlan: what every step that
         takes a plan from outside -- a file, the ledger, a caller's dict -- starts with."""
+        if isinstance(plan, DdlPlan) and getattr(plan, "_intact", None) == plan.plan_hash:
+            return plan  # checked already in this process (a frozen object cannot change)
         check_plan(plan)
-        return plan if isinstance(plan, DdlPlan) else cls.from_dict(plan)
+        out = plan if isinstance(plan, DdlPlan) else cls.from_dict(plan)
+        object.__setattr__(out, "_intact", out.plan_hash)
+        return out
 
 
 #: The serialised names of the plan's own fields (``bound`` holds every other key).
 PLAN_FIELDS = frozenset({
     "format", "dialect", "target", "recipe", "transactional_ddl", "objects", "dependents",
     "caller_search", "far_side_steps", "smoke", "recompile", "recompile_objects", "warnings",
-    "approval", "prohibitions", "plan_hash", "accepted_warnings",
+    "approval", "prohibitions", "plan_hash", "accepted_warnings", "unverified",
+    "catalog_version",
 })
 
 

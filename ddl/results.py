@@ -99,8 +99,11 @@ class Check:
     """``passed`` | ``warning`` | ``unverified`` | ``failed`` (see ``VERDICTS``)."""
     detail: str = ""
     checked: str = ""
-    """What was actually done: ``compiled``, ``executed`` (a smoke call), ``read back``,
-    ``compared`` (signatures), ``not checked``, ``catalog``."""
+    """What was actually done: ``compiled``, ``executed`` (a smoke call, a fetch, a call),
+    ``read back``, ``compared`` (signatures), ``not checked``, ``catalog``."""
+    escaped: bool = False
+    """The code the check ran left its containment (ended or started a transaction): what
+    it wrote may be committed -- the loop escalates instead of recording a rollback."""
 
     @property
     def passed(self) -> bool:
@@ -112,8 +115,11 @@ class Check:
         return cls(name, obj, PASSED if ok else FAILED, detail, checked)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "object": self.object, "verdict": self.verdict,
-                "passed": self.passed, "checked": self.checked, "detail": self.detail}
+        out = {"name": self.name, "object": self.object, "verdict": self.verdict,
+               "passed": self.passed, "checked": self.checked, "detail": self.detail}
+        if self.escaped:
+            out["escaped"] = True
+        return out
 
 
 @dataclass(frozen=True)
@@ -127,6 +133,11 @@ class VerifyReport:
     @property
     def failures(self) -> tuple[Check, ...]:
         return tuple(c for c in self.checks if c.verdict == FAILED)
+
+    @property
+    def escapes(self) -> tuple[Check, ...]:
+        """Checks whose code left its containment (see ``Check.escaped``)."""
+        return tuple(c for c in self.checks if c.escaped)
 
     def counts(self) -> dict[str, int]:
         out = dict.fromkeys(VERDICTS, 0)
@@ -142,24 +153,51 @@ class VerifyReport:
 def judge(name: str, key: str, after: ObjectStatus | None, before: ObjectStatus | None,
           accepted: Sequence[Mapping[str, Any]] = (), *, same_as_before_is_fine: bool = True
           ) -> Check:
-    """The one verdict rule for a compiled object (a changed object, a dependent, a recompile).
+    """The one verdict rule for an object (a changed object, a dependent, a recompile).
 
-    * valid -- ``passed``; ``unchecked`` -- ``unverified`` (what was done is in ``checked``);
     * invalid with only errors the row accepts -- ``warning`` (the reason is shown);
     * invalid or missing as it already was before -- ``warning`` when
       ``same_as_before_is_fine`` (dependents, a compensation's restored objects),
       else ``failed`` (a changed object must compile after its own apply);
-    * anything else -- ``failed``.
+    * otherwise invalid or missing -- ``failed``;
+    * compiled (or uncheckable) and its run check failed -- ``failed``, unless it failed
+      the same way before the change (then the run proves nothing either way);
+    * its run check ran (a row fetched, a call returned) -- ``passed``, ``executed``;
+    * valid by a check that covers it (``ObjectStatus.covers``: plpgsql_check, Oracle's
+      status after a recompile) -- ``passed``;
+    * anything else -- ``unverified``: nothing proved it works (a view that gave no row, a
+      function with arguments ``fmgr_sql_validator`` only planned, a MariaDB routine
+      only read back), with what was and was not done.
     """
     if after is None:
         return Check(name, key, FAILED, "not checked: the object could not be read", "")
     detail = f"{after.state} ({after.method})"
     if after.errors:
         detail += ": " + "; ".join(after.errors)
-    if after.state == "valid":
-        return Check(name, key, PASSED, detail, after.checked)
-    if after.state == "unchecked":
-        return Check(name, key, UNVERIFIED, detail, after.checked)
+    if after.state in ("valid", "unchecked"):
+        run = after.run
+        note = ""
+        if run in ("error",):
+            same = (before is not None and before.run == "error"
+                    and before.run_detail == after.run_detail)
+            if not same:
+                was = ("it ran before the change" if before is not None
+                       and before.run in ("ran", "no_row") else
+                       "it failed otherwise before" if before is not None
+                       and before.run == "error" else "not run before")
+                return Check(name, key, FAILED, f"{detail}; ran and failed: {after.run_detail}"
+                             f" -- {was}", EXECUTED)
+            note = (f"; its run check fails as it did before the change "
+                    f"({after.run_detail})")
+            run = None
+        if run == "ran":
+            return Check(name, key, PASSED, f"{detail}; {after.run_detail}", EXECUTED)
+        if after.state == "valid" and after.covers:
+            extra = f"; {after.run_detail}" if run is not None and after.run_detail else ""
+            return Check(name, key, PASSED, detail + note + extra, after.checked)
+        why = after.run_detail if run is not None and after.run_detail else \
+            "no run check could be made"
+        return Check(name, key, UNVERIFIED, f"{detail}{note}; {why}", after.checked)
     if after.state == "invalid" and after.errors:
         reasons = [accepted_reason(after.object, e, accepted) for e in after.errors]
         if all(reasons):

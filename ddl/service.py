@@ -42,6 +42,12 @@ does the work:
 * **Compensate** (``DdlService.compensate``): re-apply an intent's snapshots
   and verify, refused when the live objects match neither the snapshots nor
   the new sources (somebody else's change would be overwritten).
+* **Simulate** (``DdlService.simulate``): on a lower venue, apply + verify and
+  then compensate an approved plan, and record the evidence; a plan on a
+  promotion venue names its stage and rests on that evidence (the same source
+  in the same case) or on the exemption test (:mod:`ddl.promotion`).
+* **Refusals**: every refused plan is recorded in its case (``ddl.refused``);
+  a refused apply whose objects moved proposes the merge as a plan of its own.
 
 Snapshots are kept in the ledger's own store (``SqlSnapshotStore`` on the
 ledger engine, table ``cg_ddl_snapshots``).
@@ -95,8 +101,11 @@ from capgate.registry.errors import (
     ObjectOutOfScope,
     OutcomeUnknown,
     PlanTampered,
+    PromoterLacksRole,
+    PromotionRefused,
     ReconciliationRequired,
     SelfApproval,
+    SimulationVenueRefused,
     StaleExtract,
     UsageError,
     error_details,
@@ -447,16 +456,43 @@ class DdlService:
     ) -> DdlPlan:
         """Make, check and record the plan for new sources of a ddl row's objects.
 
-        No DDL is committed.  Returns the plan (with ``plan_hash``); raises the
-        first prohibition it violates (recorded in the case as ``ddl.refused``).
+        No DDL is committed.  Returns the plan (with ``plan_hash``).  Every refusal --
+        an unknown row, no grant, a source out of scope or not one definition, a smoke
+        call that cannot be contained, a prohibition, nothing to apply -- is recorded
+        in the case as ``ddl.refused`` (code, message, who, the operation) and raised.
         """
         if not sources:
             raise UsageError("a DDL plan needs at least one source")
-        row, cfg = self.resolve_row(operation_id, version)
+        sink = ListSink()
+        row: Row | None = None
+        try:
+            row, cfg = self.resolve_row(operation_id, version)
+            return self._plan(row, cfg, sources, sink, case=case, who=who, bases=bases,
+                              fresh=fresh, smoke=smoke, recompile=recompile)
+        except CapgateError as exc:
+            self._record_refusal(case, who, operation_id, version, row, sink, exc)
+            raise
+
+    def _record_refusal(self, case: str, who: str, operation_id: str, version: int | None,
+                        row: Row | None, sink: ListSink, exc: CapgateError) -> None:
+        """The case's record of a refused plan: the loop's events so far and ``ddl.refused``."""
+        if not any(k == ev.REFUSED for k, _ in sink.events):
+            sink.record(ev.REFUSED, {"code": exc.code, "message": exc.message,
+                                     "error": type(exc).__name__})
+        items: list[tuple[str, Mapping[str, Any], str | None]] = []
+        for kind, payload in sink.events:
+            if kind in (ev.PLANNED, ev.REFUSED):
+                payload = {**payload, "operation_id": row.operation_id if row else operation_id,
+                           "version": row.version if row else version, "by": who}
+            items.append((kind, payload, None))
+        self.executor.ledger.append_many(case, items)
+
+    def _plan(self, row: Row, cfg: ConnectorConfig, sources: Sequence[str], sink: ListSink,
+              *, case: str, who: str, bases: Sequence[str], fresh: bool,
+              smoke: Sequence[SmokeCall], recompile: Sequence[str]) -> DdlPlan:
         for source in sources:
             validate_input(row, {"source": source})
         self.executor.grants.check_call(who, row, cfg.name, cfg.environment)
-        sink = ListSink()
         with self.loop(cfg, row=row, sink=sink) as lp:
             # the header names the object: refuse out-of-scope sources before the catalog
             for source in sources:
@@ -481,7 +517,10 @@ class DdlService:
             if named:
                 raise UsageError(f"base snapshot(s) of objects the plan does not change: "
                                  f"{', '.join(sorted(named))}", objects=sorted(named))
+            stage = self._stage(lp, row, cfg, case, [
+                (c.object, c.source) for c in changes if c.object is not None])
             bind = {
+                "stage": stage,
                 "case": case,
                 "requested_by": who,
                 "operation_id": row.operation_id,
@@ -495,24 +534,166 @@ class DdlService:
                                   "four_eyes": row.authorization.four_eyes},
             }
             scope = row.ddl
-            try:
-                plan = lp.plan(changes, smoke=smoke, recompile=recompile, bind=bind,
-                               accepted_warnings=[a.to_dict() for a in scope.accepted_warnings]
-                               if scope else [],
-                               far_side_steps=self._far_side_steps(row),
-                               remote_dependents=self._declared_remote(row, next(
-                                   (c.object for c in changes if c.object is not None
-                                    and not c.object.is_body), changes[0].object or ObjectRef(
-                                       "function", "?"))))
-                with lp.engine.connect() as conn:
-                    self._scope_objects(lp, conn, row, plan)
-                    conn.rollback()
-            except CapgateError:
-                self._record_case_events(case, who, row, sink)
-                raise
+            plan = lp.plan(changes, smoke=smoke, recompile=recompile, bind=bind,
+                           accepted_warnings=[a.to_dict() for a in scope.accepted_warnings]
+                           if scope else [],
+                           far_side_steps=self._far_side_steps(row),
+                           remote_dependents=self._declared_remote(row, next(
+                               (c.object for c in changes if c.object is not None
+                                and not c.object.is_body), changes[0].object or ObjectRef(
+                                   "function", "?"))))
+            with lp.engine.connect() as conn:
+                self._scope_objects(lp, conn, row, plan)
+                conn.rollback()
         self.executor.ledger.record_plan(plan.plan_hash, case, who, plan.to_dict())
         self._record_case_events(case, who, row, sink)
         return plan
+
+    # -- simulation first: the stage a plan rests on ---------------------------------------------
+    def _stage(self, lp: DdlLoop, row: Row, cfg: ConnectorConfig, case: str,
+               changes: Sequence[tuple[ObjectRef, str]]) -> dict[str, Any]:
+        """The plan's stage: the environment, and on a promotion venue the simulation evidence
+        of the same source (or the exemption test) it rests on; refused without either."""
+        from capgate.ddl import promotion
+
+        source_id, parts = promotion.source_identity(lp.adapter, changes)
+        decision = promotion.decide(self.executor, row, cfg, case, source_id, None)
+        if decision.promotes and decision.evidence is None:
+            refs = [ref for ref, _ in changes]
+            with lp.engine.connect() as conn:
+                keys = {r.key for r in refs}
+                deps = [d.object.key for d in lp.adapter.dependents_many(conn, refs)
+                        if d.object.key not in keys]
+                callers = sorted({h.object.key for r in refs
+                                  for h in lp.adapter.search_callers(conn, r).hits
+                                  if h.object.key not in keys})
+                conn.rollback()
+            history = self.executor.ledger.intents(case) if \
+                self.executor.ledger.snapshot(case) is not None else {}
+            test = promotion.exemption_test(row, cfg.environment, refs, deps, callers, history)
+            decision = promotion.decide(self.executor, row, cfg, case, source_id, test)
+        if not decision.allowed:
+            assert decision.exemption is not None
+            failed = "; ".join(f"({p.number}) {p.name}: {p.why}"
+                               for p in decision.exemption.failed)
+            raise PromotionRefused(
+                f"{row.ref} on {cfg.name!r} ({cfg.environment}) is a promotion and case "
+                f"{case!r} holds no simulation of this source on a lower venue "
+                f"({(decision.missing or 'no_evidence').replace('_', ' ')}); nor is it "
+                f"exempt: {failed}. Simulate it first: plan and approve it on a lower venue, "
+                f"then `capgate ddl simulate PLAN_HASH --case {case}` (apply, verify, "
+                "compensate); nothing was planned",
+                operation_id=row.operation_id, version=row.version, case=case,
+                environment=cfg.environment, missing=decision.missing, source_id=source_id,
+                exemption=decision.exemption.to_dict(),
+                evidence_seen=[dict(e) for e in decision.seen])
+        return {**decision.to_dict(), "source_id": source_id, "sources": parts}
+
+    def _check_stage(self, plan: DdlPlan, row: Row, cfg: ConnectorConfig, case: str,
+                     who: str) -> None:
+        """At apply, before anything is recorded: the plan's stage still holds here.
+
+        On a promotion venue the promoting identity must hold one of the connector's
+        ``promotion_roles`` for the environment (when it names some), and the plan must
+        rest on simulation evidence that is still there, proven and fresh -- or on its
+        exemption test, which is recorded in the case (``exemption_claimed``) once.
+        """
+        from capgate.ddl import promotion
+
+        if not cfg.promotes:
+            return
+        stage = plan.bound.get("stage")
+        roles = cfg.promotion_roles
+        if roles:
+            principal = self.executor.grants.principal(who)
+            if not any(principal.holds(r, cfg.environment) for r in roles):
+                raise PromoterLacksRole(
+                    f"{who!r} holds none of the promotion roles {', '.join(roles)} for "
+                    f"{cfg.environment!r}, which applying stored code on {cfg.name!r} needs; "
+                    "nothing was recorded", principal=who, roles=list(roles),
+                    environment=cfg.environment)
+        if not isinstance(stage, Mapping) or not stage.get("promotes"):
+            raise PromotionRefused(
+                f"plan {plan.plan_hash} names no stage on the promotion venue "
+                f"{cfg.environment!r} (it was made where it was no promotion, or before "
+                "capgate recorded stages); make a new plan here", plan_hash=plan.plan_hash,
+                environment=cfg.environment)
+        if stage.get("evidence") is not None:
+            decision = promotion.decide(self.executor, row, cfg, case,
+                                        str(stage.get("source_id")), None)
+            if decision.evidence is None:
+                raise PromotionRefused(
+                    f"the simulation evidence plan {plan.plan_hash} rests on no longer holds "
+                    f"({(decision.missing or 'no_evidence').replace('_', ' ')}); simulate "
+                    "again on a lower venue and make a new plan; nothing was recorded",
+                    plan_hash=plan.plan_hash, missing=decision.missing,
+                    environment=cfg.environment)
+            return
+        exemption = stage.get("exemption")
+        if not isinstance(exemption, Mapping) or not exemption.get("exempt"):
+            raise PromotionRefused(
+                f"plan {plan.plan_hash} rests on neither simulation evidence nor an "
+                "exemption; make a new plan", plan_hash=plan.plan_hash)
+        key = f"exemption:{plan.plan_hash}"
+        snapshot = self.executor.ledger.snapshot(case) or {}
+        if key not in (snapshot.get("case") or {}):
+            self.executor.ledger.append(case, "exemption_claimed", {
+                "operation_id": row.operation_id, "version": row.version,
+                "row_hash": row.row_hash, "environment": cfg.environment,
+                "plan_hash": plan.plan_hash, "by": who, "effect_class": "ddl",
+                "case_state": {key: dict(exemption)}})
+
+    def simulate(self, plan_hash: str, *, case: str, who: str) -> dict[str, Any]:
+        """A DDL simulation on a lower venue: apply + verify, then compensate; the evidence.
+
+        The plan is applied through every gate (its approval is consumed, the intent
+        recorded), and when it ends ``applied_verified`` it is compensated at once
+        (snapshots re-applied, verified, the live signatures re-read).  Only when both
+        hold is the evidence written to the case (``ddl_simulated``, under
+        ``ddl_simulated:INTENT``): the source identity, the row version, the venue and
+        the intent, which a promotion cross-checks against the intent's own events.
+        A simulation is not a deployment: the venue is left as it was.  Refused on a
+        promotion venue (``SimulationVenueRefused``): simulate below it.
+        """
+        from capgate.ddl import promotion
+
+        plan, _, _ = self._recorded_plan(plan_hash)
+        row, cfg = self._row_of_plan(plan)
+        if cfg.promotes:
+            raise SimulationVenueRefused(
+                f"{cfg.name!r} ({cfg.environment}) is a promotion venue: a DDL simulation runs "
+                "on a lower venue (rig, dev, qa), and its evidence lets the change be planned "
+                "here; nothing ran", environment=cfg.environment, connector=cfg.name)
+        outcome, result = self.apply(plan_hash, case=case, who=who)
+        out: dict[str, Any] = {"case": case, "plan_hash": plan_hash,
+                               "environment": cfg.environment, "applied": outcome.to_dict()}
+        if outcome.status != APPLIED_VERIFIED or result is None:
+            out.update(simulated=False, why=f"the apply ended {outcome.status}: no evidence "
+                       "(a replayed apply is no simulation either)" if result is not None
+                       else f"the apply ended {outcome.status}: no evidence")
+            return out
+        comp = self.compensate(case, outcome.intent_id, who=who)
+        out["compensated"] = comp.to_dict()
+        if not comp.ok:
+            out.update(simulated=False, why="the compensation did not restore the snapshots: "
+                       "escalated, no evidence")
+            return out
+        stage = plan.bound.get("stage") if isinstance(plan.bound.get("stage"), Mapping) else None
+        if stage is None or "source_id" not in stage:
+            out.update(simulated=False, why="the plan names no source identity (made before "
+                       "capgate recorded stages): make a new plan and simulate it")
+            return out
+        entry = {"operation_id": row.operation_id, "version": row.version,
+                 "row_hash": row.row_hash, "source_id": stage["source_id"],
+                 "sources": stage.get("sources"), "environment": cfg.environment,
+                 "connector": cfg.name, "plan_hash": plan_hash,
+                 "intent_id": outcome.intent_id, "by": who,
+                 "apply": "applied_verified", "compensation": "compensated",
+                 "completed_at": self._now()}
+        self.executor.ledger.append(case, "ddl_simulated", {
+            **entry, "case_state": {f"{promotion.EVIDENCE_PREFIX}{outcome.intent_id}": entry}})
+        out.update(simulated=True, evidence=entry)
+        return out
 
     def _record_case_events(self, case: str, who: str, row: Row, sink: ListSink) -> None:
         items: list[tuple[str, Mapping[str, Any], str | None]] = []
@@ -552,6 +733,67 @@ class DdlService:
             return replay, None
         self._check_case_closed(case)
         self._check_approval(plan_hash, who, row, plan)
+        self._check_stage(plan, row, cfg, case, who)
+        try:
+            return self._apply_approved(plan, row, cfg, case=case, who=who)
+        except MergeRequired as exc:
+            raise self._merge_packet(plan, row, cfg, exc, case=case, who=who) from None
+
+    def _merge_packet(self, plan: DdlPlan, row: Row, cfg: ConnectorConfig,
+                      exc: MergeRequired, *, case: str, who: str) -> MergeRequired:
+        """The refusal of a plan whose objects moved, with its merge as a gate packet of its own.
+
+        A merged source is a new source: it is never applied under the approval of
+        the plan it replaces.  When every merge is clean, the merged sources (and the
+        plan's unmoved objects, against their old bases) are planned in the same case
+        against the live objects -- captured now -- with the same smoke calls and
+        recompile requests; that plan is recorded with its own hash and needs its own
+        approval.  With a conflict, or when planning the merge is refused, the refusal
+        says so and no plan is made.
+        """
+        merges = [m for m in exc.details.get("merge") or [] if isinstance(m, Mapping)]
+        details = dict(exc.details)
+        moved = {str(m.get("object")) for m in merges}
+        if not merges or not all(m.get("clean") for m in merges):
+            details["merge_plan"] = None
+            details["merge_plan_why"] = ("the merge has conflicts: resolve them, then plan "
+                                         "the result (capgate ddl plan FILE --fresh)")
+            return MergeRequired(exc.message + "; the merge has conflicts, so no plan was made "
+                                 "of it", **details)
+        merged = {str(m["object"]): str(m["merged"]) for m in merges}
+        sources: list[str] = []
+        bases: list[str] = []
+        for o in plan.objects:
+            key = str(o["key"])
+            if key in moved:
+                sources.append(merged[key])
+            else:
+                sources.append(str(o["new_source"]))
+                bases.append(str(o["base_snapshot_id"]))
+        try:
+            self.capture(cfg.name, sorted(moved))  # the live objects: the merge's base
+            smoke = [SmokeCall(str(s["name"]), str(s["sql"]), s.get("expect"),
+                               dict(s.get("binds") or {}), dict(s.get("session") or {}))
+                     for s in plan.smoke]
+            merge_plan = self.plan(row.operation_id, sources, case=case, who=who,
+                                   version=row.version, bases=bases, smoke=smoke,
+                                   recompile=list(plan.recompile))
+        except CapgateError as refused:
+            details["merge_plan"] = None
+            details["merge_plan_why"] = f"planning the merge was refused: {refused}"
+            return MergeRequired(exc.message + f"; planning the merge was refused "
+                                 f"({refused.code})", **details)
+        details["merge_plan"] = merge_plan.plan_hash
+        return MergeRequired(
+            f"{', '.join(sorted(moved))} changed since the snapshot; the clean three-way merge "
+            f"is recorded as plan {merge_plan.plan_hash} in case {case!r}, against the live "
+            "object(s): it is a new source and needs its own approval (`capgate approve "
+            f"{merge_plan.plan_hash} ...`); the approval of plan {plan.plan_hash} stays unused "
+            "and cannot apply it (nothing was recorded or applied for it)", **details)
+
+    def _apply_approved(self, plan: DdlPlan, row: Row, cfg: ConnectorConfig, *, case: str,
+                        who: str) -> tuple[Outcome, DdlOutcome | None]:
+        plan_hash = plan.plan_hash
         ledger = self.executor.ledger
         intent_id = uuid.uuid4().hex
         sink = LedgerSink(self.executor, case, intent_id)

@@ -42,6 +42,9 @@ class CapgateError(Exception):
     code: ClassVar[str] = "CG000"
     exit_code: ClassVar[int] = EXIT_REFUSED
     retryable: ClassVar[bool] = False
+    documents: ClassVar[frozenset[str]] = frozenset()
+    """Detail keys that hold a document capgate wrote (a merge proposal): kept whole, never
+    cut to an excerpt -- a person applies it as it is."""
 
     def __init_subclass__(
         cls,
@@ -67,7 +70,10 @@ class CapgateError(Exception):
         message = cut(message, 4000)
         super().__init__(message)
         self.message = message
-        self.details: dict[str, Any] = bounded(details)
+        whole = {k: details[k] for k in self.documents if k in details}
+        self.details: dict[str, Any] = bounded(
+            {k: v for k, v in details.items() if k not in whole})
+        self.details.update(whole)
 
     def __str__(self) -> str:
         return f"{self.code}: {self.message}"
@@ -1074,8 +1080,11 @@ class StaleExtract(DdlProhibition, code="CG501"):
 
     Best practice: capture the object (``capgate ddl capture``), edit that
     snapshot, and plan against its snapshot id.  If the live object moved on,
-    merge (the refusal carries a three-way merge proposal) or capture again.
+    merge (the refusal carries a three-way merge proposal, whole: its
+    ``merged`` text applies as it is when the merge is clean) or capture again.
     """
+
+    documents = frozenset({"merge"})
 
 
 class SpecWithoutBody(DdlProhibition, code="CG502"):
@@ -1181,9 +1190,16 @@ class MergeRequired(DdlError, code="CG513"):
 
     Somebody saved the object between capture and apply.  ``details["merge"]``
     carries a three-way merge proposal (base = snapshot, ours = the new
-    source, theirs = live) with conflicts marked.  Review the merged source,
-    capture the live object again and plan the merged source against it.
+    source, theirs = live), whole, with conflicts marked.  A merged source is a
+    new source: it is never applied under the approval of the plan it replaces.
+    When every merge is clean, capgate records it as a plan of its own in the
+    same case, planned against the live object (``details["merge_plan"]``: its
+    plan hash), which needs its own approval; with conflicts, resolve them and
+    plan the result (``capgate ddl plan FILE --fresh``).  The old plan's
+    approval stays unused and can never apply the merge.
     """
+
+    documents = frozenset({"merge"})
 
 
 class PlanTampered(DdlError, code="CG514"):
@@ -1308,6 +1324,35 @@ class SourceNotVisible(DdlError, code="CG530"):
     other account reads ``NULL``.  Nothing was stored: a snapshot without the
     source could never be restored.  Grant the privilege (docs/ddl.md lists
     what each engine needs) or capture as an account that may read it.
+    """
+
+
+class SmokeNotContained(DdlError, code="CG531"):
+    """A smoke call's SQL could act outside the read-only check it is meant to be.
+
+    Smoke calls run during verification, where nothing may commit or write:
+    on PostgreSQL as one statement over the extended protocol, in the
+    verification transaction, in a read-only savepoint; on MariaDB in a session
+    of its own, in a read-only XA transaction that is always rolled back.  What
+    that cannot contain is refused when the plan is made, before anything is
+    approved or run: more than one statement, transaction or session control
+    (``COMMIT``, ``ROLLBACK``, ``SAVEPOINT``, ``SET``, ``XA``...), DDL, a
+    statement that writes (``INSERT``/``UPDATE``/``DELETE``, a data-modifying
+    ``WITH``, ``SELECT ... INTO`` a table or a file).  A smoke call is one
+    ``SELECT`` (or ``VALUES``/``WITH ... SELECT``) or one ``CALL``.
+    ``details`` name the smoke call and what was found.  Write the call as one
+    read-only statement; code it calls may still try to write -- the engine
+    refuses that at run time and the check fails.
+    """
+
+
+class NothingToApply(DdlError, code="CG532"):
+    """Every object of the plan already is its new source: there is nothing to do.
+
+    The live object's signature equals the signature the new source would
+    give (the catalog's rendering, where the engine renders it), so an apply
+    would change nothing and prove nothing.  Nothing was planned or recorded
+    for approval; the refusal is recorded in the case.
     """
 
 

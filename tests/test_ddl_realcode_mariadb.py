@@ -136,7 +136,9 @@ def test_routines_that_are_only_read_back_are_unverified_not_valid(loop: DdlLoop
     report = loop.verify_object("function:calc")
     verdicts = {c.object.rsplit(".", 1)[1]: (c.verdict, c.checked) for c in report.checks
                 if c.name == "dependent"}
-    assert verdicts["calc_twice"] == ("unverified", "read back")
+    # what can be run is run (contained); a function that writes is refused at its write
+    # and stays unverified -- MariaDB has no compile status to fall back on
+    assert verdicts["calc_twice"] == ("passed", "executed")
     assert verdicts["log_calc"] == ("unverified", "read back")
     assert verdicts["v_calc"][0] == "failed"  # CHECK TABLE does see the missing table
 

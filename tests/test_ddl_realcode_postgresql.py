@@ -25,7 +25,7 @@ from capgate.ddl.events import ListSink
 from capgate.ddl.loop import DdlLoop
 from capgate.ddl.results import Change, SmokeCall
 from capgate.ddl.snapshots import SqlSnapshotStore
-from capgate.registry.errors import CapgateError
+from capgate.registry.errors import CapgateError, NothingToApply
 from tests.fix_db import ensure_plpgsql_check
 
 pytestmark = pytest.mark.postgresql
@@ -158,7 +158,8 @@ def test_aggregate_over_a_changed_state_function_and_the_views_on_it_are_depende
     checked = {c.object.split(".", 1)[1]: c for c in outcome.verify.checks
                if c.name == "dependent"}
     assert {"acc_sum(numeric)", "v_acc", "v_acc2"} <= set(checked)
-    assert checked["v_acc2"].verdict == "passed" and checked["v_acc2"].checked == "compiled"
+    # a view is fetched from (a row), not only planned: what it runs is run
+    assert checked["v_acc2"].verdict == "passed" and checked["v_acc2"].checked == "executed"
 
 
 def test_sql_language_and_plpgsql_callers_are_dependents_and_rechecked(loop: DdlLoop) -> None:
@@ -295,8 +296,11 @@ def test_an_aggregate_is_captured_and_a_misspelt_name_is_refused(loop: DdlLoop,
     snap = loop.capture(ObjectRef("aggregate", "acc_sum"))
     assert snap.source.startswith("CREATE OR REPLACE AGGREGATE ")
     assert "SFUNC = acc_step" in snap.source and "INITCOND = '0'" in snap.source
-    # the captured source applies as it is, and lands as the same object
-    plan = loop.plan([Change(snap.source, base_snapshot_id=snap.id)])
+    # the captured source applies as it is, and lands as the same object: planned, it is
+    # nothing to apply (its rendering is the live object's); forced, it applies unchanged
+    with pytest.raises(NothingToApply):
+        loop.plan([Change(snap.source, base_snapshot_id=snap.id)])
+    plan = loop.plan([Change(snap.source, base_snapshot_id=snap.id)], refuse=False)
     assert plan.objects[0]["expected_signature"] == str(snap.signature)
     assert loop.execute(plan).outcome == "applied_verified"
     before = len(store.history())

@@ -275,3 +275,56 @@ def test_adapter_registry() -> None:
     assert not adapter_for("sqlite").has_session_lock()
     with pytest.raises(UnsupportedObjectType):
         adapter_for("sqlite").check_kind(ObjectRef("package", "p"))
+
+
+@pytest.mark.parametrize("dialect", ["mariadb", "oracle", "sqlite"])
+@pytest.mark.parametrize("sql,ok", [
+    ("SELECT f(1) FROM dual", True),
+    ("  -- a comment\nSELECT 'a; COMMIT' FROM dual;", True),
+    ("WITH x AS (SELECT 1 AS a FROM dual) SELECT a FROM x", True),
+    ("CALL p(1)", True),
+    ("COMMIT", False),
+    ("SELECT 1 FROM dual; COMMIT", False),
+    ("BEGIN p; END;", False),
+    ("CREATE TABLE t (x INT)", False),
+    ("DELETE FROM t", False),
+    ("SET autocommit = 1", False),
+    ("SELECT x INTO OUTFILE '/tmp/f' FROM t", False),
+    ("", False),
+])
+def test_a_smoke_call_is_one_read_only_statement_offline(dialect: str, sql: str,
+                                                          ok: bool) -> None:
+    """The plan-time rule for smoke calls, read with each engine's tokenizer (no server)."""
+    from capgate.ddl.catalog import adapter_for
+    from capgate.registry.errors import SmokeNotContained
+
+    adapter = adapter_for(dialect)
+    if ok:
+        adapter.check_smoke("s", sql)
+    else:
+        with pytest.raises(SmokeNotContained) as exc:
+            adapter.check_smoke("s", sql)
+        assert exc.value.code == "CG531" and exc.value.details["smoke"] == "s"
+
+
+@pytest.mark.parametrize("sql,ok", [
+    ("SELECT premium(:x)", True),
+    ("SELECT ':x'::text, x::int FROM t", True),
+    ("CALL p()", True),
+    ("VALUES (1)", True),
+    ("SELECT 1; SELECT 2", False),
+    ("SAVEPOINT a", False),
+    ("DO $$ BEGIN NULL; END $$", False),
+    ("WITH d AS (UPDATE t SET x = 1 RETURNING x) SELECT * FROM d", False),
+    ("SELECT * INTO t2 FROM t", False),
+])
+def test_a_postgresql_smoke_call_is_read_by_postgresqls_parser(sql: str, ok: bool) -> None:
+    from capgate.ddl.catalog import adapter_for
+    from capgate.registry.errors import SmokeNotContained
+
+    adapter = adapter_for("postgresql")
+    if ok:
+        adapter.check_smoke("s", sql)
+    else:
+        with pytest.raises(SmokeNotContained):
+            adapter.check_smoke("s", sql)

@@ -62,14 +62,18 @@ def test_doctor_finds_an_unreachable_connector_and_missing_tables(tmp_path: Path
     config = proj / "capgate.toml"
     text = config.read_text("utf-8")
     head, _, code_part = text.partition("[connectors.insurance_code]")
-    code_part = code_part.replace('url = "sqlite:///insurance.db"', 'url = "sqlite:///blank.db"')
-    config.write_text(head.replace('url = "sqlite:///insurance.db"',
-                                   'url = "postgresql://nobody@127.0.0.1:9/none"')
+    code_part = code_part.replace('url = "sqlite:///insurance.db"',
+                                  'url = "postgresql://nobody@127.0.0.1:9/none"')
+    config.write_text(head.replace('url = "sqlite:///insurance.db"', 'url = "sqlite:///blank.db"')
                       + "[connectors.insurance_code]" + code_part, "utf-8")
     sa.create_engine(f"sqlite:///{proj / 'blank.db'}").connect().close()
-    found = codes(run_doctor(config, {}))
+    report = run_doctor(config, {})
+    found = codes(report)
     assert any("unreachable" in m for m in found["CG304"])
-    assert any("capgate_landed is missing" in m for m in found["CG305"])
+    # the write rows' connector needs capgate's tables; the DDL-only one never would
+    missing = [f for f in report.findings if f.code == "CG305"]
+    assert missing and {f.subject for f in missing} == {"connector insurance"}, missing
+    assert any("capgate_landed is missing" in f.message for f in missing)
 
 
 def test_mcp_says_how_many_tools_and_why_rows_are_hidden(tmp_path: Path) -> None:
@@ -171,3 +175,58 @@ def test_doctor_warns_when_no_lock_pins_the_rows(tmp_path: Path) -> None:
     assert "1 row(s) not pinned" in warned and "policy.add_note@2" in warned
     capgate(["lock"], proj, env)
     assert "CG134" not in codes(run_doctor(config, {}, live=False))
+
+
+@pytest.mark.mariadb
+def test_doctor_on_a_ddl_only_mariadb_project_reads_the_grants_of_its_role(
+        tmp_path: Path, mariadb_url: URL) -> None:
+    """A DDL-only project uses none of capgate's target tables, and privileges held through
+    a role count: before, both were reported as errors (CG305 missing tables; CG914 'the DDL
+    rows need CREATE ROUTINE and ALTER ROUTINE' although the role had them)."""
+    from tests.ddl_support import Rig, row
+
+    user = f"cg_ddl_{uuid.uuid4().hex[:8]}"
+    database = mariadb_url.database
+    admin = sa.create_engine(mariadb_url, poolclass=sa.pool.NullPool,
+                             isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sa.text("CREATE FUNCTION f(x INT) RETURNS INT RETURN x + 1"))
+        conn.execute(sa.text(f"CREATE USER '{user}'@'%' IDENTIFIED BY 'pw'"))
+        conn.execute(sa.text(f"CREATE ROLE {user}_role"))
+        conn.execute(sa.text(f"GRANT CREATE ROUTINE, ALTER ROUTINE, EXECUTE, SELECT, CREATE VIEW, "
+                             f"SHOW VIEW, DROP, TRIGGER ON `{database}`.* TO {user}_role"))
+        conn.execute(sa.text(f"GRANT SELECT ON mysql.proc TO {user}_role"))
+        conn.execute(sa.text(f"GRANT {user}_role TO '{user}'@'%'"))
+        conn.execute(sa.text(f"SET DEFAULT ROLE {user}_role FOR '{user}'@'%'"))
+    try:
+        account = mariadb_url.set(username=user, password="pw")
+        rig = Rig(tmp_path, {"code": (account, "dev")}, [row("code.f", [("function", "f")])])
+        report = run_doctor(rig.config, {})
+        found = codes(report)
+        assert "CG305" not in found and "CG914" not in found, found
+        assert any("DDL rows only" in m for m in found["OK"]), found
+        assert any("DDL capture" in m and "are allowed" in m for m in found["OK"]), found
+        with admin.connect() as conn:
+            conn.execute(sa.text(f"REVOKE ALTER ROUTINE ON `{database}`.* FROM {user}_role"))
+        found = codes(run_doctor(rig.config, {}))
+        assert any("need ALTER ROUTINE" in m for m in found["CG914"]), found
+    finally:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f"DROP USER IF EXISTS '{user}'@'%'"))
+            conn.execute(sa.text(f"DROP ROLE IF EXISTS {user}_role"))
+        admin.dispose()
+
+
+@pytest.mark.postgresql
+def test_doctor_on_a_ddl_only_postgresql_project_needs_no_target_tables(
+        tmp_path: Path, pg_url: URL) -> None:
+    from tests.ddl_support import Rig, execute, row
+    from tests.fix_db import ensure_plpgsql_check
+
+    ensure_plpgsql_check(pg_url)
+    execute(pg_url, "CREATE FUNCTION f(x int) RETURNS int LANGUAGE sql RETURN x + 1")
+    rig = Rig(tmp_path, {"code": (pg_url, "dev")}, [row("code.f", [("function", "f")])])
+    report = run_doctor(rig.config, {})
+    found = codes(report)
+    assert "CG305" not in found, found
+    assert report.ok, report.text()

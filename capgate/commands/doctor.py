@@ -382,7 +382,13 @@ def _check_connector(report: Report, config: Any, needs: Needs) -> None:
             identity = dialect.describe_server(conn)
             report.add(OK, "OK", subject, f"reachable ({config.safe_url}); server: {identity}; "
                        f"environment label {config.environment!r}")
-            states = table_states(conn, dialect)
+            if needs.ddl_rows and not (needs.writes or needs.privileges or needs.leased_rows):
+                # the DDL loop keeps its records in the ledger: no landing marker, no fence
+                report.add(OK, "OK", subject, "capgate's tables are not needed: the "
+                           "connector's rows are DDL rows only")
+                states = []
+            else:
+                states = table_states(conn, dialect)
             for s in states:
                 if s.state == "missing":
                     report.add(ERROR, TargetNotInstalled.code, subject,
@@ -392,7 +398,7 @@ def _check_connector(report: Report, config: Any, needs: Needs) -> None:
                     report.add(ERROR, TargetPrivilegeMissing.code, subject,
                                f"the account may not use {s.table}: grant what `capgate target "
                                f"install {config.name} --sql --grant-to USER` prints")
-            if all(s.state == "ok" for s in states):
+            if states and all(s.state == "ok" for s in states):
                 report.add(OK, "OK", subject, "capgate's tables are installed and usable")
             dialect.diagnose(conn, ConnectorDiagnosis(report, subject, config, needs))
             conn.rollback()

@@ -1,5 +1,5 @@
-"""``capgate ddl capture | plan | apply | verify | compensate | recover | snapshots | export |
-prohibitions``: the DDL loop for stored code.
+"""``capgate ddl capture | plan | apply | simulate | verify | compensate | recover | snapshots |
+export | prohibitions``: the DDL loop for stored code.
 
 Each handler parses its arguments, calls the DDL service
 (:mod:`capgate.commands.ddl`) on an executor opened from the configuration and
@@ -77,6 +77,14 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--case", required=True)
     p.add_argument("--as", dest="who", default=None)
     p.set_defaults(handler=cmd_apply)
+
+    p = dsub.add_parser("simulate", parents=[common],
+                        help="on a lower venue: apply an approved plan, verify, compensate -- "
+                             "the evidence a promotion of the same source needs")
+    p.add_argument("plan_hash", metavar="PLAN_HASH")
+    p.add_argument("--case", required=True)
+    p.add_argument("--as", dest="who", default=None)
+    p.set_defaults(handler=cmd_simulate)
 
     p = dsub.add_parser("verify", parents=[common],
                         help="compile status and dependent sweep of an object (or a plan)")
@@ -237,6 +245,7 @@ def _plan_text(plan: DdlPlan) -> str:
              f"  {bound['operation_id']}@{bound['version']} on {bound['connector']} "
              f"({bound['environment']}), {plan.dialect}"
              f"{', transactional DDL' if plan.transactional_ddl else ', DDL commits'}"]
+    lines += _stage_lines(bound.get("stage"))
     for o in plan.objects:
         changed = o.get("changed_blocks") or []
         # the block numbers and their lines, never a bare "0" that reads as "none changed"
@@ -278,6 +287,30 @@ def _plan_text(plan: DdlPlan) -> str:
     if plan.recompile_objects:
         keys = [ObjectRef.from_dict(r).key for r in plan.recompile_objects]
         lines.append(f"  also recompiled and checked: {', '.join(keys)}")
+    if plan.smoke:
+        lines.append(f"  smoke calls: {len(plan.smoke)} (run after the apply, each contained: "
+                     "read-only, rolled back)")
+        for sm in plan.smoke:
+            extra = "".join(f"  {k} {json.dumps(sm[k], sort_keys=True)}"
+                            for k in ("binds", "session") if sm.get(k))
+            expect = "" if sm.get("expect") is None else f"  expect {sm['expect']!r}"
+            lines.append(f"    {sm['name']}: {' '.join(str(sm['sql']).split())}{extra}{expect}")
+    for st in plan.far_side_steps:
+        first = f"  (recompile {st['dependent']} first)" if st.get("recompile") else ""
+        lines.append(f"  far-side step {st['name']} over link {st['link']}: "
+                     f"{' '.join(str(st['assertion']).split())}  expect {st.get('expect')!r}"
+                     f"{first}")
+    unverified = plan.unverified or ()
+    if unverified:
+        lines.append(f"  unverified: {len(unverified)} (nothing can prove these work after the "
+                     "change; approving this plan accepts them unverified)")
+        for u in unverified[:50]:
+            lines.append(f"    {u['object']} ({u.get('role', '')}): {u.get('why', '')}")
+        if len(unverified) > 50:
+            lines.append(f"    ... and {len(unverified) - 50} more (all of them in --json)")
+    else:
+        lines.append("  unverified: none (every object is covered by a check that runs or "
+                     "compiles it)")
     for a in plan.accepted_warnings or ():
         lines.append(f"  accepted on the row: {a['object']}: {a['message']!r} ({a['reason']})")
     for w in plan.warnings:
@@ -293,7 +326,34 @@ def _plan_text(plan: DdlPlan) -> str:
     return "\n".join(lines)
 
 
-def _print_merge(args: argparse.Namespace, merges: list[dict[str, Any]]) -> None:
+def _stage_lines(stage: Any) -> list[str]:
+    """Where the plan runs and what it rests on: the evidence, the exemption, or no promotion."""
+    if not isinstance(stage, dict):
+        return ["  stage: not recorded (a plan made before capgate recorded stages)"]
+    env = stage.get("environment")
+    if not stage.get("promotes"):
+        return [f"  stage: {env} (no promotion venue: no simulation evidence needed; "
+                f"`capgate ddl simulate` here makes the evidence for a higher venue)"]
+    ev = stage.get("evidence")
+    if isinstance(ev, dict):
+        return [f"  stage: {env} (a promotion): rests on the simulation of the same source on "
+                f"{ev.get('environment')} in this case -- intent {ev.get('intent_id')}, plan "
+                f"{ev.get('plan_hash')}, {ev.get('completed_at')}: apply + verify "
+                f"{ev.get('apply')}, then {ev.get('compensation')}"]
+    ex = stage.get("exemption") or {}
+    out = [f"  stage: {env} (a promotion): no simulation evidence "
+           f"({str(stage.get('missing') or 'none').replace('_', ' ')}); exempt by the "
+           "five-point test:"]
+    for p in ex.get("points") or []:
+        out.append(f"    ({p['point']}) {p['name']}: {'holds' if p['holds'] else 'fails'} "
+                   f"[{p['how']}] {p['why']}")
+    return out
+
+
+def _print_merge(args: argparse.Namespace, merges: list[dict[str, Any]],
+                 details: dict[str, Any] | None = None) -> None:
+    """Each merge proposal, whole (it is a document to apply, not an excerpt), and the plan
+    capgate made of it, if it made one."""
     if getattr(args, "json", False):
         return
     for m in merges:
@@ -302,6 +362,12 @@ def _print_merge(args: argparse.Namespace, merges: list[dict[str, Any]]) -> None
               f"{m.get('base_snapshot_id')}, ours = new source, theirs = live):",
               file=sys.stderr)
         print(m.get("merged", ""), file=sys.stderr)
+    if details and details.get("merge_plan"):
+        print(f"the merge is plan {details['merge_plan']}: a new source, with its own "
+              f"approval (capgate approve {details['merge_plan']} --by WHO --role ROLE "
+              "--key FILE)", file=sys.stderr)
+    elif details and details.get("merge_plan_why"):
+        print(f"no plan was made of the merge: {details['merge_plan_why']}", file=sys.stderr)
 
 
 _MARK = {"passed": "ok  ", "warning": "warn", "unverified": "?   ", "failed": "FAIL"}
@@ -369,11 +435,31 @@ def cmd_apply(args: argparse.Namespace) -> int:
         try:
             outcome, _ = svc.apply(args.plan_hash, case=args.case, who=caller(args, "is acting"))
         except MergeRequired as exc:
-            _print_merge(args, exc.details.get("merge") or [])
+            _print_merge(args, exc.details.get("merge") or [], exc.details)
             raise
     payload = outcome.to_dict()
     emit(args, payload, _outcome_text(payload))
     return outcome.exit_code
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    with _service(args) as svc:
+        result = svc.simulate(args.plan_hash, case=args.case, who=caller(args, "is acting"))
+    applied = result.get("applied") or {}
+    lines = [f"{'simulated' if result.get('simulated') else 'NOT simulated'}: plan "
+             f"{result['plan_hash']} on {result['environment']}, case {result['case']}"]
+    lines.append(f"  apply + verify: {applied.get('status')} (intent {applied.get('intent_id')})")
+    if result.get("compensated"):
+        lines.append(f"  compensation: {result['compensated'].get('outcome')}")
+    if result.get("simulated"):
+        ev = result["evidence"]
+        lines.append(f"  evidence: source {ev['source_id']} of {ev['operation_id']}@"
+                     f"{ev['version']}, recorded in the case at {ev['completed_at']}; a "
+                     "promotion of the same source in this case rests on it")
+    else:
+        lines.append(f"  no evidence: {result.get('why')}")
+    emit(args, result, "\n".join(lines))
+    return EXIT_OK if result.get("simulated") else EXIT_REFUSED
 
 
 def _verify_text(what: str, report: VerifyReport) -> str:

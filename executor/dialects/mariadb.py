@@ -13,6 +13,7 @@ session may still be alive.
 from __future__ import annotations
 
 import math
+import re
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -38,6 +39,89 @@ from capgate.executor.dialects.base import (
     vendor_code,
 )
 from capgate.registry.errors import PrivilegeMissing
+
+_GRANT = re.compile(r"^GRANT (?P<privs>.+?) ON (?:(?:PROCEDURE|FUNCTION|PACKAGE(?: BODY)?) )?"
+                    r"(?P<scope>\S+) TO ", re.IGNORECASE)
+
+
+def _session_grants(conn: sa.Connection) -> list[tuple[frozenset[str], str, str]]:
+    """``(privileges, database, object)`` of every grant ``SHOW GRANTS`` lists for the session.
+
+    ``SHOW GRANTS`` names the account's own grants *and* its current role's, which
+    ``information_schema.*_PRIVILEGES`` does not (there a role's privileges are
+    invisible to the account using them).  ``database`` and ``object`` are ``*`` for a
+    wildcard, patterns (``app\\_%``) as granted.
+    """
+    out: list[tuple[frozenset[str], str, str]] = []
+    for (line,) in conn.execute(sa.text("SHOW GRANTS")).all():
+        m = _GRANT.match(str(line))
+        if m is None:
+            continue
+        privs = frozenset(p.strip().upper() for p in re.sub(r"\([^)]*\)", "", m.group("privs"))
+                          .split(","))
+        db, _, obj = m.group("scope").partition(".")
+        out.append((privs, db.strip("`"), obj.strip("`")))
+    return out
+
+
+def _covers(pattern: str, name: str) -> bool:
+    """Whether a grant's database pattern covers ``name``: ``*``, or a name in which ``_``
+    and ``%`` are wildcards unless escaped with a backslash (as GRANT reads them)."""
+    if pattern == "*":
+        return True
+    out: list[str] = []
+    i = 0
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\" and i + 1 < len(pattern):
+            out.append(re.escape(pattern[i + 1]))
+            i += 2
+            continue
+        out.append(".*" if c == "%" else "." if c == "_" else re.escape(c))
+        i += 1
+    return re.fullmatch("".join(out), name) is not None
+
+
+def _diagnose_ddl(conn: sa.Connection, diagnosis: Diagnosis, schema: str) -> None:
+    """What the DDL loop needs on MariaDB, read from the session's grants (its roles too).
+
+    Apply needs ``CREATE ROUTINE`` and ``ALTER ROUTINE`` (an error without them);
+    capture of a routine another account defined needs ``SELECT`` on ``mysql.proc``
+    (without it the source reads NULL and capture is refused, CG530); views need
+    ``CREATE VIEW``, ``SHOW VIEW`` and ``DROP`` (``CREATE OR REPLACE VIEW``);
+    triggers ``TRIGGER``; the run checks and smoke calls ``EXECUTE`` and ``SELECT``.
+    """
+    grants = _session_grants(conn)
+
+    def held(privilege: str, db: str, obj: str = "*") -> bool:
+        return any((privilege in privs or "ALL PRIVILEGES" in privs or "ALL" in privs)
+                   and _covers(gdb, db) and gobj in ("*", obj) for privs, gdb, gobj in grants)
+
+    lacking = [p for p in ("CREATE ROUTINE", "ALTER ROUTINE") if not held(p, schema)]
+    if lacking:
+        diagnosis.error(PrivilegeMissing.code,
+                        f"the DDL rows need {' and '.join(lacking)} on {schema} (to replace "
+                        "routines); SHOW GRANTS lists neither for the account nor its role")
+    notes: list[str] = []
+    if not held("SELECT", "mysql", "proc"):
+        notes.append("SELECT on mysql.proc (capture of a routine another account defined "
+                     "reads NULL without it: CG530)")
+    views = [p for p in ("CREATE VIEW", "SHOW VIEW", "DROP") if not held(p, schema)]
+    if views:
+        notes.append(f"{', '.join(views)} on {schema} (to capture and replace views)")
+    if not held("TRIGGER", schema):
+        notes.append(f"TRIGGER on {schema} (to replace triggers)")
+    runs = [p for p in ("EXECUTE", "SELECT") if not held(p, schema)]
+    if runs:
+        notes.append(f"{', '.join(runs)} on {schema} (the run checks call functions and "
+                     "fetch from views; smoke calls run)")
+    for note in notes:
+        diagnosis.warning(PrivilegeMissing.code, f"the DDL rows may need {note}")
+    if not lacking and not notes:
+        diagnosis.ok("DDL capture (SHOW CREATE, mysql.proc), apply (CREATE/ALTER ROUTINE, "
+                     "views, triggers) and the run checks (EXECUTE, SELECT) are allowed")
+    elif not lacking:
+        diagnosis.ok("DDL apply of routines (CREATE/ALTER ROUTINE) is allowed")
 
 _IDENTITY = sa.text(
     "SELECT CONNECTION_ID() AS connection_id, @@server_id AS server_id,"
@@ -383,10 +467,4 @@ class MariadbDialect(Dialect, name="mariadb", aliases=("mysql",)):
             diagnosis.session_limit(int(row_limit), "the account's MAX_USER_CONNECTIONS")
         diagnosis.session_limit(int(scalar("SELECT @@max_connections")), "max_connections")
         if diagnosis.ddl_rows:
-            lacking = [p for p in ("CREATE ROUTINE", "ALTER ROUTINE") if not held(p)]
-            if lacking:
-                diagnosis.error(PrivilegeMissing.code,
-                                f"the DDL rows need {' and '.join(lacking)} on {schema}")
-            else:
-                diagnosis.ok("DDL capture (SHOW CREATE) and apply (CREATE/ALTER "
-                             "ROUTINE) are allowed")
+            _diagnose_ddl(conn, diagnosis, str(schema))
