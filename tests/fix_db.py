@@ -2,6 +2,15 @@
 
 Order of preference for each engine:
 
+0. with ``CAPGATE_TEST_DB=containers``, PostgreSQL and MariaDB always come from
+   containers started through testcontainers, whatever DSN or local server there
+   is (the path a user's CI takes; ``.ci/run`` runs the suites both ways).  The
+   images are settings: ``CAPGATE_TEST_PG_IMAGE`` (default
+   ``capgate-test/postgres:15``, PostgreSQL 15 with plpgsql_check) and
+   ``CAPGATE_TEST_MARIADB_IMAGE`` (default ``capgate-test/mariadb:10.11``), which
+   ``scripts/build-test-images`` builds from Debian's packages where no registry
+   answers.  No Docker daemon, or an image that is not there and cannot be
+   pulled, stops the run at once;
 1. a DSN in the environment (``CAPGATE_TEST_PG_DSN``, ``CAPGATE_TEST_MARIADB_DSN``,
    ``CAPGATE_TEST_ORACLE_DSN``), as a SQLAlchemy URL or ``postgresql://`` style URL;
    else a server of the machine's own answering on the default port
@@ -33,6 +42,14 @@ container's SYSTEM has it).  ``oracle_tg_url`` is a fresh user on that service.
 When ``oracle`` is in ``CAPGATE_REQUIRE_DBS`` a missing Transaction Guard service
 fails the run too; otherwise its tests skip and say why.  ``CAPGATE_TEST_ORACLE_IMAGE``
 picks the container image (default ``gvenzl/oracle-free:slim``).
+
+Containers.  Ryuk, testcontainers' reaper, is used when its image is here or can be
+pulled; otherwise it is disabled for the session (``TESTCONTAINERS_RYUK_DISABLED=true``,
+exported so that child processes, such as the CI example's pytest, do the same) and
+the fixtures remove what they started: every container at the end of the session,
+and at the start of the next one any container a killed session left behind (each
+carries the label ``capgate.test.owner`` naming the process that started it).  How
+long each container took to answer is printed at the end of the run.
 """
 
 from __future__ import annotations
@@ -144,21 +161,170 @@ _SERVERS: dict[str, Server | None] = {}
 _SKIP_REASON: dict[str, str] = {}
 
 
-def _start_container(engine: str) -> Server:
+PG_IMAGE = "capgate-test/postgres:15"
+MARIADB_IMAGE = "capgate-test/mariadb:10.11"
+CONTAINER_PASSWORD = "capgate"
+OWNER_LABEL = "capgate.test.owner"
+"""Label on every container the fixtures start: ``host:pid:start`` of the starting process."""
+_STARTED: dict[str, float] = {}
+"""Seconds each engine's container took from ``start()`` to answering."""
+_DOCKER_READY: list[bool] = []
+
+
+def containers_mode() -> bool:
+    """Whether ``CAPGATE_TEST_DB=containers`` asks for containers instead of servers."""
+    value = os.environ.get("CAPGATE_TEST_DB", "").strip().lower()
+    if value in ("", "servers"):
+        return False
+    if value == "containers":
+        return True
+    pytest.exit(f"CAPGATE_TEST_DB={value!r}: expected 'containers' or 'servers'", returncode=3)
+
+
+def image_for(engine: str) -> str:
+    """The container image for ``engine``, from its setting."""
     if engine == "postgresql":
-        from testcontainers.postgres import PostgresContainer
-
-        pgc = PostgresContainer("postgres:16", driver="psycopg").start()
-        return Server(engine, normalise_url(engine, pgc.get_connection_url()), pgc)
+        return os.environ.get("CAPGATE_TEST_PG_IMAGE") or PG_IMAGE
     if engine == "mariadb":
-        from testcontainers.mysql import MySqlContainer
+        return os.environ.get("CAPGATE_TEST_MARIADB_IMAGE") or MARIADB_IMAGE
+    return os.environ.get("CAPGATE_TEST_ORACLE_IMAGE") or "gvenzl/oracle-free:slim"
 
-        myc = MySqlContainer("mariadb:10.11", username="root", password="capgate",
-                             dbname="test").start()
-        return Server(engine, normalise_url(engine, myc.get_connection_url()), myc)
-    image = os.environ.get("CAPGATE_TEST_ORACLE_IMAGE", "gvenzl/oracle-free:slim")
-    orc = oracle_container_class()(image).start()
-    return Server(engine, normalise_url(engine, orc.get_connection_url()), orc)
+
+def process_token(pid: int) -> str:
+    """``host:pid:start``: names one process, and not a later one that reuses its pid."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        start = stat[stat.rindex(")") + 2:].split()[19]
+    except (OSError, ValueError, IndexError):
+        start = "?"
+    return f"{socket.gethostname()}:{pid}:{start}"
+
+
+def _owner_gone(token: str) -> bool:
+    host, _, rest = token.partition(":")
+    pid, _, _ = rest.partition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return False  # another machine's, or not ours to judge
+    return process_token(int(pid)) != token
+
+
+def ensure_docker_session() -> None:
+    """Once per session, before the first container: Ryuk or not, and leftovers removed.
+
+    Ryuk stays on when its image is here or can be pulled.  Otherwise it is disabled
+    (testcontainers would fail every start trying to pull it) and exported, so that
+    child processes decide the same way; the fixtures then remove what they start.
+    Containers left by a session that died (its process is gone) are removed now.
+
+    Published ports are reached on this machine's loopback
+    (``TESTCONTAINERS_CONNECTION_MODE=docker_host``, exported too): testcontainers
+    takes a ``/.dockerenv`` file, which some machines have, for a sign that it runs
+    inside a container, and would connect through the bridge's gateway address
+    instead.  Set the variable yourself where the tests do run in a container.
+    """
+    if _DOCKER_READY:
+        return
+    import docker
+    from testcontainers.core.config import ConnectionMode, testcontainers_config
+
+    if "TESTCONTAINERS_CONNECTION_MODE" not in os.environ:
+        testcontainers_config.connection_mode_override = ConnectionMode.docker_host
+        os.environ["TESTCONTAINERS_CONNECTION_MODE"] = ConnectionMode.docker_host.value
+    client = docker.from_env()
+    try:
+        if "TESTCONTAINERS_RYUK_DISABLED" not in os.environ:
+            try:
+                client.images.get(testcontainers_config.ryuk_image)
+            except docker.errors.ImageNotFound:
+                try:
+                    client.images.pull(testcontainers_config.ryuk_image)
+                except docker.errors.APIError:
+                    testcontainers_config.ryuk_disabled = True
+                    os.environ["TESTCONTAINERS_RYUK_DISABLED"] = "true"
+        for leftover in client.containers.list(all=True, filters={"label": OWNER_LABEL}):
+            if _owner_gone(leftover.labels.get(OWNER_LABEL, "")):
+                with contextlib.suppress(docker.errors.APIError):
+                    leftover.remove(force=True)
+    finally:
+        client.close()
+    _DOCKER_READY.append(True)
+
+
+def _require_image(image: str, hint: str) -> None:
+    """The image is here, or can be pulled; else say so, and what to do (``hint``)."""
+    import docker
+
+    client = docker.from_env()
+    try:
+        client.images.get(image)
+    except docker.errors.ImageNotFound:
+        try:
+            client.images.pull(image)
+        except docker.errors.APIError as exc:
+            raise RuntimeError(f"image {image} is not here and cannot be pulled "
+                               f"({str(exc).splitlines()[0]}); {hint}") from exc
+    finally:
+        client.close()
+
+
+def _start_container(engine: str) -> Server:
+    ensure_docker_session()
+    image = image_for(engine)
+    labels = {OWNER_LABEL: process_token(os.getpid())}
+    container: Any
+    built_here = "build it with scripts/build-test-images, or name another image"
+    if engine == "postgresql":
+        _require_image(image, built_here)
+        container = postgres_container_class()(
+            image, username="postgres", password=CONTAINER_PASSWORD, dbname="test",
+            driver="psycopg").with_kwargs(labels=labels)
+    elif engine == "mariadb":
+        _require_image(image, built_here)
+        container = mysql_container_class()(
+            image, username="root", password=CONTAINER_PASSWORD, dbname="test"
+        ).with_kwargs(labels=labels)
+    else:
+        _require_image(image, "Oracle's image comes from a registry only; set "
+                              "CAPGATE_TEST_ORACLE_DSN to an Oracle you have")
+        container = oracle_container_class()(image).with_kwargs(labels=labels)
+    began = time.monotonic()
+    try:
+        container.start()
+    except BaseException:
+        with contextlib.suppress(Exception):
+            container.stop()  # created but never answered: remove it now
+        raise
+    _STARTED[engine] = time.monotonic() - began
+    url = normalise_url(engine, container.get_connection_url())
+    if url.host == "localhost":
+        url = url.set(host="127.0.0.1")  # the published port listens on IPv4
+    return Server(engine, url, container)
+
+
+def postgres_container_class() -> Any:
+    """testcontainers' ``PostgresContainer``, from where this version keeps it.
+
+    4.x moved the modules under ``testcontainers.community``; the old path warns on
+    import (an error under ``filterwarnings = error``) and stays only as a fallback.
+    """
+    try:
+        from testcontainers.community.postgres import PostgresContainer
+    except ImportError:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            from testcontainers.postgres import PostgresContainer
+    return PostgresContainer
+
+
+def mysql_container_class() -> Any:
+    """testcontainers' ``MySqlContainer`` (it starts MariaDB images too), wherever it lives."""
+    try:
+        from testcontainers.community.mysql import MySqlContainer
+    except ImportError:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            from testcontainers.mysql import MySqlContainer
+    return MySqlContainer
 
 
 def oracle_container_class() -> Any:
@@ -283,6 +449,8 @@ def server_for(engine: str) -> Server | None:
         return _SERVERS[engine]
     dsn = os.environ.get(ENV_DSN[engine])
     server: Server | None = None
+    if engine in LOCAL_DSN and containers_mode():
+        return _container_server(engine)
     try:
         if dsn:
             server = Server(engine, normalise_url(engine, dsn))
@@ -308,6 +476,23 @@ def server_for(engine: str) -> Server | None:
             server = None
     if server is not None and engine == "oracle":
         ensure_tg_service(server)
+    _SERVERS[engine] = server
+    return server
+
+
+def _container_server(engine: str) -> Server:
+    """``CAPGATE_TEST_DB=containers``: the engine's container, or the run stops."""
+    if not docker_available():
+        pytest.exit(f"CAPGATE_TEST_DB=containers: no Docker daemon answers for {engine} "
+                    f"(DOCKER_HOST or /var/run/docker.sock; scripts/start-docker starts one)",
+                    returncode=3)
+    try:
+        server = _start_container(engine)
+        _probe(server)
+    except Exception as exc:
+        pytest.exit(f"CAPGATE_TEST_DB=containers: {engine} container ({image_for(engine)}) "
+                    f"did not start: {type(exc).__name__}: {str(exc).splitlines()[0]}",
+                    returncode=3)
     _SERVERS[engine] = server
     return server
 
@@ -357,6 +542,7 @@ def ensure_plpgsql_check(url: URL) -> None:
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Warm up: probe every required engine now, so an outage stops the run at once."""
+    containers_mode()  # a misspelt CAPGATE_TEST_DB stops the run here
     for engine in sorted(required_engines()):
         if engine not in ENGINES:
             pytest.exit(f"CAPGATE_REQUIRE_DBS names an unknown engine {engine!r}", returncode=3)
@@ -377,10 +563,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Remove every container this session started (``stop`` removes it)."""
     for server in _SERVERS.values():
         if server is not None and server.container is not None:
+            container, server.container = server.container, None
             with contextlib.suppress(Exception):
-                server.container.stop()
+                container.stop()
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """How long each container took to answer: the figure docs/ci/README.md quotes."""
+    for engine, seconds in sorted(_STARTED.items()):
+        terminalreporter.write_line(
+            f"container {engine} ({image_for(engine)}) answered in {seconds:.1f} s")
 
 
 def _unique(prefix: str) -> str:

@@ -359,7 +359,7 @@ def test_an_edited_snapshot_does_not_let_a_blocked_case_continue(executor: Execu
     _edit_snapshot(executor, "C-edit", finish)
     before = table_dump(executor.connectors.get("insurance").engine.url, "policy_note")
     fresh = make_executor(executor.connectors.get("insurance").engine.url,
-                          executor.ledger.url, schema=False)  # another process's view
+                          executor.ledger.engine.url, schema=False)  # another process's view
     try:
         for ex in (executor, fresh):
             with pytest.raises(errors.LedgerTampered) as info:
@@ -993,7 +993,8 @@ def test_a_read_against_an_unreachable_database_leaves_nothing_open(executor: Ex
     (tmp_path / "grants.toml").write_text(
         '[principals.agent]\ngrants = [{ connector = "*", environments = ["dev"], '
         'access = "write" }]\n')
-    config.write_text(f'[capgate]\nledger = "{executor.ledger.url}"\ngrants = "grants.toml"\n'
+    ledger = executor.ledger.engine.url.render_as_string(hide_password=False)
+    config.write_text(f'[capgate]\nledger = "{ledger}"\ngrants = "grants.toml"\n'
                       f'capabilities = ["{CAPABILITIES_DIR}"]\n'
                       '[connectors.insurance]\nurl = "postgresql://nobody@127.0.0.1:9/none"\n'
                       'environment = "dev"\n')

@@ -74,15 +74,16 @@ def test_a_call_waits_for_a_slot_then_runs(gate: Callable[..., Executor], sqlite
 def capped_user(pg_url: URL) -> Iterator[URL]:
     """``pg_url`` as a fresh role the server itself caps at 6 sessions."""
     role = f"cgb_{uuid.uuid4().hex[:10]}"
+    password = uuid.uuid4().hex  # a server that checks passwords (a container) asks for one
     schema = str(pg_url.query["options"]).split("=", 1)[1]
     admin = sa.create_engine(pg_url, poolclass=sa.pool.NullPool, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
-        conn.execute(sa.text(f"CREATE ROLE {role} LOGIN CONNECTION LIMIT 6"))
+        conn.execute(sa.text(f"CREATE ROLE {role} LOGIN PASSWORD '{password}' CONNECTION LIMIT 6"))
         conn.execute(sa.text(f'GRANT USAGE, CREATE ON SCHEMA "{schema}" TO {role}'))
         conn.execute(sa.text(f'ALTER DEFAULT PRIVILEGES IN SCHEMA "{schema}" '
                              f"GRANT ALL ON TABLES TO {role}"))
     try:
-        yield pg_url.set(username=role, password=None)
+        yield pg_url.set(username=role, password=password)
     finally:
         with admin.connect() as conn:
             conn.execute(sa.text(f"DROP OWNED BY {role}"))

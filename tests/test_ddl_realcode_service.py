@@ -194,11 +194,17 @@ def far(target: URL, pg_admin_url: URL) -> Iterator[tuple[URL, str]]:
         conn.exec_driver_sql("CREATE EXTENSION IF NOT EXISTS postgres_fdw SCHEMA public")
         conn.execute(sa.text("SELECT pg_advisory_unlock(hashtext('capgate:postgres_fdw'))"))
         conn.exec_driver_sql(f'CREATE SCHEMA "{schema}"')
+        # The server reaches itself where it accepted us, as it sees it: inside a
+        # container the published host port means nothing, the server's own does.
+        addr, port = conn.execute(sa.text(
+            "SELECT host(inet_server_addr()), inet_server_port()")).one()
         conn.exec_driver_sql(
             f"CREATE SERVER {server} FOREIGN DATA WRAPPER postgres_fdw OPTIONS (host "
-            f"'{u.host or '127.0.0.1'}', port '{u.port or 5432}', dbname '{u.database}')")
+            f"'{addr or u.host or '127.0.0.1'}', port '{port or u.port or 5432}', "
+            f"dbname '{u.database}')")
+        password = f", password '{u.password}'" if u.password else ""
         conn.exec_driver_sql(f"CREATE USER MAPPING FOR CURRENT_USER SERVER {server} "
-                             f"OPTIONS (user '{u.username or 'postgres'}')")
+                             f"OPTIONS (user '{u.username or 'postgres'}'{password})")
         conn.exec_driver_sql(
             f'CREATE FOREIGN TABLE "{schema}".ft_base (id int, base numeric) SERVER {server} '
             f"OPTIONS (schema_name '{schema_of(target)}', table_name 'v_base')")

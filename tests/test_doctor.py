@@ -92,15 +92,25 @@ def test_mcp_says_how_many_tools_and_why_rows_are_hidden(tmp_path: Path) -> None
            "in 'prod'" in said
 
 
+def _connect_as(config: Path, target: URL, user: str, password: str) -> None:
+    """Point the project's connector at ``target`` as ``user`` instead of its owner."""
+    text = config.read_text("utf-8")
+    owner = target.render_as_string(hide_password=False)
+    assert owner in text, text
+    as_user = target.set(username=user, password=password).render_as_string(hide_password=False)
+    config.write_text(text.replace(owner, as_user), "utf-8")
+
+
 @pytest.mark.postgresql
 def test_doctor_on_postgresql_limits_privileges_and_plpgsql_check(
         tmp_path: Path, pg_admin_url: URL) -> None:
     name = f"cg_doc_{uuid.uuid4().hex[:8]}"
+    password = uuid.uuid4().hex  # a server that checks passwords (a container) asks for one
     admin = sa.create_engine(pg_admin_url, poolclass=sa.pool.NullPool,
                              isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
         conn.execute(sa.text(f"CREATE DATABASE {name}"))
-        conn.execute(sa.text(f"CREATE ROLE {name} LOGIN CONNECTION LIMIT 2"))
+        conn.execute(sa.text(f"CREATE ROLE {name} LOGIN PASSWORD '{password}' CONNECTION LIMIT 2"))
     target = pg_admin_url.set(database=name)
     owner = sa.create_engine(target, poolclass=sa.pool.NullPool, isolation_level="AUTOCOMMIT")
     try:
@@ -109,8 +119,7 @@ def test_doctor_on_postgresql_limits_privileges_and_plpgsql_check(
         with owner.connect() as conn:
             conn.execute(sa.text(f"GRANT SELECT ON ALL TABLES IN SCHEMA public TO {name}"))
         config = tmp_path / "proj" / "capgate.toml"
-        user = pg_admin_url.username or "postgres"
-        config.write_text(config.read_text("utf-8").replace(f"{user}@", f"{name}@"), "utf-8")
+        _connect_as(config, target, name, password)
         found = codes(run_doctor(config, {}))
         assert any("CONNECTION LIMIT allows 2 session(s) but session_budget is 4" in m
                    for m in found["CG913"]), found
@@ -133,12 +142,14 @@ def test_doctor_on_mariadb_max_user_connections_and_privileges(
     init_project(tmp_path / "proj", target=mariadb_url.render_as_string(hide_password=False),
                  example_schema=True)
     database = mariadb_url.database
+    password = uuid.uuid4().hex
     with admin.begin() as conn:
-        conn.execute(sa.text(f"CREATE USER '{user}'@'%' WITH MAX_USER_CONNECTIONS 2"))
+        conn.execute(sa.text(f"CREATE USER '{user}'@'%' IDENTIFIED BY '{password}' "
+                             f"WITH MAX_USER_CONNECTIONS 2"))
         conn.execute(sa.text(f"GRANT SELECT ON {database}.* TO '{user}'@'%'"))
     try:
         config = tmp_path / "proj" / "capgate.toml"
-        config.write_text(config.read_text("utf-8").replace("root@", f"{user}@"), "utf-8")
+        _connect_as(config, mariadb_url, user, password)
         found = codes(run_doctor(config, {}))
         assert any("MAX_USER_CONNECTIONS allows 2 session(s)" in m or
                    "max_user_connections allows 2" in m for m in found["CG913"]), found

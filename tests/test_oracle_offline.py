@@ -566,6 +566,27 @@ def test_a_required_oracle_that_is_missing_fails_loudly(tmp_path: Path) -> None:
     assert "DeprecationWarning" not in said and "Traceback" not in said
 
 
+def test_an_oracle_image_that_cannot_be_pulled_fails_loudly(tmp_path: Path) -> None:
+    """Docker answers, the image cannot be had: one message naming it, and what to do."""
+    from tests.fix_db import docker_available
+
+    if not docker_available():
+        pytest.skip("no Docker daemon answers: the test above covers that case")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CAPGATE_TEST_ORACLE")}
+    env.update(CAPGATE_REQUIRE_DBS="oracle", CAPGATE_TEST_ORACLE_IMAGE="capgate-test/no-oracle:0")
+    test = tmp_path / "test_needs_oracle.py"
+    test.write_text("def test_x(oracle_url):\n    pass\n", "utf-8")
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           "--rootdir", str(ROOT), "-c", str(ROOT / "pyproject.toml"), str(test)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    said = done.stdout + done.stderr
+    assert done.returncode == 3, said
+    assert "oracle: could not start a container: image capgate-test/no-oracle:0 is not here " \
+           "and cannot be pulled" in said, said
+    assert "CAPGATE_TEST_ORACLE_DSN" in said
+    assert "DeprecationWarning" not in said and "Traceback" not in said
+
+
 # --- the CI job that proves it where Docker runs ----------------------------------------------
 
 

@@ -10,6 +10,13 @@ publish.
 
 Set ``CAPGATE_CI_DATABASE_URL`` to use a database you already have instead of
 a container (an empty one: the schema is created in it).
+
+The container's image is ``CAPGATE_TEST_PG_IMAGE``, by default the official
+``postgres:16``: where no registry can be reached, name an image built locally
+(capgate's own CI builds one from Debian's packages, ``scripts/build-test-images``).
+Where testcontainers' reaper image (Ryuk) cannot be pulled either, set
+``TESTCONTAINERS_RYUK_DISABLED=true``: the ``with`` block below removes the
+container all the same.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ REPO = Path(os.environ.get("CAPGATE_CI_REPO", Path.cwd()))
 CAPABILITIES = REPO / "capabilities"
 SCHEMA = CAPABILITIES / "schema" / "postgresql.sql"  # or run your migrations instead
 REPORTS = REPO / "reports"
+IMAGE = os.environ.get("CAPGATE_TEST_PG_IMAGE") or "postgres:16"
 
 
 @pytest.fixture(scope="session")
@@ -38,9 +46,12 @@ def database_url() -> Iterator[str]:
     if given:
         yield given
         return
-    from testcontainers.postgres import PostgresContainer
+    try:  # testcontainers 4.15 and later
+        from testcontainers.community.postgres import PostgresContainer
+    except ImportError:  # earlier 4.x: the old path (it warns on import in 4.15)
+        from testcontainers.postgres import PostgresContainer
 
-    with PostgresContainer("postgres:16", driver="psycopg") as pg:
+    with PostgresContainer(IMAGE, driver="psycopg") as pg:
         yield pg.get_connection_url()
 
 
