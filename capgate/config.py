@@ -61,8 +61,8 @@ TOP_KEYS: dict[str, str] = {
 #: The known keys of ``[mcp]``: the HTTP endpoint's limits.
 MCP_KEYS: dict[str, str] = {
     "max_connections": "an integer >= 1: concurrent HTTP connections (default 64)",
-    "header_timeout_seconds": "a number of seconds > 0: to send a request's headers "
-                              "(default 10)",
+    "read_timeout_seconds": "a number of seconds > 0: to send a request's headers and "
+                            "body (default 10)",
     "idle_timeout_seconds": "a number of seconds > 0: an idle keep-alive connection is "
                             "closed (default 30)",
     "auth_failure_log_seconds": "a number of seconds >= 0: at most one log line per "
@@ -134,7 +134,7 @@ class Settings:
     approval_ttl_max_seconds: int = 86_400
     """The longest an approval may live; a longer ``--ttl`` (or row default) is refused."""
     mcp: Mapping[str, float] = field(default_factory=dict)
-    """``[mcp]``: the HTTP endpoint's limits (``max_connections``, ``header_timeout_seconds``,
+    """``[mcp]``: the HTTP endpoint's limits (``max_connections``, ``read_timeout_seconds``,
     ``idle_timeout_seconds``, ``auth_failure_log_seconds``); absent keys take defaults."""
 
 
@@ -173,6 +173,13 @@ def _resolve_sqlite(url: str, base: Path) -> str:
             db = base / db
         return parsed.set(database=str(db)).render_as_string(hide_password=False)
     return url
+
+
+def _shown(url: str) -> str:
+    """A URL as a message may show it, even one that does not parse: no password."""
+    from capgate.executor.dialects import safe_url_text
+
+    return safe_url_text(url)
 
 
 def _suggest(key: str, known: Mapping[str, str]) -> str:
@@ -309,8 +316,8 @@ def read_settings(path: str | Path | None = None, env: Mapping[str, str] | None 
     try:
         ledger = _resolve_sqlite(ledger, base)
     except Exception:
-        problem(("capgate",), "ledger", f"cannot be parsed as a URL: {ledger!r} (expected "
-                                        "sqlite:///path or postgresql://user@host/db)")
+        problem(("capgate",), "ledger", f"cannot be parsed as a URL: {_shown(ledger)!r} "
+                                        "(expected sqlite:///path or postgresql://user@host/db)")
     agent = env.get("CAPGATE_AGENT") or text_value("agent")
     max_bytes = top.get("max_request_bytes", 1_048_576)
     if not isinstance(max_bytes, int) or isinstance(max_bytes, bool) or max_bytes < 1:
@@ -459,7 +466,7 @@ def _connector(name: str, spec: Mapping[str, Any], base: Path,
     try:
         resolved = _resolve_sqlite(str(url), base)
     except Exception:
-        problem("url", f"cannot be parsed as a URL: {url!r}")
+        problem("url", f"cannot be parsed as a URL: {_shown(str(url))!r}")
         return None
     try:
         return ConnectorConfig(name=name, url=resolved, environment=str(environment),

@@ -337,10 +337,14 @@ def load_tokens(path: str | None, env: Mapping[str, str] | None = None) -> dict[
     """Bearer token -> identity, from ``path`` or ``CAPGATE_MCP_TOKENS`` (JSON objects)."""
     env = os.environ if env is None else env
     if path is not None:
+        from capgate.executor.secretfiles import read_private
+
         try:
-            raw = Path(path).read_text("utf-8")
+            raw = read_private(path, "tokens file").decode("utf-8")
         except OSError as exc:
             raise ConfigError(f"{path}: cannot read the tokens file: {exc.strerror}") from None
+        except UnicodeDecodeError:
+            raise ConfigError(f"{path}: the tokens file is not UTF-8 JSON") from None
         source = path
     elif env.get(TOKENS_ENV):
         raw, source = env[TOKENS_ENV], TOKENS_ENV
@@ -620,6 +624,8 @@ class GateServer:
         import uvicorn
         from pydantic import AnyHttpUrl
 
+        from capgate.mcp_http import AuthFailureLog, Limits, guarded_protocol
+
         assert self.tokens is not None
         host, port, tls = endpoint.host, endpoint.port, endpoint.tls
         shown = f"[{host}]" if ":" in host else host
@@ -631,10 +637,15 @@ class GateServer:
         )
         identities = sorted(set(self.tokens.values()))
         self.log_exposure(identities)
+        limits = Limits.from_settings(self.settings.mcp)
         log(f"serving streamable HTTP at {base}/mcp for {len(identities)} identit"
-            f"{'y' if len(identities) == 1 else 'ies'} ({', '.join(identities)})")
-        config = uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                lifespan="on",
+            f"{'y' if len(identities) == 1 else 'ies'} ({', '.join(identities)}); at most "
+            f"{limits.max_connections} connections, {limits.read_timeout_seconds:g} s to send a "
+            f"request, {limits.idle_timeout_seconds:g} s idle")
+        config = uvicorn.Config(AuthFailureLog(app, limits.auth_failure_log_seconds, log),
+                                host=host, port=port, log_level="warning",
+                                lifespan="on", http=guarded_protocol(limits),
+                                timeout_keep_alive=int(max(1, limits.idle_timeout_seconds)),
                                 ssl_certfile=str(tls.cert) if tls else None,
                                 ssl_keyfile=str(tls.key) if tls else None)
         await uvicorn.Server(config).serve()
@@ -700,6 +711,9 @@ def http_endpoint(spec: str, tls_cert: str | None, tls_key: str | None) -> HttpE
         for flag, name in (("--tls-cert", tls_cert), ("--tls-key", tls_key)):
             if not Path(name).is_file():
                 raise ConfigError(f"{flag} {name}: no such file", path=name)
+        from capgate.executor.secretfiles import check_private
+
+        check_private(tls_key, "TLS private key")
         tls = Tls(Path(tls_cert), Path(tls_key))
     if tls is None and not is_loopback(host):
         raise ConfigError(

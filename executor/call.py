@@ -443,10 +443,12 @@ class Executor:
         key, or the same request still running in another case, is refused.
         """
         if owner.fingerprint != fp:
+            mine = owner.case_id == case  # another case's ids are not the caller's to see
             raise IdempotencyConflict(
                 f"idempotency key {idem!r} was used for a different request "
-                f"(intent {owner.intent_id} in case {owner.case_id!r})",
-                key=idem, intent_id=owner.intent_id, case=owner.case_id)
+                + (f"(intent {owner.intent_id} in this case)" if mine else "in another case"),
+                key=idem, **({"intent_id": owner.intent_id, "case": owner.case_id} if mine
+                             else {}))
         wait = float(row.timeout.seconds) + AWAIT_OWNER_MARGIN_SECONDS
         deadline = time.monotonic() + wait
         pause = 0.005
@@ -457,8 +459,8 @@ class Executor:
                 return Outcome.from_dict(record, replayed=True)
             if owner.case_id != case:  # another case's request, still running: not ours
                 raise IdempotencyConflict(
-                    f"idempotency key {idem!r} is held by case {owner.case_id!r}",
-                    key=idem, case=owner.case_id, intent_id=owner.intent_id)
+                    f"idempotency key {idem!r} is held by another case's request, still "
+                    "running", key=idem)
             if time.monotonic() >= deadline:
                 raise RequestInFlight(
                     f"the same request (key {idem!r}) is being executed as intent "

@@ -919,9 +919,18 @@ class ExecutionTimeout(CapgateError, code="CG310", exit_code=EXIT_UNKNOWN):
 class ImpactConflict(CapgateError, code="CG320", retryable=True):
     """Another case holds an impact claim on an overlapping target.
 
-    The details name the holder and its case.  Wait for it to finish or
+    The details name the impact key and how long the claim still runs -- never
+    the holding case or its intents, which may be another identity's work (the
+    person who coordinates finds them in the ledger).  Wait for it to finish or
     coordinate; two cases never write one target at once.
     """
+
+    def __init__(self, message: str, *, holder: dict[str, Any] | None = None,
+                 **details: Any) -> None:
+        super().__init__(message, **details)
+        self.holder: dict[str, Any] = dict(holder or {})
+        """Who holds the key (case, intent, operation, process, token): for the ledger's
+        coordination record, never shown with the refusal."""
 
 
 class BudgetExhausted(CapgateError, code="CG321", retryable=True):
