@@ -244,6 +244,9 @@ class Catalog:
         self._tools: dict[str, dict[str, ToolEntry]] = {}
         self._shown: dict[str, dict[str, ToolEntry]] = {}
         """What each identity was last shown (kept across reloads, to compare with)."""
+        self._known: dict[str, dict[str, ToolEntry]] = {}
+        """Every tool each identity was ever shown: a call to one that left the list is
+        answered with the coded reason, not a bare "unknown tool"."""
         self._lock = threading.Lock()
 
     @property
@@ -289,12 +292,13 @@ class Catalog:
             if generation == self._generation:
                 self._tools[who] = out
                 self._shown[who] = out
+                self._known.setdefault(who, {}).update(out)
         return out
 
     def shown(self, who: str, name: str) -> ToolEntry | None:
-        """The tool ``who`` was last shown under ``name``, before any reload."""
+        """The tool ``who`` was last shown under ``name`` (in this or an earlier list)."""
         with self._lock:
-            return self._shown.get(who, {}).get(name)
+            return self._known.get(who, {}).get(name)
 
 
 def _signature(tools: Mapping[str, ToolEntry]) -> dict[str, Any]:

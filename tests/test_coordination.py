@@ -375,9 +375,10 @@ def test_a_case_holds_its_keys_across_calls_and_a_second_case_gets_one_decision(
                     who="other-agent")
         assert refused.value.code == "CG330" and not refused.value.retryable
         assert isinstance(refused.value, errors.ImpactConflict)
-        d = refused.value.details
-        assert (d["case_id"], d["requested_by_case"], d["impact_key"], d["token"]) == (
-            "HOLDER", "ASKER", key, 1)
+        d, holder = refused.value.details, refused.value.holder
+        assert (holder["case_id"], d["requested_by_case"], d["impact_key"], holder["token"]) \
+            == ("HOLDER", "ASKER", key, 1)
+        assert "case_id" not in d and "HOLDER" not in refused.value.message  # not the asker's
         decisions.add(d["decision_id"])
     (decision,) = decisions
     asked = events_of(ex, "ASKER", "coordination_requested")

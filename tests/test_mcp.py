@@ -34,6 +34,7 @@ from sqlalchemy.engine import URL
 from capgate.mcp_server import CASE_META_KEY, OUTPUT_SCHEMA
 from capgate.registry.loader import load_registry
 from capgate.registry.model import thaw
+from capgate.registry.sql_effects import destructive
 from capgate.sqlfiles import apply_schema
 from tests.fix_capgate import approval_key_line, approver_key_file, install_target, table_dump
 
@@ -170,13 +171,18 @@ async def check_tools(session: ClientSession, *, code: bool = False) -> dict[str
         ann = tool.annotations
         assert ann is not None
         assert ann.read_only_hint is (row.effect_class == "read")
-        if row.effect_class != "read":
-            assert ann.destructive_hint is (row.effect_class in ("irreversible", "ddl"))
+        if row.effect_class != "read":  # from the statements as well as the effect class
+            assert ann.destructive_hint is destructive(row), row.ref
         assert ann.idempotent_hint is row.idempotent
         assert (tool.meta or {}).get("capgate/version") == row.version
     assert listed["policy.cancel"].title == "policy.cancel (v2)"  # the current, not the retired
     assert listed["policy.get"].annotations.read_only_hint is True  # type: ignore[union-attr]
     assert listed["document.issue"].annotations.destructive_hint is True  # type: ignore[union-attr]
+    # an UPDATE or DELETE is destructive whatever the effect class; an INSERT alone is not
+    for name, hint in (("policy.cancel", True), ("policy.purge_orphan", True),
+                       ("premium.mark_paid", True), ("cover.add", True),
+                       ("policy.add_note", False), ("claim.register", False)):
+        assert listed[name].annotations.destructive_hint is hint, name  # type: ignore[union-attr]
     return listed
 
 
@@ -414,6 +420,7 @@ def self_signed(folder: Path) -> tuple[Path, Path]:
     key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
                                            serialization.PrivateFormat.PKCS8,
                                            serialization.NoEncryption()))
+    key_path.chmod(0o600)  # a private key open to others is refused (CG920)
     return cert_path, key_path
 
 
