@@ -68,13 +68,15 @@ def _stamp(path: Path) -> Stamp:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
-def _content(path: Path, is_dir: bool) -> str:
-    """What a racy entry is compared by: a file's bytes, a folder's listing."""
+def _content(path: Path, is_dir: bool, wanted: Callable[[Path], bool]) -> str:
+    """What a racy entry is compared by: a file's bytes, a folder's listing (its folders
+    and the files that matter: an editor's swap file coming and going is no change)."""
     h = hashlib.sha256()
     try:
         if is_dir:
-            for name in sorted(os.listdir(path)):
-                h.update(name.encode("utf-8", "surrogateescape") + b"\0")
+            for entry in sorted(os.scandir(path), key=lambda e: e.name):
+                if entry.is_dir() or wanted(Path(entry.path)):
+                    h.update(entry.name.encode("utf-8", "surrogateescape") + b"\0")
         else:
             h.update(path.read_bytes())
     except OSError as exc:
@@ -136,7 +138,7 @@ class FileWatch:
         seen = _Seen({p: _stamp(p) for p in (*dirs, *files)}, frozenset(dirs),
                      confirmed_ns=confirmed)
         for p in seen.racy():
-            seen.contents[p] = _content(p, p in seen.dirs)
+            seen.contents[p] = _content(p, p in seen.dirs, self.wanted)
         return seen
 
     def commit(self, seen: _Seen) -> None:
@@ -148,16 +150,29 @@ class FileWatch:
         seen = self._seen
         if seen is None:
             return True
-        for path, stamp in seen.stamps.items():
-            if _stamp(path) != stamp:
+        moved = [path for path, stamp in seen.stamps.items() if _stamp(path) != stamp]
+        if moved:
+            if any(path not in seen.dirs for path in moved):
+                return True  # a watched file changed (or went)
+            # only folders changed: something was added, removed or renamed in them --
+            # perhaps only a file that does not matter (an editor's swap file, a temp file)
+            files, dirs = self._discover()
+            if set(dirs) != seen.dirs or set(files) != set(seen.stamps) - seen.dirs:
                 return True
+            stamps = {**seen.stamps, **{d: _stamp(d) for d in moved}}
+            seen = self._seen = _Seen(stamps, seen.dirs, dict(seen.contents),
+                                      seen.confirmed_ns)
+            for d in moved:  # a new folder stamp may be racy: know its listing
+                seen.contents[d] = _content(d, True, self.wanted)
         racy = seen.racy()
         if not racy:
             return False
         confirmed = time.time_ns()
         for path in racy:
-            if _content(path, path in seen.dirs) != seen.contents.get(path):
+            current = _content(path, path in seen.dirs, self.wanted)
+            if path in seen.contents and current != seen.contents[path]:
                 return True
+            seen.contents.setdefault(path, current)
         # unchanged by content: confirmed as of now, so these stop being racy once older
         self._seen = _Seen(seen.stamps, seen.dirs, seen.contents, confirmed)
         return False

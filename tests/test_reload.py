@@ -292,3 +292,31 @@ def test_http_server_follows_a_withdrawn_grant_per_identity(server_url: URL,
 
     with project.http() as (url, _):
         anyio.run(main, url)
+
+
+def test_a_file_that_does_not_matter_reloads_nothing(tmp_path: Path) -> None:
+    """An editor's swap file beside the rows changes the folder, not the files."""
+    import shutil
+
+    from capgate.executor.sources import RACY_SECONDS, capability_watch
+    from tests.server_support import CAPABILITIES
+
+    caps = tmp_path / "capabilities"
+    shutil.copytree(CAPABILITIES, caps)
+    watch = capability_watch([caps])
+    watch.commit(watch.take())
+    (caps / ".policies.yaml.swp").write_text("editor state")
+    assert not watch.changed()
+    (caps / "new.yaml").write_text("format: 1\nrows: []\n")
+    assert watch.changed()  # a capability file appeared: that matters
+    watch.commit(watch.take())
+    (caps / "new.yaml").unlink()
+    assert watch.changed()  # and so does one going away
+    watch.commit(watch.take())
+    import time
+
+    time.sleep(RACY_SECONDS + 0.1)  # past the racy window: stats alone decide
+    assert not watch.changed()
+    lock = caps / "capabilities.lock"
+    lock.write_text(lock.read_text() + " ")
+    assert watch.changed()
