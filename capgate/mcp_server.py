@@ -263,6 +263,15 @@ class Catalog:
             self._generation = generation
             self._tools.clear()
             shown = dict(self._shown)
+        problems = self.executor.registry.problems
+        if problems:
+            refused = sorted(self.executor.registry.down)
+            log(f"capability files do not validate ({len(problems)} problem(s); first: "
+                f"{problems[0].render()}); refused until fixed: "
+                + (", ".join(refused) if refused else
+                   "every operation" if self.executor.registry.failure else "no operation"))
+        if self.executor.grants.failure is not None:
+            log(f"grants file does not validate: {self.executor.grants.failure.message}")
         changed = {who for who, before in shown.items()
                    if _signature(self.tools(who)) != _signature(before)}
         if changed:

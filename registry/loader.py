@@ -434,13 +434,13 @@ def reload_registry(paths: Sequence[str | Path], previous: Registry | None = Non
         return load_registry(paths, cache=cache)
     except RegistryError as exc:
         if not exc.problems:  # no located finding: a path or the lock itself
-            return Registry((), failure=_whole_failure(exc), lock=LockState())
+            return _failed(exc)
     try:
         result = validate_paths(paths, check_lock=False)
         lock_path = result.lock_path
         state = read_lock_state(lock_path)
     except RegistryError as exc:
-        return Registry((), failure=_whole_failure(exc), lock=LockState())
+        return _failed(exc)
     first: dict[str, Problem] = {}
     for problem in result.problems:  # sorted by path and position: the first of each file
         first.setdefault(problem.path, problem)
@@ -463,7 +463,20 @@ def reload_registry(paths: Sequence[str | Path], previous: Registry | None = Non
             down.setdefault(op, problem)
     rows = [r for r in clean if r.operation_id not in down]
     refusals: dict[str, CapgateError] = {op: _down(op, problem) for op, problem in down.items()}
-    return Registry(rows, lock=state, down=refusals)
+    registry = Registry(rows, lock=state, down=refusals)
+    registry.problems = tuple(result.problems) + tuple(
+        p for op, p in down.items() if p not in result.problems)
+    return registry
+
+
+def _failed(exc: RegistryError) -> Registry:
+    """A registry that refuses everything with ``exc`` (a path gone, the lock unreadable)."""
+    failure = _whole_failure(exc)
+    registry = Registry((), failure=failure, lock=LockState())
+    path = failure.details.get("path")
+    registry.problems = (Problem(str(path or "(capabilities)"), 1, 1, exc.code, "(file)",
+                                 exc.message),)
+    return registry
 
 
 def _down(operation_id: str, problem: Problem) -> CapabilityFilesInvalid:

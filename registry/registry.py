@@ -19,6 +19,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from capgate.registry.errors import (
     CapgateError,
     EnvironmentNotAllowed,
+    Problem,
     RetiredRow,
     UnknownOperation,
     UnknownVersion,
@@ -36,6 +37,8 @@ class Registry:
     """Operations refused because a file they depend on fails validation (a reload's)."""
     failure: CapgateError | None = None
     """Set when nothing can be served: every resolution raises it."""
+    problems: tuple[Problem, ...] = ()
+    """A reload's validation findings (what an operator is told), when files failed."""
 
     def __init__(self, rows: Iterable[Row], *, lock: LockState | None = None,
                  down: Mapping[str, CapgateError] | None = None,
