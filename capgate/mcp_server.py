@@ -98,6 +98,7 @@ from capgate.registry.errors import (
     ConfigError,
     DdlError,
     SelfApproval,
+    UnknownOperation,
 )
 from capgate.registry.model import AuthKind, EffectClass, Row, thaw
 from capgate.registry.names import NAME_LIMIT, name_problem
@@ -517,6 +518,8 @@ class GateServer:
         try:
             row, connector = ex.resolve(name)
             ex.grants.check_call(who, row, connector.name, connector.environment)
+        except UnknownOperation:
+            return None  # no such row at all: an unknown tool, as any other name
         except CapgateError as exc:
             return exc
         return None
