@@ -19,7 +19,7 @@ from capgate.executor.call import Executor
 from capgate.executor.connectors import Connectors
 from capgate.executor.grants import Grants
 from capgate.executor.ledger import Ledger, open_ledger
-from capgate.registry.loader import load_registry
+from capgate.executor.sources import LiveSources
 from capgate.registry.registry import Registry
 
 
@@ -30,15 +30,28 @@ def build_executor(settings: Settings, *, registry: Registry | None = None,
     The capability files are loaded through the validation cache
     (``registry.fastload.cache``): files that passed validation before are not parsed
     again, and rows are built when first used.
+
+    The parts read from files -- the capability files with their lock, and the
+    grants file -- are re-read whenever they change, checked with a stat before
+    every call (:mod:`executor.sources`): a long-lived executor (the MCP server,
+    a Python caller's) runs what the files say now.  A part supplied here is
+    used as it is and never reloaded.
     """
+    sources = LiveSources(None if registry is not None else list(settings.capabilities),
+                          settings.grants if grants is None else None, cache=True)
+    if registry is None:
+        registry = sources.load_registry()
+    if grants is None:
+        grants = sources.load_grants() if settings.grants else Grants()
     return Executor(
         max_request_bytes=settings.max_request_bytes,
-        registry=registry if registry is not None else load_registry(settings.capabilities,
-                                                                     cache=True),
+        registry=registry,
         connectors=Connectors(dict(settings.connectors)),
         ledger=ledger if ledger is not None else open_ledger(settings.ledger_url),
-        grants=grants if grants is not None else (
-            Grants.load(settings.grants) if settings.grants else Grants()),
+        grants=grants,
+        unlocked_environments=settings.unlocked_environments,
+        approval_ttl_max_seconds=settings.approval_ttl_max_seconds,
+        sources=sources,
     )
 
 

@@ -52,6 +52,21 @@ TOP_KEYS: dict[str, str] = {
     "ledger": "the ledger URL",
     "agent": "the default caller identity",
     "max_request_bytes": "the largest request the MCP server accepts",
+    "unlocked_environments": "a list of environments where rows the lock does not pin may "
+                             "run (default rig, dev)",
+    "production_environments": "a list of environments held to production's rules (default "
+                               "prod): an over-privileged account there is a doctor error",
+    "approval_ttl_max_seconds": "the longest an approval may live, in seconds (default 86400)",
+}
+#: The known keys of ``[mcp]``: the HTTP endpoint's limits.
+MCP_KEYS: dict[str, str] = {
+    "max_connections": "an integer >= 1: concurrent HTTP connections (default 64)",
+    "read_timeout_seconds": "a number of seconds > 0: to send a request's headers and "
+                            "body (default 10)",
+    "idle_timeout_seconds": "a number of seconds > 0: an idle keep-alive connection is "
+                            "closed (default 30)",
+    "auth_failure_log_seconds": "a number of seconds >= 0: at most one log line per "
+                                "interval about failed bearer authentications (default 60)",
 }
 CONNECTOR_KEYS: dict[str, str] = {
     "url": "the database URL",
@@ -78,7 +93,7 @@ CONNECTOR_KEYS: dict[str, str] = {
 VENUE_EXCLUDED = ("venues", "environment")
 """Keys a venue table cannot set: its environment is its name, and venues do not nest."""
 THICK_KEYS = ("lib_dir", "config_dir", "driver_name")
-SECTIONS = ("capgate", "connectors")
+SECTIONS = ("capgate", "connectors", "mcp")
 #: Environment variables that configure capgate without a file.
 CONFIG_ENV = ("CAPGATE_CONFIG", "CAPGATE_LEDGER_URL", "CAPGATE_CAPABILITIES", "CAPGATE_GRANTS")
 _CONNECTOR_ENV = re.compile(r"^CAPGATE_CONNECTOR_(?P<name>.+)_URL$")
@@ -110,6 +125,17 @@ class Settings:
     file's path, ``(environment)`` or ``(defaults)``."""
     configured: bool = False
     """Whether a file or the environment configured anything (else these are defaults)."""
+    unlocked_environments: tuple[str, ...] = ("rig", "dev")
+    """Where a row ``capabilities.lock`` does not pin (a draft) may run; everywhere else a
+    missing lock or an unpinned row is refused."""
+    production_environments: tuple[str, ...] = ("prod",)
+    """Environments held to production's rules: ``capgate doctor`` reports an
+    over-privileged database account there as an error (a warning elsewhere)."""
+    approval_ttl_max_seconds: int = 86_400
+    """The longest an approval may live; a longer ``--ttl`` (or row default) is refused."""
+    mcp: Mapping[str, float] = field(default_factory=dict)
+    """``[mcp]``: the HTTP endpoint's limits (``max_connections``, ``read_timeout_seconds``,
+    ``idle_timeout_seconds``, ``auth_failure_log_seconds``); absent keys take defaults."""
 
 
 @dataclass(frozen=True)
@@ -147,6 +173,13 @@ def _resolve_sqlite(url: str, base: Path) -> str:
             db = base / db
         return parsed.set(database=str(db)).render_as_string(hide_password=False)
     return url
+
+
+def _shown(url: str) -> str:
+    """A URL as a message may show it, even one that does not parse: no password."""
+    from capgate.executor.dialects import safe_url_text
+
+    return safe_url_text(url)
 
 
 def _suggest(key: str, known: Mapping[str, str]) -> str:
@@ -283,14 +316,31 @@ def read_settings(path: str | Path | None = None, env: Mapping[str, str] | None 
     try:
         ledger = _resolve_sqlite(ledger, base)
     except Exception:
-        problem(("capgate",), "ledger", f"cannot be parsed as a URL: {ledger!r} (expected "
-                                        "sqlite:///path or postgresql://user@host/db)")
+        problem(("capgate",), "ledger", f"cannot be parsed as a URL: {_shown(ledger)!r} "
+                                        "(expected sqlite:///path or postgresql://user@host/db)")
     agent = env.get("CAPGATE_AGENT") or text_value("agent")
     max_bytes = top.get("max_request_bytes", 1_048_576)
     if not isinstance(max_bytes, int) or isinstance(max_bytes, bool) or max_bytes < 1:
         problem(("capgate",), "max_request_bytes",
                 f"must be a positive integer of bytes, got {max_bytes!r}")
         max_bytes = 1_048_576
+
+    environment_lists: dict[str, tuple[str, ...]] = {}
+    for key, default in (("unlocked_environments", ("rig", "dev")),
+                         ("production_environments", ("prod",))):
+        raw_list = top.get(key, list(default))
+        if not isinstance(raw_list, list) or not all(
+                isinstance(e, str) and e in ENVIRONMENTS for e in raw_list):
+            problem(("capgate",), key, f"must be a list of environments ({', '.join(ENVIRONMENTS)}"
+                                       f"), got {raw_list!r}")
+            raw_list = list(default)
+        environment_lists[key] = tuple(raw_list)
+    ttl_max = top.get("approval_ttl_max_seconds", 86_400)
+    if not isinstance(ttl_max, int) or isinstance(ttl_max, bool) or ttl_max < 1:
+        problem(("capgate",), "approval_ttl_max_seconds",
+                f"must be a positive integer of seconds, got {ttl_max!r}")
+        ttl_max = 86_400
+    mcp = _mcp_settings(data.get("mcp"), problem)
 
     connectors: dict[str, ConnectorConfig] = {}
     raw_connectors = data.get("connectors", {})
@@ -327,8 +377,32 @@ def read_settings(path: str | Path | None = None, env: Mapping[str, str] | None 
     settings = Settings(capabilities=tuple(caps), grants=grants, ledger_url=ledger, agent=agent,
                         connectors=connectors, max_request_bytes=max_bytes,
                         source=str(file) if file else "(environment)"
-                        if configured else "(defaults)", configured=configured)
+                        if configured else "(defaults)", configured=configured,
+                        unlocked_environments=environment_lists["unlocked_environments"],
+                        production_environments=environment_lists["production_environments"],
+                        approval_ttl_max_seconds=ttl_max, mcp=mcp)
     return settings, problems
+
+
+def _mcp_settings(raw: Any, problem: Any) -> dict[str, float]:
+    """``[mcp]``: the HTTP endpoint's limits, checked (absent keys: the server's defaults)."""
+    out: dict[str, float] = {}
+    if not isinstance(raw, dict):
+        return out
+    for key, value in raw.items():
+        if key not in MCP_KEYS:
+            problem(("mcp",), key, "unknown key" + _suggest(key, MCP_KEYS))
+            continue
+        integer = key == "max_connections"
+        ok = isinstance(value, int | float) and not isinstance(value, bool) and (
+            (integer and isinstance(value, int) and value >= 1)
+            or (not integer and (value > 0 or (key == "auth_failure_log_seconds"
+                                               and value == 0))))
+        if not ok:
+            problem(("mcp",), key, f"must be {MCP_KEYS[key]}, got {value!r}")
+            continue
+        out[key] = float(value)
+    return out
 
 
 def _connector(name: str, spec: Mapping[str, Any], base: Path,
@@ -392,7 +466,7 @@ def _connector(name: str, spec: Mapping[str, Any], base: Path,
     try:
         resolved = _resolve_sqlite(str(url), base)
     except Exception:
-        problem("url", f"cannot be parsed as a URL: {url!r}")
+        problem("url", f"cannot be parsed as a URL: {_shown(str(url))!r}")
         return None
     try:
         return ConnectorConfig(name=name, url=resolved, environment=str(environment),

@@ -13,6 +13,7 @@ lists exactly the rows it calls usable.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +26,9 @@ if TYPE_CHECKING:
 NO_CONNECTOR = "connector not configured"
 ENVIRONMENT = "environment mismatch"
 NO_GRANT = "no grant"
+UNPINNED = "not pinned by the lock"
+GRANTS_INVALID = "grants file invalid"
+FILE_INVALID = "capability file invalid"
 
 
 @dataclass(frozen=True)
@@ -33,7 +37,9 @@ class Hidden:
 
     ref: str
     reason: str
-    """:data:`NO_CONNECTOR`, :data:`ENVIRONMENT` or :data:`NO_GRANT`."""
+    """:data:`NO_CONNECTOR`, :data:`ENVIRONMENT`, :data:`NO_GRANT`, :data:`UNPINNED`
+    (outside the unlocked environments), :data:`GRANTS_INVALID` or :data:`FILE_INVALID`
+    (a reload found the file invalid: calls are refused until it validates)."""
     detail: str
 
 
@@ -60,12 +66,20 @@ class Exposure:
                            for h in self.hidden]}
 
 
-def exposure(registry: Registry, connectors: Connectors, grants: Grants, who: str
-             ) -> Exposure:
-    """The current rows ``who`` may use, and each other current row with its reason."""
-    from capgate.registry.errors import NotAuthorized, UnknownConnector
+def exposure(registry: Registry, connectors: Connectors, grants: Grants, who: str, *,
+             unlocked: Iterable[str] | None = None) -> Exposure:
+    """The current rows ``who`` may use, and each other current row with its reason.
+
+    ``unlocked``: the environments where a row the lock does not pin may run
+    (None: the pins are not considered); elsewhere such a row is hidden, as a
+    call would be refused.
+    """
+    from capgate.registry.errors import CapgateError, NotAuthorized, UnknownConnector
 
     out = Exposure(who)
+    open_environments = None if unlocked is None else frozenset(unlocked)
+    for op, refused in sorted(registry.down.items()):
+        out.hidden.append(Hidden(op, FILE_INVALID, refused.message))
     for row in registry.current_rows():
         try:
             config = connectors.config(row.connector)
@@ -78,12 +92,25 @@ def exposure(registry: Registry, connectors: Connectors, grants: Grants, who: st
                 row.ref, ENVIRONMENT, f"connector {config.name!r} is {config.environment!r}; "
                 f"the row allows {', '.join(row.environments)}"))
             continue
+        if grants.failure is not None:
+            out.hidden.append(Hidden(row.ref, GRANTS_INVALID, grants.failure.message))
+            continue
         try:
             grants.check_call(who, row, config.name, config.environment)
         except NotAuthorized:
             access = "write" if row.is_write else "read"
             out.hidden.append(Hidden(row.ref, NO_GRANT, f"{who!r} holds no {access} grant on "
                                      f"{config.name!r} in {config.environment!r}"))
+            continue
+        except CapgateError as exc:
+            out.hidden.append(Hidden(row.ref, GRANTS_INVALID, exc.message))
+            continue
+        if open_environments is not None and config.environment not in open_environments \
+                and not registry.pinned(row):
+            why = ("no capabilities.lock" if not registry.lock.present
+                   else "capabilities.lock does not pin it as it is")
+            out.hidden.append(Hidden(row.ref, UNPINNED, f"{why}; {config.environment!r} runs "
+                                     "pinned rows only"))
             continue
         out.usable.append(row)
     return out

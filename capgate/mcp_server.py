@@ -55,6 +55,7 @@ Reload
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import ipaddress
 import json
@@ -96,13 +97,12 @@ from capgate.registry.errors import (
     CapgateError,
     ConfigError,
     DdlError,
-    RegistryError,
     SelfApproval,
+    UnknownOperation,
 )
-from capgate.registry.loader import SUFFIXES, load_registry
-from capgate.registry.lock import LOCK_NAME
 from capgate.registry.model import AuthKind, EffectClass, Row, thaw
 from capgate.registry.names import NAME_LIMIT, name_problem
+from capgate.registry.sql_effects import destructive
 
 SERVER_NAME = "capgate"
 CASE_META_KEY = "capgate/case"
@@ -156,13 +156,15 @@ def log(message: str) -> None:
 # --- rows as tools -------------------------------------------------------------
 
 
-def annotations_for(row: Row) -> types.ToolAnnotations:
+def annotations_for(row: Row, title: str | None = None) -> types.ToolAnnotations:
+    """``readOnlyHint`` for reads; ``destructiveHint`` from what the row's SQL does as
+    well as its effect class (:func:`registry.sql_effects.destructive`): a row that
+    only inserts is not destructive, one that updates, deletes, merges or runs DDL is."""
     read = row.effect_class is EffectClass.READ
     return types.ToolAnnotations(
-        title=f"{row.operation_id} (v{row.version})",
+        title=title or f"{row.operation_id} (v{row.version})",
         read_only_hint=read,
-        destructive_hint=None if read else row.effect_class in (EffectClass.IRREVERSIBLE,
-                                                                EffectClass.DDL),
+        destructive_hint=None if read else destructive(row),
         idempotent_hint=row.idempotent,
         open_world_hint=False,
     )
@@ -197,17 +199,27 @@ def description_for(row: Row, connector: str, environment: str) -> str:
     return "\n".join(lines)
 
 
-def tool_for(row: Row, connector: str, environment: str) -> types.Tool:
+def tool_for(row: Row, connector: str, environment: str, *, pinned: bool = True
+             ) -> types.Tool:
+    """The row as an MCP tool; a row the lock does not pin says so in its title,
+    description and ``_meta`` (``capgate/pinned``)."""
+    title = f"{row.operation_id} (v{row.version})" + ("" if pinned else " [UNPINNED draft]")
+    description = description_for(row, connector, environment)
+    if not pinned:
+        description += ("\nUNPINNED: capabilities.lock does not pin this row (a draft, "
+                        f"runnable in {environment} only because it is an unlocked "
+                        "environment); it is refused wherever the lock is required.")
     return types.Tool(
         name=row.operation_id,
-        title=f"{row.operation_id} (v{row.version})",
-        description=description_for(row, connector, environment),
+        title=title,
+        description=description,
         input_schema=thaw(row.input),
         output_schema=OUTPUT_SCHEMA,
-        annotations=annotations_for(row),
+        annotations=annotations_for(row, title),
         _meta={"capgate/version": row.version, "capgate/row_hash": row.row_hash,
                "capgate/effect_class": str(row.effect_class),
-               "capgate/authorization": str(row.authorization.kind)},
+               "capgate/authorization": str(row.authorization.kind),
+               "capgate/pinned": pinned},
     )
 
 
@@ -218,57 +230,57 @@ class ToolEntry:
 
 
 class Catalog:
-    """The registry as tools per identity; reloaded when the capability files change."""
+    """The registry as tools per identity, following the executor's reloads.
 
-    def __init__(self, paths: Sequence[str], executor: Executor):
-        self.paths = list(paths)
+    The executor re-reads the grants, the capability files and the lock when
+    they change (:mod:`executor.sources`); each reload bumps its generation.
+    The tool lists are cached per identity and generation, and :meth:`refresh`
+    says whose list actually changed -- those clients are told
+    ``notifications/tools/list_changed``.
+    """
+
+    def __init__(self, executor: Executor):
         self.executor = executor
-        self.generation = 0
-        self._signature = self._stat()
+        self._generation = executor.generation
         self._tools: dict[str, dict[str, ToolEntry]] = {}
+        self._shown: dict[str, dict[str, ToolEntry]] = {}
+        """What each identity was last shown (kept across reloads, to compare with)."""
+        self._known: dict[str, dict[str, ToolEntry]] = {}
+        """Every tool each identity was ever shown: a call to one that left the list is
+        answered with the coded reason, not a bare "unknown tool"."""
         self._lock = threading.Lock()
 
-    def _stat(self) -> tuple[tuple[str, int, int], ...]:
-        """Every capability file (and lock) with its mtime and size: a stat per file."""
-        seen: list[tuple[str, int, int]] = []
-        for raw in self.paths:
-            p = Path(raw)
-            files = sorted(f for f in p.rglob("*") if f.suffix in SUFFIXES or
-                           f.name == LOCK_NAME) if p.is_dir() else [p]
-            for f in files:
-                try:
-                    st = f.stat()
-                except OSError:
-                    seen.append((str(f), -1, -1))
-                    continue
-                seen.append((str(f), st.st_mtime_ns, st.st_size))
-        return tuple(seen)
+    @property
+    def generation(self) -> int:
+        return self._generation
 
-    def refresh(self) -> bool:
-        """Reload if the files changed; True when the set of rows actually changed."""
-        signature = self._stat()
-        with self._lock:  # claim this change; a concurrent refresh then sees no change
-            if signature == self._signature:
-                return False
-            self._signature = signature
-        try:  # parse outside the lock: tools() is called on the event loop
-            registry = load_registry(self.paths)
-        except (RegistryError, OSError) as exc:
-            log(f"capability files changed but do not load; keeping the previous "
-                f"registry: {exc}")
-            return False
-        new = {(r.key, r.row_hash, r.retired) for r in registry.rows()}
+    def refresh(self) -> set[str]:
+        """Let the executor re-read what changed; the identities whose tool list changed."""
+        self.executor.refresh()
+        generation = self.executor.generation
         with self._lock:
-            if self._signature != signature:
-                return False  # a newer change was claimed meanwhile; its refresh swaps
-            old = {(r.key, r.row_hash, r.retired) for r in self.executor.registry.rows()}
-            if old == new:
-                return False
-            self.executor.registry = registry
+            if generation == self._generation:
+                return set()
+            self._generation = generation
             self._tools.clear()
-            self.generation += 1
-        log(f"capability files reloaded: {len(registry)} row(s), generation {self.generation}")
-        return True
+            shown = dict(self._shown)
+        problems = self.executor.registry.problems
+        if problems:
+            refused = sorted(self.executor.registry.down)
+            log(f"capability files do not validate ({len(problems)} problem(s); first: "
+                f"{problems[0].render()}); refused until fixed: "
+                + (", ".join(refused) if refused else
+                   "every operation" if self.executor.registry.failure else "no operation"))
+        if self.executor.grants.failure is not None:
+            log(f"grants file does not validate: {self.executor.grants.failure.message}")
+        changed = {who for who, before in shown.items()
+                   if _signature(self.tools(who)) != _signature(before)}
+        if changed:
+            log(f"files reloaded (generation {generation}): the tools of "
+                f"{', '.join(sorted(changed))} changed")
+        else:
+            log(f"files reloaded (generation {generation}): no identity's tools changed")
+        return changed
 
     def tools(self, who: str) -> dict[str, ToolEntry]:
         """name -> entry for every row ``who`` may call here."""
@@ -276,14 +288,32 @@ class Catalog:
             cached = self._tools.get(who)
             if cached is not None:
                 return cached
-            out: dict[str, ToolEntry] = {}
-            ex = self.executor
-            for row in exposure(ex.registry, ex.connectors, ex.grants, who).usable:
-                config = ex.connectors.config(row.connector)
-                out[row.operation_id] = ToolEntry(row, tool_for(row, config.name,
-                                                                 config.environment))
-            self._tools[who] = out
-            return out
+            generation = self._generation
+        ex = self.executor
+        registry, grants = ex.registry, ex.grants
+        out: dict[str, ToolEntry] = {}
+        for row in exposure(registry, ex.connectors, grants, who,
+                            unlocked=ex.rt.unlocked_environments).usable:
+            config = ex.connectors.config(row.connector)
+            out[row.operation_id] = ToolEntry(row, tool_for(row, config.name,
+                                                             config.environment,
+                                                             pinned=registry.pinned(row)))
+        with self._lock:
+            if generation == self._generation:
+                self._tools[who] = out
+                self._shown[who] = out
+                self._known.setdefault(who, {}).update(out)
+        return out
+
+    def shown(self, who: str, name: str) -> ToolEntry | None:
+        """The tool ``who`` was last shown under ``name`` (in this or an earlier list)."""
+        with self._lock:
+            return self._known.get(who, {}).get(name)
+
+
+def _signature(tools: Mapping[str, ToolEntry]) -> dict[str, Any]:
+    return {name: entry.tool.model_dump(mode="json", by_alias=True)
+            for name, entry in tools.items()}
 
 
 # --- results -------------------------------------------------------------------
@@ -321,10 +351,14 @@ def load_tokens(path: str | None, env: Mapping[str, str] | None = None) -> dict[
     """Bearer token -> identity, from ``path`` or ``CAPGATE_MCP_TOKENS`` (JSON objects)."""
     env = os.environ if env is None else env
     if path is not None:
+        from capgate.executor.secretfiles import read_private
+
         try:
-            raw = Path(path).read_text("utf-8")
+            raw = read_private(path, "tokens file").decode("utf-8")
         except OSError as exc:
             raise ConfigError(f"{path}: cannot read the tokens file: {exc.strerror}") from None
+        except UnicodeDecodeError:
+            raise ConfigError(f"{path}: the tokens file is not UTF-8 JSON") from None
         source = path
     elif env.get(TOKENS_ENV):
         raw, source = env[TOKENS_ENV], TOKENS_ENV
@@ -398,9 +432,10 @@ class GateServer:
         self.default_case = default_case
         self.poll_seconds = poll_seconds
         self.run_id = time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
-        self.catalog = Catalog(settings.capabilities, executor)
+        self.catalog = Catalog(executor)
         self.bus = InMemorySubscriptionBus()
-        self._connections: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._connections: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+        """Each handshake-era connection and the identity it serves (whose tools it lists)."""
         self.server = _Server(
             SERVER_NAME,
             version=_version(),
@@ -432,6 +467,14 @@ class GateServer:
         who = self.identity(ctx)
         entry = self.catalog.tools(who).get(params.name)
         if entry is None:
+            hidden = await anyio.to_thread.run_sync(partial(self._why_hidden, who, params.name))
+            if hidden is not None:  # a tool this caller knew, refused now: say why, with a code
+                shown = self.catalog.shown(who, params.name)
+                version = shown.row.version if shown is not None else int(
+                    hidden.details.get("version") or 0)
+                return result({"status": "refused", "case": self.case(ctx, who),
+                               "operation_id": params.name, "version": version,
+                               "intent_id": None, "error": hidden.to_dict()}, is_error=True)
             await anyio.to_thread.run_sync(partial(self._record_gap, ctx, who, params))
             raise MCPError(code=types.INVALID_PARAMS,
                            message=f"unknown tool {params.name!r}: no capability row that "
@@ -459,6 +502,28 @@ class GateServer:
                            "error": bug.to_dict()}, is_error=True)
         return result(outcome.to_dict(), is_error=outcome.status not in (APPLIED, READ_OK))
 
+    def _why_hidden(self, who: str, name: str) -> CapgateError | None:
+        """Why a tool ``who`` was shown, or that a reload failed for, is no longer listed.
+
+        The reasons a tool leaves a list after a reload -- a grant withdrawn, a grants
+        or capability file that no longer validates, a row the lock no longer pins --
+        are each a coded refusal; the caller gets it instead of a bare "unknown tool".
+        Nothing is executed: the row is only resolved and its grant checked.
+        """
+        ex = self.executor
+        known = self.catalog.shown(who, name) is not None
+        if not (known or name in ex.registry.down or ex.registry.failure is not None
+                or ex.grants.failure is not None):
+            return None
+        try:
+            row, connector = ex.resolve(name)
+            ex.grants.check_call(who, row, connector.name, connector.environment)
+        except UnknownOperation:
+            return None  # no such row at all: an unknown tool, as any other name
+        except CapgateError as exc:
+            return exc
+        return None
+
     def _record_gap(self, ctx: ServerRequestContext[Any, Any], who: str,
                     params: types.CallToolRequestParams) -> None:
         """An unlisted tool is a capability gap to escalate (issue 17): record who asked."""
@@ -480,8 +545,9 @@ class GateServer:
         # The SDK hands handlers a per-request session proxy; its connection is what a
         # later, unsolicited tools/list_changed must go to (handshake-era clients).
         connection = getattr(ctx.session, "_connection", None)
-        if connection is not None:
-            self._connections.add(connection)
+        if connection is not None and connection not in self._connections:
+            with contextlib.suppress(MCPError):  # no identity yet: nothing to tell it
+                self._connections[connection] = self.identity(ctx)
         return await call_next(ctx)
 
     # --- identity and case -------------------------------------------------------
@@ -511,14 +577,22 @@ class GateServer:
     # --- reload --------------------------------------------------------------------
 
     async def refresh(self) -> None:
-        if await anyio.to_thread.run_sync(self.catalog.refresh):
-            await self.announce()
+        """Re-read the files if they changed; tell the clients whose tools changed."""
+        changed = await anyio.to_thread.run_sync(self.catalog.refresh)
+        if changed:
+            await self.announce(changed)
 
-    async def announce(self) -> None:
-        """tools/list_changed to every client: 2026-era via the bus, the rest directly."""
+    async def announce(self, identities: set[str]) -> None:
+        """tools/list_changed to the clients of ``identities``: handshake-era connections
+        directly, 2026-era clients through ``subscriptions/listen`` (the bus carries no
+        identity, so every listener hears it and re-lists)."""
         await self.bus.publish(ToolsListChanged())
-        for connection in list(self._connections):
-            await connection.send_tool_list_changed()
+        for connection, who in list(self._connections.items()):
+            if who in identities:
+                try:
+                    await connection.send_tool_list_changed()
+                except Exception:  # a connection that went away: nothing to tell
+                    self._connections.pop(connection, None)
 
     async def _watch(self) -> None:
         while True:
@@ -541,7 +615,8 @@ class GateServer:
         """Say on stderr how many tools each identity gets, and why rows are hidden."""
         ex = self.executor
         for who in identities:
-            seen = exposure(ex.registry, ex.connectors, ex.grants, who)
+            seen = exposure(ex.registry, ex.connectors, ex.grants, who,
+                            unlocked=ex.rt.unlocked_environments)
             log(seen.line())
             for hidden in seen.hidden:
                 log(f"  hidden {hidden.ref}: {hidden.reason}: {hidden.detail}")
@@ -565,6 +640,8 @@ class GateServer:
         import uvicorn
         from pydantic import AnyHttpUrl
 
+        from capgate.mcp_http import AuthFailureLog, Limits, guarded_protocol
+
         assert self.tokens is not None
         host, port, tls = endpoint.host, endpoint.port, endpoint.tls
         shown = f"[{host}]" if ":" in host else host
@@ -576,10 +653,15 @@ class GateServer:
         )
         identities = sorted(set(self.tokens.values()))
         self.log_exposure(identities)
+        limits = Limits.from_settings(self.settings.mcp)
         log(f"serving streamable HTTP at {base}/mcp for {len(identities)} identit"
-            f"{'y' if len(identities) == 1 else 'ies'} ({', '.join(identities)})")
-        config = uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                lifespan="on",
+            f"{'y' if len(identities) == 1 else 'ies'} ({', '.join(identities)}); at most "
+            f"{limits.max_connections} connections, {limits.read_timeout_seconds:g} s to send a "
+            f"request, {limits.idle_timeout_seconds:g} s idle")
+        config = uvicorn.Config(AuthFailureLog(app, limits.auth_failure_log_seconds, log),
+                                host=host, port=port, log_level="warning",
+                                lifespan="on", http=guarded_protocol(limits),
+                                timeout_keep_alive=int(max(1, limits.idle_timeout_seconds)),
                                 ssl_certfile=str(tls.cert) if tls else None,
                                 ssl_keyfile=str(tls.key) if tls else None)
         await uvicorn.Server(config).serve()
@@ -645,6 +727,9 @@ def http_endpoint(spec: str, tls_cert: str | None, tls_key: str | None) -> HttpE
         for flag, name in (("--tls-cert", tls_cert), ("--tls-key", tls_key)):
             if not Path(name).is_file():
                 raise ConfigError(f"{flag} {name}: no such file", path=name)
+        from capgate.executor.secretfiles import check_private
+
+        check_private(tls_key, "TLS private key")
         tls = Tls(Path(tls_cert), Path(tls_key))
     if tls is None and not is_loopback(host):
         raise ConfigError(

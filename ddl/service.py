@@ -356,11 +356,14 @@ class DdlService:
 
     def resolve_row(self, operation_id: str, version: int | None = None
                     ) -> tuple[Row, ConnectorConfig]:
-        """The ``ddl`` row allowed in its connector's environment, and that connector."""
+        """The ``ddl`` row allowed in its connector's environment, and that connector
+        (outside the unlocked environments, pinned by the lock as it is)."""
+        self.executor.refresh()
         registry = self.executor.registry
         candidate = registry.resolve(operation_id, version)
         cfg = self.executor.connectors.config(candidate.connector)
         row = registry.resolve(operation_id, version, cfg.environment)
+        self.executor.rt.check_pinned(row, cfg.environment, registry)
         if row.effect_class is not EffectClass.DDL:
             raise UsageError(
                 f"{row.ref} is a {row.effect_class} row, not a ddl row; use `capgate plan` / "

@@ -142,9 +142,11 @@ def load_signing_key(path: str | Path | None) -> SigningKey:
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+    from capgate.executor.secretfiles import read_private
+
     file = Path(chosen)
     try:
-        data = file.read_bytes()
+        data = read_private(file, "approver's private key")
     except OSError as exc:
         raise UsageError(f"cannot read the approver key {file}: {exc.strerror}",
                          path=str(file)) from None

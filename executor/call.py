@@ -25,7 +25,7 @@ import datetime as dt
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from capgate.executor import gates, promotion, shapes
@@ -51,8 +51,14 @@ from capgate.executor.ledger import ApprovalRecord, IdempotencyRecord, KeyAlread
 from capgate.executor.outcome import Outcome
 from capgate.executor.plan import Plan, fingerprint, idempotency_key, render
 from capgate.executor.returned import ReturnedKeys
-from capgate.executor.runtime import MAX_REQUEST_BYTES, Runtime
+from capgate.executor.runtime import (
+    APPROVAL_TTL_MAX_SECONDS,
+    MAX_REQUEST_BYTES,
+    UNLOCKED_ENVIRONMENTS,
+    Runtime,
+)
 from capgate.executor.simulation.records import IDEM_MARK as SIMULATION_MARK
+from capgate.executor.sources import LiveSources
 from capgate.executor.steps import registered_name, require
 from capgate.executor.symptoms import SymptomWatch
 from capgate.registry.errors import (
@@ -94,10 +100,14 @@ class Executor:
     def __init__(self, registry: Registry, connectors: Connectors, ledger: Ledger,
                  grants: Grants, *, clock: Callable[[], dt.datetime] = now_utc,
                  max_request_bytes: int = MAX_REQUEST_BYTES,
-                 hooks: Sequence[CallHooks] | None = None):
+                 hooks: Sequence[CallHooks] | None = None,
+                 unlocked_environments: Iterable[str] = UNLOCKED_ENVIRONMENTS,
+                 sources: LiveSources | None = None,
+                 approval_ttl_max_seconds: int = APPROVAL_TTL_MAX_SECONDS):
         self.rt = Runtime(registry, connectors, ledger, grants,
                           HookSet(standard_hooks(ledger) if hooks is None else hooks),
-                          clock, max_request_bytes)
+                          clock, max_request_bytes, frozenset(unlocked_environments), sources,
+                          approval_ttl_max_seconds)
         self.rt.hooks.attach(self.rt)
         self._lock = threading.Lock()
         self._in_flight: dict[str, int] = {}
@@ -149,6 +159,20 @@ class Executor:
     def hooks(self) -> HookSet:
         return self.rt.hooks
 
+    def refresh(self) -> bool:
+        """Re-read the grants, capability files and lock if they changed (a stat each).
+
+        Every call, plan and approval does this first; a server calls it to notice
+        a change between calls.  True when anything was swapped (see
+        :mod:`executor.sources`).
+        """
+        return self.rt.refresh()
+
+    @property
+    def generation(self) -> int:
+        """Grows each time a reload swapped the grants or the registry."""
+        return self.rt.sources.generation if self.rt.sources is not None else 0
+
     def close(self) -> None:
         """Release the connectors' and the ledger's connections."""
         self.connectors.dispose()
@@ -163,9 +187,13 @@ class Executor:
     # --- resolution, plans and approvals -------------------------------------
 
     def resolve(self, operation_id: str, version: int | None = None,
-                venue: str | None = None) -> tuple[Row, Connector]:
-        """The row and its connector; the row reaches only its own connector's database."""
-        return self.rt.resolve(operation_id, version, venue)
+                venue: str | None = None, *, pinned: bool = True) -> tuple[Row, Connector]:
+        """The row and its connector; the row reaches only its own connector's database.
+
+        Outside the unlocked environments the row must be pinned by the lock
+        (``pinned=False``: a rehearsal, which commits nothing).
+        """
+        return self.rt.resolve(operation_id, version, venue, pinned=pinned)
 
     def plan(self, operation_id: str, inputs: Mapping[str, Any], *, case: str, who: str,
              version: int | None = None, record: bool = True,
@@ -193,11 +221,11 @@ class Executor:
         return plan
 
     def _resolve_or_gap(self, operation_id: str, version: int | None, case: str, who: str,
-                        inputs: Mapping[str, Any],
-                        venue: str | None = None) -> tuple[Row, Connector]:
+                        inputs: Mapping[str, Any], venue: str | None = None, *,
+                        pinned: bool = True) -> tuple[Row, Connector]:
         """The row, or the refusal -- recorded as a capability gap when no row answers."""
         try:
-            return self.resolve(operation_id, version, venue)
+            return self.resolve(operation_id, version, venue, pinned=pinned)
         except (UnknownOperation, UnknownVersion, EnvironmentNotAllowed) as gap:
             record_gap(self.ledger, case=case, who=who, operation_id=operation_id,
                        version=version, refusal=gap, inputs=inputs)
@@ -206,6 +234,7 @@ class Executor:
     def approve(self, plan_hash: str, *, by: str, role: str, key: SigningKey,
                 ttl_seconds: int | None = None) -> dict[str, Any]:
         """Record a single-use, expiring approval of a recorded plan, signed by ``by``'s key."""
+        self.rt.refresh()
         return gates.approve(self.rt, plan_hash, by=by, role=role, key=key,
                              ttl_seconds=ttl_seconds)
 
@@ -232,7 +261,7 @@ class Executor:
         """
         check_names(case, who, task)
         row, connector = self._resolve_or_gap(operation_id, version, case, who, inputs,
-                                              venue)
+                                              venue, pinned=not rehearse)
         inputs, inputs_text = validated_inputs(row, inputs, self.max_request_bytes)
         self.grants.check_call(who, row, connector.name, connector.environment)
         plan = render(row, inputs, connector.name, connector.environment, case=case,
@@ -414,10 +443,12 @@ class Executor:
         key, or the same request still running in another case, is refused.
         """
         if owner.fingerprint != fp:
+            mine = owner.case_id == case  # another case's ids are not the caller's to see
             raise IdempotencyConflict(
                 f"idempotency key {idem!r} was used for a different request "
-                f"(intent {owner.intent_id} in case {owner.case_id!r})",
-                key=idem, intent_id=owner.intent_id, case=owner.case_id)
+                + (f"(intent {owner.intent_id} in this case)" if mine else "in another case"),
+                key=idem, **({"intent_id": owner.intent_id, "case": owner.case_id} if mine
+                             else {}))
         wait = float(row.timeout.seconds) + AWAIT_OWNER_MARGIN_SECONDS
         deadline = time.monotonic() + wait
         pause = 0.005
@@ -428,8 +459,8 @@ class Executor:
                 return Outcome.from_dict(record, replayed=True)
             if owner.case_id != case:  # another case's request, still running: not ours
                 raise IdempotencyConflict(
-                    f"idempotency key {idem!r} is held by case {owner.case_id!r}",
-                    key=idem, case=owner.case_id, intent_id=owner.intent_id)
+                    f"idempotency key {idem!r} is held by another case's request, still "
+                    "running", key=idem)
             if time.monotonic() >= deadline:
                 raise RequestInFlight(
                     f"the same request (key {idem!r}) is being executed as intent "

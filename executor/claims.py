@@ -20,8 +20,10 @@ Acquiring is one atomic upsert per key::
     RETURNING token
 
 Nothing returned means another case holds the key: the caller gets
-:class:`~registry.errors.ImpactConflict` naming the holder's case, intent,
-operation and expiry, and nothing was recorded or opened.  Concurrent
+:class:`~registry.errors.ImpactConflict` naming the key and the claim's
+expiry -- the holder's case, intent and operation travel on the exception
+(``holder``) for the coordination record, never in the refusal the caller sees,
+as they may be another identity's -- and nothing was recorded or opened.  Concurrent
 claimers serialise on the row (PostgreSQL re-checks the ``WHERE`` against the
 committed row; SQLite writers serialise on ``BEGIN IMMEDIATE``); several keys
 are taken in one transaction, in sorted order, all or none.
@@ -273,7 +275,7 @@ class ClaimStore:
     def acquire(self, keys: Sequence[str], *, case_id: str, intent_id: str | None,
                 operation_id: str, ttl: float, takeover: bool = False,
                 case_mode: bool = False) -> HeldClaim:
-        """Claim every key for ``case_id`` (all or none); ImpactConflict names the holder.
+        """Claim every key for ``case_id`` (all or none); ImpactConflict (``holder``: who).
 
         A key the same case already holds stays with its holding intent and
         token (the claim is only extended) unless ``takeover``: resume's retry
@@ -345,23 +347,23 @@ class ClaimStore:
         if conflict["case_id"] is None or conflict["case_id"] == case_id \
                 or conflict["expires_in"] <= 0:
             raise _Released
+        # the refusal names the key and the wait, never the holding case or its intents:
+        # they may be another identity's work (the coordination record keeps them)
+        shown = {"impact_key": key, "expires_in": conflict["expires_in"]}
         if case_mode:
             decision = coordination.decision_id(case_id, str(conflict["case_id"]), key,
                                                 conflict["token"])
             raise CoordinationRequired(
-                f"impact key {key!r} is held by case {conflict['case_id']!r} (last intent "
-                f"{conflict['intent_id']}, {conflict['operation_id']}) for "
+                f"impact key {key!r} is held by another case for "
                 f"{conflict['expires_in']:.0f} s more; coordination decision {decision} is "
                 f"recorded in both cases -- a person decides: `capgate case decide {case_id} "
                 f"{decision} --decision wait|hand_over|override --by NAME --key FILE`; nothing was "
                 "recorded as an intent or sent",
-                **conflict, requested_by_case=case_id, decision_id=decision)
+                **shown, requested_by_case=case_id, decision_id=decision, holder=conflict)
         raise ImpactConflict(
-            f"impact key {key!r} is claimed by case {conflict['case_id']!r} "
-            f"(intent {conflict['intent_id']}, {conflict['operation_id']}) "
-            f"for {conflict['expires_in']:.1f} s more; wait for it to finish "
-            "or coordinate with that case",
-            **conflict, requested_by_case=case_id)
+            f"impact key {key!r} is claimed by another case for "
+            f"{conflict['expires_in']:.1f} s more; wait for it to finish or coordinate",
+            **shown, requested_by_case=case_id, holder=conflict)
 
     def _describe(self, tx: HotTx, key: str) -> dict[str, Any]:
         found = tx.run(self._read, {"k": key}).mappings()
@@ -747,7 +749,8 @@ class ImpactClaims(CallHooks):
         """Record the refusal's coordination decision in both cases (never hiding it)."""
         with contextlib.suppress(LedgerError):
             coordination.record_request(
-                self.store.store.ledger, conflict.details, asker_who=ctx.who,
+                self.store.store.ledger, {**conflict.holder, **conflict.details},
+                asker_who=ctx.who,
                 asker_operation=ctx.row.operation_id, refused_intent=refused_intent,
                 ttl=claim_ttl(ctx), via=channel.current())
 

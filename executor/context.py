@@ -83,9 +83,35 @@ def _fast_yes(row_hash: str, schema_json: str) -> Callable[[Any], bool] | None:
 def _input_validator(row_hash: str, schema_json: str) -> jsonschema.Draft202012Validator:
     import json
 
-    import jsonschema  # imported on first use: a `capgate --help` never pays for it
+    return _validator_class()(json.loads(schema_json))
 
-    return jsonschema.Draft202012Validator(json.loads(schema_json))
+
+@lru_cache(maxsize=1)
+def _validator_class() -> type[jsonschema.Draft202012Validator]:
+    """Draft 2020-12, where an ``integer`` is one the ledger records exactly.
+
+    JSON Schema counts ``1e308`` as an integer (a number with no fraction); as a
+    double it is no exact integer, and bound to an integer column it overflows or
+    rounds.  So an integral float is an integer only within +-2^53, like an int
+    (larger ints are refused before the schema, see :func:`_representable`).
+    """
+    import jsonschema  # imported on first use: a `capgate --help` never pays for it
+    from jsonschema import validators
+
+    base = jsonschema.Draft202012Validator
+
+    def is_integer(_checker: Any, instance: Any) -> bool:
+        if isinstance(instance, bool):
+            return False
+        if isinstance(instance, int):
+            return True
+        return isinstance(instance, float) and instance.is_integer() \
+            and -_SAFE_INT <= instance <= _SAFE_INT
+
+    checker = base.TYPE_CHECKER.redefine("integer", is_integer)
+    extended: type[jsonschema.Draft202012Validator] = validators.extend(  # type: ignore[no-untyped-call]
+        base, type_checker=checker)
+    return extended
 
 
 def _representable(row: Row, inputs: Mapping[str, Any]) -> None:
@@ -106,7 +132,9 @@ def _representable(row: Row, inputs: Mapping[str, Any]) -> None:
             continue
         elif isinstance(value, int):
             if not -_SAFE_INT <= value <= _SAFE_INT:
-                problem = (f"the integer {excerpt(value, 40)} is beyond 2^53 and cannot be "
+                # never str() the value: beyond 4,300 digits Python refuses to (ValueError)
+                digits = int(value.bit_length() * 0.30103) + 1
+                problem = (f"an integer of about {digits} digits is beyond 2^53 and cannot be "
                            "recorded exactly (JSON numbers are IEEE-754 doubles); send it as "
                            "a string")
         elif isinstance(value, float):
@@ -122,16 +150,35 @@ def _representable(row: Row, inputs: Mapping[str, Any]) -> None:
                 if not isinstance(key, str):
                     problem = f"the key {excerpt(key, 40)} is not a string"
                     break
+                if not _is_text(key):
+                    problem = (f"the key {_shown_key(key)} holds a lone surrogate (not valid "
+                               "Unicode text)")
+                    break
                 stack.append((f"{where}.{key}" if where else key, item, depth + 1))
         elif isinstance(value, list | tuple):
             stack.extend((f"{where}[{i}]", item, depth + 1) for i, item in enumerate(value))
         else:
             problem = f"a {type(value).__name__} is not JSON data"
         if problem is not None:
+            where = _shown_key(where) if not _is_text(where) else where
             field = excerpt(where, 80) if len(where) > 80 else (where or "(input)")
             raise InputInvalid(f"input does not satisfy the contract of {row.ref}: "
                                f"{field}: {problem}", field=field,
                                operation_id=row.operation_id, version=row.version)
+
+
+def _is_text(text: str) -> bool:
+    """Whether ``text`` is valid Unicode (no lone surrogate, which UTF-8 cannot carry)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _shown_key(text: str) -> str:
+    """A name with lone surrogates escaped (``\\ud800``): printable, and safe to encode."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 _SCHEMA_JSON: dict[str, str] = {}

@@ -28,6 +28,7 @@ from capgate.registry.errors import (
     ApprovalExpired,
     ApprovalNotAuthenticated,
     ApprovalRequired,
+    ApprovalTtlTooLong,
     ApprovalUsed,
     SelfApproval,
     UnknownPlan,
@@ -85,6 +86,12 @@ def approve(rt: Runtime, plan_hash: str, *, by: str, role: str, key: SigningKey,
             f"{by!r} requested this plan and cannot approve it: {ref} requires four eyes",
             approver=by, plan_hash=plan_hash)
     ttl = ttl_seconds or ttl_default
+    if ttl > rt.approval_ttl_max_seconds or ttl < 1:
+        source = "--ttl" if ttl_seconds else f"{ref}'s approval_ttl_seconds"
+        raise ApprovalTtlTooLong(
+            f"an approval may live 1 to {rt.approval_ttl_max_seconds} s (approval_ttl_max_seconds"
+            f"); {source} asks for {ttl} s: approve with a shorter --ttl; nothing was recorded",
+            ttl_seconds=ttl, max_seconds=rt.approval_ttl_max_seconds, plan_hash=plan_hash)
     approval = rt.ledger.record_approval(
         plan_hash, by, role, ttl, now=rt.clock(),
         sign=lambda fields: (key.public_text, key.sign(fields)))

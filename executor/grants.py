@@ -21,13 +21,20 @@ promoting identity holds the role *for the target environment*)::
 
 from __future__ import annotations
 
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from capgate.registry.errors import ApproverLacksRole, ConfigError, NotAuthorized
+from capgate.registry.errors import (
+    ApproverLacksRole,
+    CapgateError,
+    ConfigError,
+    GrantsFileInvalid,
+    NotAuthorized,
+)
 from capgate.registry.model import Row
 
 
@@ -79,6 +86,14 @@ class Principal:
 class Grants:
     principals: Mapping[str, Principal] = field(default_factory=dict)
     source: str = "(none)"
+    failure: CapgateError | None = None
+    """Set when the grants file failed validation on a reload (``GrantsFileInvalid``):
+    every call, plan and approval is refused with it -- nothing is granted meanwhile."""
+
+    @classmethod
+    def failed(cls, error: CapgateError, source: str) -> Grants:
+        """Grants that grant nothing and refuse every use with ``error``."""
+        return cls({}, source, error)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], source: str = "(inline)") -> Grants:
@@ -115,19 +130,37 @@ class Grants:
 
     @classmethod
     def load(cls, path: str | Path) -> Grants:
+        """Read and check the grants file; a ``ConfigError`` names the file and line."""
         p = Path(path)
         try:
-            data = tomllib.loads(p.read_text("utf-8"))
+            text = p.read_text("utf-8")
         except FileNotFoundError:
-            raise ConfigError(f"{p}: grants file not found") from None
+            raise ConfigError(f"{p}: grants file not found", path=str(p)) from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{p}: cannot read the grants file: {exc}", path=str(p)) from None
+        try:
+            data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{p}: {exc}") from None
-        return cls.from_dict(data, str(p))
+            m = re.search(r"line (\d+)", str(exc))
+            line = int(m.group(1)) if m else 1
+            raise ConfigError(f"{p}:{line}: {exc}", path=str(p), line=line) from None
+        try:
+            return cls.from_dict(data, str(p))
+        except ConfigError as exc:
+            line = _line_of(text, exc.message)
+            message = exc.message
+            if message.startswith(f"{p}: "):
+                message = message[len(f"{p}: "):]
+            raise ConfigError(f"{p}:{line}: {message}", path=str(p), line=line) from None
 
     def principal(self, name: str) -> Principal:
+        if self.failure is not None:
+            return Principal(name)
         return self.principals.get(name) or Principal(name)
 
     def check_call(self, who: str, row: Row, connector: str, environment: str) -> None:
+        if self.failure is not None:
+            raise self.failure
         access = "write" if row.is_write else "read"
         if any(g.allows(connector, environment, access) for g in self.principal(who).grants):
             return
@@ -148,6 +181,8 @@ class Grants:
         """
         from capgate.executor.approvals import verify
 
+        if self.failure is not None:
+            return self.failure.message
         principal = self.principal(approval.approver)
         if approval.signature is None or approval.public_key is None:
             return "the approval is not signed"
@@ -173,6 +208,8 @@ class Grants:
 
     def check_approver(self, who: str, role: str, row_roles: tuple[str, ...],
                        environment: str | None = None) -> None:
+        if self.failure is not None:
+            raise self.failure
         if role not in row_roles:
             raise ApproverLacksRole(
                 f"role {role!r} cannot approve this row (accepted: {', '.join(row_roles)})",
@@ -204,3 +241,38 @@ def _roles(raw: Any, where: str) -> tuple[tuple[str, ...], tuple[ScopedRole, ...
         raise ConfigError(f"{where}[{i}]: expected a role name or "
                           f"{{ role = NAME, environments = [...] }}, got {item!r}")
     return tuple(plain), tuple(scoped)
+
+
+def _line_of(text: str, message: str) -> int:
+    """The line of the principal a grants finding names (``principals.NAME``), else 1.
+
+    ``tomllib`` keeps no positions; the finding's message names the principal,
+    and its table header (``[principals.NAME]``) or key (``NAME = {...}``) is
+    where a reader looks.
+    """
+    m = re.search(r"principals\.([^.:\s\[]+)", message)
+    if m is None:
+        return 1
+    name = re.escape(m.group(1))
+    header = re.compile(rf"^\s*\[\s*principals\s*\.\s*[\"']?{name}[\"']?\s*\]")
+    key = re.compile(rf"^\s*[\"']?{name}[\"']?\s*=")
+    found = None
+    for number, line in enumerate(text.splitlines(), start=1):
+        if header.match(line):
+            return number
+        if found is None and key.match(line):
+            found = number
+    return found or 1
+
+
+def load_failing_closed(path: str | Path) -> Grants:
+    """The grants file for a reload: its grants, or grants that refuse everything with a
+    ``GrantsFileInvalid`` naming the file and line (the process keeps running)."""
+    try:
+        return Grants.load(path)
+    except ConfigError as exc:
+        error = GrantsFileInvalid(
+            f"the grants file no longer validates, so every call, plan and approval is "
+            f"refused until it does: {exc.message}; nothing was executed",
+            path=str(path), line=exc.details.get("line"))
+        return Grants.failed(error, str(path))

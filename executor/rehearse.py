@@ -113,6 +113,9 @@ class Rehearsal:
     reason: Mapping[str, Any] | None = None
     """The executor's rollback reason (or the refusal), as recorded."""
     evidence: Mapping[str, Any] = field(default_factory=dict)
+    pinned: bool = True
+    """Whether ``capabilities.lock`` pins the row as it is (a draft is rehearsed, and
+    marked: a call runs it only in the unlocked environments)."""
 
     @property
     def ref(self) -> str:
@@ -135,7 +138,7 @@ class Rehearsal:
             "counts": list(self.counts), "labels": list(self.labels),
             "problems": list(self.problems), "notes": list(self.notes),
             "reason": dict(self.reason) if self.reason is not None else None,
-            "evidence": dict(self.evidence),
+            "evidence": dict(self.evidence), "pinned": self.pinned,
         }
 
 
@@ -178,7 +181,7 @@ class RehearsalReport:
             if r.expected_outcome and r.outcome and r.expected_outcome != r.outcome:
                 outcome = f"{r.outcome} (expected {r.expected_outcome})"
             lines.append(f"{r.ref:<28} {r.name:<34} {r.result.upper():<8} {counts:<12} "
-                         f"{outcome}".rstrip())
+                         f"{outcome}{'' if r.pinned else '  [UNPINNED]'}".rstrip())
             for text in r.problems:
                 lines.append(f"    ! {text}")
             if r.result == SKIPPED:
@@ -375,6 +378,14 @@ def _check_grants(executor: Executor, who: str, rows: Sequence[Row]) -> None:
 
 def _rehearse_row(executor: Executor, row: Row, who: str, run_id: str,
                   seq: int) -> list[Rehearsal]:
+    verdicts = _verdicts(executor, row, who, run_id, seq)
+    if executor.registry.pinned(row):
+        return verdicts
+    return [replace(v, pinned=False) for v in verdicts]
+
+
+def _verdicts(executor: Executor, row: Row, who: str, run_id: str,
+              seq: int) -> list[Rehearsal]:
     environment = executor.connectors.config(row.connector).environment
     skip = _skip_reason(executor, row, environment)
     if skip is not None:

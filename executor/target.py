@@ -82,11 +82,12 @@ def refuse_missing(connector_name: str, problems: Iterable[TableState]) -> None:
 
 def install_script(dialect: Dialect, *, grant_to: str | None = None) -> str:
     """The SQL a DBA runs once in the target: the tables, and the grants for ``grant_to``."""
+    grantee = dialect.grantee(grant_to) if grant_to else None  # checked before anything
     lines = [f"-- capgate's tables in a {dialect.name} target (capgate target install)"]
     lines += [f"{ddl};" for ddl in dialect.target_ddl().values()]
-    if grant_to:
-        lines.append(f"-- what the calling account {grant_to} needs on them")
-        lines += [f"{grant};" for grant in dialect.target_grants(grant_to)]
+    if grantee:
+        lines.append(f"-- what the calling account {grantee} needs on them")
+        lines += [f"{grant};" for grant in dialect.target_grants(grantee)]
     return "\n".join(lines) + "\n"
 
 
@@ -108,6 +109,7 @@ def install(engine: sa.Engine, dialect: Dialect, *, grant_to: str | None = None)
     Each table is created in a transaction of its own and looked for again if
     the creation fails, so two installers racing each other both succeed.
     """
+    grantee = dialect.grantee(grant_to) if grant_to else None  # refused before anything runs
     created: list[str] = []
     for table, ddl in dialect.target_ddl().items():
         with engine.connect() as conn:
@@ -121,8 +123,8 @@ def install(engine: sa.Engine, dialect: Dialect, *, grant_to: str | None = None)
                 conn.rollback()
                 if not sa.inspect(conn).has_table(table):
                     raise
-    if grant_to:
+    if grantee:
         with engine.begin() as conn:
-            for grant in dialect.target_grants(grant_to):
+            for grant in dialect.target_grants(grantee):
                 conn.execute(sa.text(grant))
     return created

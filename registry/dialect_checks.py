@@ -21,6 +21,9 @@ estate -- that a check written for PostgreSQL does not run on Oracle 19c.  So:
   that declares no ``format: date`` -- Oracle would convert it through the
   session's ``NLS_DATE_FORMAT``; with the format capgate binds a DATE.
 * **CG173** (warning, Oracle): a leased row -- refused on Oracle at call time.
+* **CG139**, **CG144** (error, every row): SQL that may only read -- a read row's
+  statements, every verify, replay, probe, check -- calls only side-effect-free
+  functions and writes no file or variable (:mod:`registry.sql_functions`).
 
 Retired rows are left out of the dialect checks (they can no longer run).  The
 findings name the file, the row and the statement, like every other finding.
@@ -29,7 +32,6 @@ findings name the file, the row and the statement, like every other finding.
 from __future__ import annotations
 
 import functools
-import logging
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -44,6 +46,11 @@ from capgate.registry.rules import (
     LEASED_ON_ORACLE,
     TRANSACTION_CONTROL_IN_WRITE,
 )
+from capgate.registry.sql_functions import COMMON_SAFE, Engine, names, read_findings
+from capgate.registry.sqltext import LEADING_COMMENTS as _LEADING_COMMENTS
+from capgate.registry.sqltext import LITERALS as _LITERALS
+from capgate.registry.sqltext import QuietSqlglot as _QuietSqlglot
+from capgate.registry.sqltext import is_plsql_block, tokens
 
 
 @dataclass(frozen=True)
@@ -68,6 +75,9 @@ class Grammar:
     an input that takes ISO dates should declare ``format: date`` (CG172)."""
     refuses_leases: bool = False
     """Leased rows are refused at call time here (CG173)."""
+    safe_functions: frozenset[str] = COMMON_SAFE
+    """Functions read and verify SQL may call here (CG139), beyond sqlglot's modelled
+    built-ins and the row's own ``allow_functions``."""
 
 
 def oracle_reason(tree: Any) -> str | None:
@@ -85,12 +95,81 @@ def oracle_reason(tree: Any) -> str | None:
     return None
 
 
+_POSTGRESQL_SAFE = COMMON_SAFE | names("""
+age array_agg array_length array_lower array_position array_positions array_to_json
+array_to_string array_upper ascii bit_length btrim cardinality cbrt chr clock_timestamp
+col_description convert_from convert_to current_database current_schema current_schemas
+current_setting current_user date_bin date_part date_trunc decode div encode every
+factorial format format_type gcd generate_series generate_subscripts
+has_any_column_privilege has_column_privilege has_database_privilege
+has_schema_privilege has_sequence_privilege has_table_privilege host inet_client_addr
+initcap isfinite json_agg json_array_elements json_array_elements_text json_array_length
+json_build_array json_build_object json_each json_each_text json_extract_path
+json_extract_path_text json_object json_object_agg json_object_keys json_populate_record
+json_strip_nulls json_typeof jsonb_agg jsonb_array_elements jsonb_array_elements_text
+jsonb_array_length jsonb_build_array jsonb_build_object jsonb_each jsonb_each_text
+jsonb_extract_path jsonb_extract_path_text jsonb_object_agg jsonb_object_keys
+jsonb_path_exists jsonb_path_match jsonb_path_query jsonb_path_query_array
+jsonb_path_query_first jsonb_pretty jsonb_set jsonb_strip_nulls jsonb_typeof
+justify_days justify_hours justify_interval lcm make_date make_interval make_time
+make_timestamp make_timestamptz mode now num_nonnulls num_nulls obj_description
+octet_length overlay pg_backend_pid pg_column_size pg_get_constraintdef pg_get_expr
+pg_get_function_arguments pg_get_function_identity_arguments pg_get_function_result
+pg_get_functiondef pg_get_indexdef pg_get_triggerdef pg_get_viewdef pg_has_role
+pg_postmaster_start_time pg_relation_size pg_table_is_visible pg_total_relation_size
+pg_typeof pg_xact_status quote_ident quote_literal quote_nullable random regexp_count
+regexp_instr regexp_like regexp_match regexp_matches regexp_replace
+regexp_split_to_array regexp_split_to_table regexp_substr row_to_json scale session_user
+split_part starts_with statement_timestamp string_agg string_to_array strpos timeofday
+to_char to_date to_hex to_json to_jsonb to_number to_timestamp transaction_timestamp
+trim_scale txid_status unnest version width_bucket xmlagg xmlelement
+""")
+_MARIADB_SAFE = COMMON_SAFE | names("""
+addtime adddate any_value bin bit_count char charset coercibility collation
+connection_id conv convert_tz crc32 curdate current_role current_user curtime database
+date date_add date_format date_sub datediff day dayname dayofmonth dayofweek dayofyear
+elt export_set field find_in_set format found_rows from_days from_unixtime get_format
+group_concat hex hour if ifnull inet_aton inet_ntoa insert instr isnull json_array
+json_arrayagg json_contains json_contains_path json_depth json_exists json_extract
+json_keys json_length json_merge json_merge_patch json_object json_objectagg json_query
+json_quote json_search json_type json_unquote json_valid json_value last_day lcase
+locate lower makedate maketime microsecond mid minute month monthname now oct
+octet_length ord period_add period_diff quarter quote regexp_instr regexp_replace
+regexp_substr row_count schema sec_to_time second sha sha1 sha2 soundex space
+str_to_date strcmp subdate substring_index subtime sysdate time time_format time_to_sec
+timediff timestamp timestampadd timestampdiff to_days to_seconds truncate ucase unhex
+unix_timestamp user utc_date utc_time utc_timestamp uuid version week weekday weekofyear
+year yearweek
+""")
+_ORACLE_SAFE = COMMON_SAFE | names("""
+add_months bin_to_num bitand cardinality chr collect convert cosh current_timestamp
+dbtimezone decode dump empty_blob empty_clob from_tz initcap instr json_array
+json_arrayagg json_object json_objectagg json_query json_value last_day lengthb listagg
+lnnvl lpad months_between nanvl new_time next_day nls_initcap nls_lower nls_upper
+numtodsinterval numtoyminterval nvl nvl2 ora_hash rawtohex regexp_count regexp_instr
+regexp_like regexp_replace regexp_substr remainder rowidtochar sessiontimezone sinh
+soundex standard_hash sys_context sys_extract_utc sysdate systimestamp tanh
+to_binary_double to_binary_float to_char to_clob to_date to_dsinterval to_lob
+to_multi_byte to_nchar to_number to_single_byte to_timestamp to_timestamp_tz
+to_yminterval tz_offset uid user userenv vsize width_bucket xmlagg xmlelement
+""")
+_SQLITE_SAFE = COMMON_SAFE | names("""
+changes char date datetime glob group_concat hex ifnull iif instr json json_array
+json_array_length json_each json_extract json_group_array json_group_object json_object
+json_quote json_tree json_type json_valid julianday last_insert_rowid like likelihood
+likely printf quote random randomblob sqlite_version strftime time total total_changes
+typeof unicode unixepoch unlikely zeroblob
+""")
+"""Per engine: the functions a read may call beyond sqlglot's modelled built-ins
+(:mod:`registry.sql_functions`); each computes a value from its arguments, the clock or
+the catalog, and acts on nothing."""
+
 GRAMMARS: Mapping[str, Grammar] = {
-    "postgresql": Grammar("postgres"),
-    "mariadb": Grammar("mysql"),
+    "postgresql": Grammar("postgres", safe_functions=_POSTGRESQL_SAFE),
+    "mariadb": Grammar("mysql", safe_functions=_MARIADB_SAFE),
     "oracle": Grammar("oracle", plsql_blocks=True, rules=oracle_reason, dates_as_text=True,
-                      refuses_leases=True),
-    "sqlite": Grammar("sqlite"),
+                      refuses_leases=True, safe_functions=_ORACLE_SAFE),
+    "sqlite": Grammar("sqlite", safe_functions=_SQLITE_SAFE),
 }
 """capgate's dialect names (a connector's declared ``dialects``) -> what validation knows."""
 
@@ -104,37 +183,9 @@ CONTROL_FIRST_WORDS = frozenset({
 """A write statement that *is* one of these (DDL, session or transaction control)."""
 TRANSACTION_WORDS = frozenset({"COMMIT", "ROLLBACK", "SAVEPOINT"})
 """Refused anywhere in a write statement (a PL/SQL block's body included)."""
-_LITERALS = frozenset({"STRING", "NATIONAL_STRING", "RAW_STRING", "BYTE_STRING", "BIT_STRING",
-                       "HEX_STRING", "HEREDOC_STRING", "UNICODE_STRING", "IDENTIFIER"})
-"""Token types whose text is data or a quoted name, never a keyword."""
 ISO_DATE_SAMPLE = "2024-08-15"
 ISO_DATETIME_SAMPLE = "2024-08-15T10:30:00"
 NOT_A_DATE = "not a date"
-
-_PLSQL = re.compile(r"^\s*(BEGIN|DECLARE)\b", re.IGNORECASE)
-_LEADING_COMMENTS = re.compile(r"^(\s*(--[^\n]*\n|/\*.*?\*/))*", re.DOTALL)
-
-
-def is_plsql_block(sql: str) -> bool:
-    """An anonymous PL/SQL block (``BEGIN ... END;`` / ``DECLARE ...``), comments aside."""
-    body = _LEADING_COMMENTS.sub("", sql, count=1)
-    if not _PLSQL.match(body):
-        return False
-    # BEGIN; / BEGIN WORK / BEGIN TRANSACTION start a transaction (PostgreSQL, MySQL)
-    return re.match(r"^\s*BEGIN\s*(;|\s*$|\s+(WORK|TRANSACTION)\b)", body, re.IGNORECASE) is None
-
-
-class _QuietSqlglot:
-    """sqlglot logs each statement it falls back to parsing as a Command: not a finding."""
-
-    def __enter__(self) -> None:
-        self.logger = logging.getLogger("sqlglot")
-        self.level = self.logger.level
-        self.logger.setLevel(logging.ERROR)
-
-    def __exit__(self, *exc: object) -> None:
-        self.logger.setLevel(self.level)
-
 
 def _write_sites(row: Mapping[str, Any]) -> Iterator[tuple[Path, str]]:
     """The SQL that writes: a write row's statements, SQL steps, compensations."""
@@ -148,14 +199,7 @@ def _write_sites(row: Mapping[str, Any]) -> Iterator[tuple[Path, str]]:
 
 
 def _tokens(sql: str, dialects: Sequence[str]) -> list[Any] | None:
-    import sqlglot
-
-    for name in [*(GRAMMARS[d].sqlglot for d in dialects if d in GRAMMARS), None]:
-        try:
-            return list(sqlglot.Dialect.get_or_raise(name).tokenize(sql))
-        except Exception:  # a TokenError: another dialect's quoting may read it
-            continue
-    return None
+    return tokens(sql, [GRAMMARS[d].sqlglot for d in dialects if d in GRAMMARS])
 
 
 _SUSPECT_FIRST = re.compile(r"^\s*(" + "|".join(sorted(CONTROL_FIRST_WORDS | {"BEGIN"}))
@@ -297,6 +341,33 @@ def dialect_warnings(ctx: RowContext, dialects: Sequence[str]) -> list[Problem]:
     return out
 
 
+def read_site_problems(ctx: RowContext, dialects: Sequence[str]) -> list[Problem]:
+    """CG139 and CG144 for every SQL text of a (non-retired) row that may only read.
+
+    A read row's statements and every row's verify, replay, probe, check and
+    symptom queries call only side-effect-free functions (the engine's list in
+    :mod:`registry.sql_functions`, or the row's reviewed ``allow_functions``) and
+    write nothing (no ``INTO OUTFILE``).  The finding is located at the SQL field
+    and names the call's line and column within the SQL.
+    """
+    row = ctx.row
+    if row.get("retired"):
+        return []
+    allow = frozenset(str(name).lower() for name in row.get("allow_functions") or ())
+    engines = tuple(Engine(d, GRAMMARS[d].sqlglot, GRAMMARS[d].safe_functions)
+                    for d in (dialects or GRAMMARS) if d in GRAMMARS)
+    out: list[Problem] = []
+    for path, sql, must_read in _sql_sites(row):
+        if not must_read:
+            continue
+        for finding in read_findings(sql, engines, allow, path):
+            out.append(ctx.at(path, finding.code, f"{finding.message} (SQL line {finding.line}"
+                                                  f", column {finding.col})"))
+    return out
+
+
 def sql_fit_problems(ctx: RowContext, dialects: Sequence[str]) -> list[Problem]:
-    """Every error of this module for one row: CG171 (any row), CG170 (declared dialects)."""
-    return transaction_control_problems(ctx, dialects) + dialect_problems(ctx, dialects)
+    """Every error of this module for one row: CG171 (any row), CG170 (declared dialects),
+    CG139 and CG144 (read-only SQL that could act)."""
+    return (transaction_control_problems(ctx, dialects) + dialect_problems(ctx, dialects)
+            + read_site_problems(ctx, dialects))

@@ -261,6 +261,44 @@ class DriverModeConflict(ConfigError, code="CG919"):
     """
 
 
+class SecretFileExposed(ConfigError, code="CG920"):
+    """A key or token file can be read by other users: it is refused, as ssh refuses one.
+
+    An approver's private key signs approvals and a tokens file maps bearer
+    tokens to identities; either, readable by the file's group or by others,
+    lets another account on the machine approve or call as someone else.  The
+    message names the file and its mode; ``chmod 600 FILE`` (and keep the file
+    out of agents' reach) fixes it.  Nothing was read from the file.
+    """
+
+
+class ExcessPrivilege(ConfigError, code="CG921"):
+    """A connector's database account holds more than capgate's rows could ever need.
+
+    capgate's gates hold only as long as the account behind them cannot act
+    outside the declared operations.  A superuser, or an account holding
+    ``pg_signal_backend``, ``pg_read_server_files``, ``pg_write_server_files``
+    or ``pg_execute_server_program`` (PostgreSQL), ``FILE``, ``SUPER`` or
+    ``GRANT OPTION`` (MariaDB), ``DBA`` or any ``ANY`` privilege (Oracle) can
+    terminate sessions, read and write server files or grant itself more.
+    ``capgate doctor`` reports it as a warning in development environments and
+    as an error in the environments ``[capgate] production_environments``
+    names (default ``prod``).  Give the connector an account with only the
+    table privileges the rows need (the doctor lists them).
+    """
+
+
+class InvalidIdentifier(UsageError, code="CG922"):
+    """A name given on the command line is not a plain SQL identifier.
+
+    Role, user and schema names given to ``capgate target install
+    --grant-to`` (and the like) become part of SQL text, so each is checked
+    against the dialect's identifier rules and quoted by the dialect; one that
+    carries quotes, semicolons, spaces or comments is refused before anything
+    is sent.  Nothing was executed.
+    """
+
+
 # --- registry (CG1xx) --------------------------------------------------------
 
 
@@ -519,6 +557,82 @@ class RowsNotPinned(RegistryError, code="CG134"):
     """
 
 
+class LockMissing(RegistryError, code="CG135"):
+    """No ``capabilities.lock`` pins the rows, in an environment that needs one.
+
+    Outside the environments the configuration declares unlocked
+    (``[capgate] unlocked_environments``, default ``rig`` and ``dev``) a row
+    runs only as its lock pins it: without a lock, a row edited in place -- its
+    gate turned into a write grant, its SQL changed -- would take effect at once
+    with nothing reviewed.  Nothing was executed.  Review the rows (``capgate
+    diff``), run ``capgate lock`` and commit ``capabilities.lock`` beside the
+    files; a running server picks the lock up on its next call.
+    """
+
+
+class RowUnpinned(RegistryError, code="CG136"):
+    """The row is not pinned by ``capabilities.lock``, in an environment that needs a pin.
+
+    A row the lock does not pin is a draft: runnable in the unlocked
+    environments (``rig``, ``dev`` by default) to try it out, refused
+    elsewhere.  ``capgate list`` and ``capgate show`` mark it ``UNPINNED``, and
+    the MCP tool carries ``capgate/pinned: false``.  Review it, run ``capgate
+    lock`` and commit the lock.  Nothing was executed.
+    """
+
+
+class Unretired(RegistryError, code="CG137"):
+    """A row the lock records as retired is no longer retired in its file.
+
+    Retiring is one step (``retired: true``, or ``capgate bump --retire``) and
+    ``capgate lock`` records it, so the retirement is pinned: deleting the
+    ``retired`` line would otherwise bring a withdrawn row back with its hash
+    unchanged and nothing to review.  To use the operation again, publish a new
+    version; to revive this exact row, remove it from the lock's ``retired``
+    list in a reviewed change.
+    """
+
+
+class CapabilityFilesInvalid(RegistryError, code="CG138"):
+    """The operation depends on a capability file (or the lock) that no longer validates.
+
+    A running server or a long-lived executor re-reads the capability files
+    and ``capabilities.lock`` when they change.  A changed file that fails
+    validation fails closed: every operation with a row in that file (before or
+    after the change) is refused with the file, line and column of the first
+    problem, while every other operation keeps running from the files as they
+    are now.  The previous, perhaps more permissive, rows are never kept.  Fix
+    the file (``capgate validate`` lists every problem); the next call picks
+    the fix up.
+    """
+
+
+class UnsafeFunction(RegistryError, code="CG139"):
+    """Read or verify SQL calls a function that is not known to be free of side effects.
+
+    Reads run in a read-only transaction, but that does not stop every action:
+    ``pg_terminate_backend`` ends another session, ``LOAD_FILE`` reads a server
+    file, ``dblink`` opens its own connection, advisory locks and ``nextval``
+    outlive a rollback.  So a read row's statements, and the verify, replay,
+    probe and check SQL of every row, may call only the functions on the
+    engine's list of side-effect-free functions (``registry/sql_functions.py``),
+    or a function the row names in its reviewed ``allow_functions`` list.
+    Functions that act -- file access, session control, locks, sequences,
+    notifications, sleeps, Oracle ``DBMS_*`` / ``UTL_*`` packages -- cannot be
+    allowed at all.  The finding names the file, line and column of the call.
+    """
+
+
+class ReadSqlActs(RegistryError, code="CG144"):
+    """Read or verify SQL that is not a plain query: it writes a file, a variable or a lock.
+
+    ``SELECT ... INTO OUTFILE`` / ``INTO DUMPFILE`` write a file on the
+    database server, ``SELECT ... INTO @var`` / ``INTO table`` write state, and
+    ``FOR UPDATE`` / ``LOCK IN SHARE MODE`` take row locks from a check that
+    should only look.  Write the query without the clause.
+    """
+
+
 class UnknownOperation(CapgateError, code="CG140"):
     """No capability row declares this operation.
 
@@ -692,6 +806,29 @@ class ApprovalNotAuthenticated(CapgateError, code="CG208", exit_code=EXIT_APPROV
     """
 
 
+class GrantsFileInvalid(ConfigError, code="CG209"):
+    """The grants file no longer validates: every call is refused until it does.
+
+    A running server or a long-lived executor re-reads the grants file when it
+    changes.  A changed file that cannot be read or fails validation fails
+    closed -- every grant, role and approval key comes from it, so every call,
+    plan and approval is refused with the file and line of the problem -- while
+    the process keeps running; the grants it had before are not kept.  Fix the
+    file; the next call picks the fix up.
+    """
+
+
+class ApprovalTtlTooLong(UsageError, code="CG210"):
+    """The approval would live longer than the configured maximum.
+
+    An approval is a standing permission until it is used or expires; the
+    longer it lives, the longer a stolen or forgotten one can be spent.  Its
+    lifetime (``--ttl``, or the row's ``approval_ttl_seconds``) may not exceed
+    ``[capgate] approval_ttl_max_seconds`` (default 86400, a day).  Approve
+    with a shorter ``--ttl``; nothing was recorded.
+    """
+
+
 class UnknownPlan(CapgateError, code="CG207"):
     """No plan with this hash was recorded.  Run ``capgate plan`` first."""
 
@@ -788,9 +925,18 @@ class ExecutionTimeout(CapgateError, code="CG310", exit_code=EXIT_UNKNOWN):
 class ImpactConflict(CapgateError, code="CG320", retryable=True):
     """Another case holds an impact claim on an overlapping target.
 
-    The details name the holder and its case.  Wait for it to finish or
+    The details name the impact key and how long the claim still runs -- never
+    the holding case or its intents, which may be another identity's work (the
+    person who coordinates finds them in the ledger).  Wait for it to finish or
     coordinate; two cases never write one target at once.
     """
+
+    def __init__(self, message: str, *, holder: dict[str, Any] | None = None,
+                 **details: Any) -> None:
+        super().__init__(message, **details)
+        self.holder: dict[str, Any] = dict(holder or {})
+        """Who holds the key (case, intent, operation, process, token): for the ledger's
+        coordination record, never shown with the refusal."""
 
 
 class BudgetExhausted(CapgateError, code="CG321", retryable=True):

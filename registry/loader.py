@@ -17,13 +17,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from capgate.registry.errors import CapabilityPathError, Problem, RegistryError
+from capgate.registry.errors import (
+    CapabilityFilesInvalid,
+    CapabilityPathError,
+    CapgateError,
+    Problem,
+    RegistryError,
+)
 from capgate.registry.lock import (
     LOCK_NAME,
     LockedRow,
+    LockState,
     RowSite,
+    lock_findings,
     lock_problems,
-    read_lock,
+    read_lock_state,
     write_lock,
 )
 from capgate.registry.model import EffectClass, Row
@@ -51,6 +59,8 @@ class Validation:
     warnings: list[Problem] = field(default_factory=list)
     """Findings that do not stop a row from loading (e.g. CG160 unbounded inputs)."""
     lock_path: Path | None = None
+    lock: LockState | None = None
+    """What the lock said when it was checked (None: not read)."""
     #: each loaded row's index in its file, to locate its ``version`` for a lock finding
     row_index: dict[tuple[str, int], int] = field(default_factory=dict)
 
@@ -241,11 +251,13 @@ def validate_paths(paths: Sequence[str | Path], *, check_lock: bool = True,
         result = validate_texts(texts, workers=workers)
         result.lock_path = lock_path
         if check_lock and lock_path is not None and not result.problems:
-            locked = read_lock(lock_path)
-            found = lock_problems(_sites(result), locked, lock_path)
+            state = read_lock_state(lock_path)
+            result.lock = state
+            found = lock_problems(_sites(result), state.pins, lock_path, state.retired)
             if found:  # name the line of each `version:` rather than of the row
                 at = _version_positions(result, dict(texts), {p.path for p in found})
-                found = lock_problems(_sites(result, at), locked, lock_path)
+                found = lock_problems(_sites(result, at), state.pins, lock_path,
+                                      state.retired)
             result.problems.extend(found)
     return result
 
@@ -257,7 +269,8 @@ def _sites(result: Validation,
     out = []
     for r in result.rows:
         line, col = where.get(r.key, (r.source_line, 1))
-        out.append(RowSite(r.operation_id, r.version, r.row_hash, r.source_path, line, col))
+        out.append(RowSite(r.operation_id, r.version, r.row_hash, r.source_path, line, col,
+                           r.retired))
     return out
 
 
@@ -308,7 +321,17 @@ def load_registry(paths: Sequence[str | Path] = (DEFAULT_PATH,), *,
     with _cyclic_gc_paused():
         result = validate_paths(paths, check_lock=check_lock, workers=workers)
         result.raise_for_problems()
-        return Registry(result.rows)
+        return Registry(result.rows, lock=_lock_of(result))
+
+
+def _lock_of(result: Validation) -> LockState:
+    """The lock beside the files as the registry carries it (read if not checked)."""
+    if result.lock is not None:
+        return result.lock
+    try:
+        return read_lock_state(result.lock_path)
+    except RegistryError:  # unchecked and unreadable: it pins nothing
+        return LockState(result.lock_path)
 
 
 def _load_cached(paths: Sequence[str | Path], *, check_lock: bool, workers: int | None,
@@ -360,12 +383,20 @@ def _load_cached(paths: Sequence[str | Path], *, check_lock: bool, workers: int 
         index = [row for found in per_file if found is not None for row in found]
         if duplicate_problems(index):
             return None
-        if check_lock and lock_path is not None:
-            sites = [RowSite(r.operation_id, r.version, r.row_hash, r.source, r.line, r.col)
-                     for r in index]
-            if lock_problems(sites, read_lock(lock_path), lock_path):
+        try:
+            state = read_lock_state(lock_path)
+        except RegistryError:
+            if check_lock:
                 return None
-        return LazyRegistry(index)
+            state = LockState(lock_path)
+        if check_lock and lock_path is not None:
+            sites = [RowSite(r.operation_id, r.version, r.row_hash, r.source, r.line, r.col,
+                             r.retired) for r in index]
+            if lock_problems(sites, state.pins, lock_path, state.retired):
+                return None
+        registry = LazyRegistry(index)
+        registry.lock = state
+        return registry
 
 
 def update_lock(paths: Sequence[str | Path]) -> tuple[Path, list[LockedRow], list[LockedRow]]:
@@ -374,8 +405,93 @@ def update_lock(paths: Sequence[str | Path]) -> tuple[Path, list[LockedRow], lis
     result.raise_for_problems()
     assert result.lock_path is not None
 
-    locked = read_lock(result.lock_path)
+    locked = read_lock_state(result.lock_path)
     pins = [LockedRow(r.operation_id, r.version, r.row_hash) for r in result.rows]
-    added = [p for p in pins if (p.operation_id, p.version) not in locked]
-    write_lock(result.lock_path, pins)
+    added = [p for p in pins if (p.operation_id, p.version) not in locked.pins]
+    # a retirement is recorded, and stays recorded: validation above refuses a row the
+    # lock lists as retired that is no longer retired in its file
+    retired = locked.retired | {r.key for r in result.rows if r.retired}
+    write_lock(result.lock_path, pins, retired)
     return result.lock_path, added, pins
+
+
+def reload_registry(paths: Sequence[str | Path], previous: Registry | None = None, *,
+                    cache: bool = True) -> Registry:
+    """The registry as the files are now, failing closed per operation: a long-lived
+    process's reload.
+
+    A clean set of files loads as :func:`load_registry` loads it.  When some
+    files fail validation the answer is still a registry: the rows of the
+    files that validate, with every operation that has a row in a failing
+    file -- as the file is now, or as ``previous`` knew it -- in ``down``,
+    refused with the file, line and column of that file's first problem
+    (``CG138``).  A lock finding takes down its operation the same way.  When
+    nothing can be trusted (the lock cannot be read, a configured path is
+    gone) every resolution raises ``failure``.  The previous rows are never
+    kept: what the files say now is what runs.
+    """
+    try:
+        return load_registry(paths, cache=cache)
+    except RegistryError as exc:
+        if not exc.problems:  # no located finding: a path or the lock itself
+            return _failed(exc)
+    try:
+        result = validate_paths(paths, check_lock=False)
+        lock_path = result.lock_path
+        state = read_lock_state(lock_path)
+    except RegistryError as exc:
+        return _failed(exc)
+    first: dict[str, Problem] = {}
+    for problem in result.problems:  # sorted by path and position: the first of each file
+        first.setdefault(problem.path, problem)
+    down: dict[str, Problem] = {}
+    before = list(previous.rows()) if previous is not None else []
+    for row in (*before, *result.rows):
+        if row.source_path in first:
+            down.setdefault(row.operation_id, first[row.source_path])
+    if previous is not None:  # still down: an operation whose failing file still fails
+        for op, refused in previous.down.items():
+            where = refused.details.get("path")
+            if isinstance(where, str) and where in first:
+                down.setdefault(op, first[where])
+    clean = [r for r in result.rows if r.operation_id not in down]
+    if lock_path is not None:
+        sites = {r.key: RowSite(r.operation_id, r.version, r.row_hash, r.source_path,
+                                r.source_line, 1, r.retired) for r in clean}
+        pins = {k: v for k, v in state.pins.items() if k[0] not in down}
+        for (op, _), problem in lock_findings(sites.values(), pins, lock_path, state.retired):
+            down.setdefault(op, problem)
+    rows = [r for r in clean if r.operation_id not in down]
+    refusals: dict[str, CapgateError] = {op: _down(op, problem) for op, problem in down.items()}
+    registry = Registry(rows, lock=state, down=refusals)
+    registry.problems = tuple(result.problems) + tuple(
+        p for op, p in down.items() if p not in result.problems)
+    return registry
+
+
+def _failed(exc: RegistryError) -> Registry:
+    """A registry that refuses everything with ``exc`` (a path gone, the lock unreadable)."""
+    failure = _whole_failure(exc)
+    registry = Registry((), failure=failure, lock=LockState())
+    path = failure.details.get("path")
+    registry.problems = (Problem(str(path or "(capabilities)"), 1, 1, exc.code, "(file)",
+                                 exc.message),)
+    return registry
+
+
+def _down(operation_id: str, problem: Problem) -> CapabilityFilesInvalid:
+    return CapabilityFilesInvalid(
+        f"{operation_id} is refused until its capability file validates again: "
+        f"{problem.render()}; nothing was executed",
+        operation_id=operation_id, path=problem.path, line=problem.line, col=problem.col,
+        problem=problem.to_dict())
+
+
+def _whole_failure(exc: RegistryError) -> CapabilityFilesInvalid:
+    path = exc.details.get("path")
+    where = f"{path}:1: " if isinstance(path, str) and path not in exc.message else ""
+    return CapabilityFilesInvalid(
+        f"every operation is refused until the capability files load again: {where}"
+        f"{exc.code}: {exc.message}; nothing was executed",
+        path=path if isinstance(path, str) else None, line=1 if path else None,
+        cause=exc.code)

@@ -4,25 +4,51 @@
 unlisted: unknown operation, unknown version, retired row, environment not
 allowed.  It sits on every call's hot path, so everything is precomputed into
 dictionaries at construction.
+
+A registry also carries what ``capabilities.lock`` says (``lock``: which rows
+it pins), and -- when it was reloaded by a long-lived process from files of
+which some no longer validate -- the operations that fail closed (``down``:
+each with the refusal naming the file, line and column), or a failure that
+refuses everything (``failure``: the lock itself cannot be read).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 
 from capgate.registry.errors import (
+    CapgateError,
     EnvironmentNotAllowed,
+    Problem,
     RetiredRow,
     UnknownOperation,
     UnknownVersion,
 )
+from capgate.registry.lock import LockState
 from capgate.registry.model import Row
 
 
 class Registry:
     """An immutable set of validated rows."""
 
-    def __init__(self, rows: Iterable[Row]):
+    lock: LockState = LockState()
+    """What ``capabilities.lock`` says about these rows (no lock: nothing pinned)."""
+    down: Mapping[str, CapgateError] = {}
+    """Operations refused because a file they depend on fails validation (a reload's)."""
+    failure: CapgateError | None = None
+    """Set when nothing can be served: every resolution raises it."""
+    problems: tuple[Problem, ...] = ()
+    """A reload's validation findings (what an operator is told), when files failed."""
+
+    def __init__(self, rows: Iterable[Row], *, lock: LockState | None = None,
+                 down: Mapping[str, CapgateError] | None = None,
+                 failure: CapgateError | None = None):
+        if lock is not None:
+            self.lock = lock
+        if down:
+            self.down = dict(down)
+        if failure is not None:
+            self.failure = failure
         self._rows: dict[tuple[str, int], Row] = {}
         self._versions: dict[str, list[int]] = {}
         self._current: dict[str, Row] = {}
@@ -65,9 +91,18 @@ class Registry:
         return UnknownOperation(f"no capability row declares operation {operation_id!r}{hint}",
                                 operation_id=operation_id, suggestions=close)
 
+    def pinned(self, row: Row) -> bool:
+        """Whether ``capabilities.lock`` pins ``row`` as it is."""
+        return self.lock.pinned(row)
+
     def resolve(self, operation_id: str, version: int | None = None,
                 environment: str | None = None) -> Row:
         """The row for a call, or the refusal that says why there is none."""
+        if self.failure is not None:
+            raise self.failure
+        refused = self.down.get(operation_id)
+        if refused is not None:
+            raise refused
         if version is None:
             row = self._current.get(operation_id)
             if row is None:

@@ -32,8 +32,8 @@ from capgate.registry.loader import DEFAULT_PATH, SUFFIXES, validate_paths, vali
 from capgate.registry.model import ExpectRows, Row
 
 
-def card(row: Row) -> str:
-    """A plain-text review card for one row."""
+def card(row: Row, pinned: bool | None = None) -> str:
+    """A plain-text review card for one row (``pinned``: what the lock says of it)."""
     lines = [f"{row.ref}  [{row.effect_class}{'/' + row.shape if row.shape else ''}]"
              f"{'  RETIRED' if row.retired else ''}"]
     lines.append(f"  {row.description}")
@@ -56,6 +56,11 @@ def card(row: Row) -> str:
     if row.max_rows:
         lines.append(f"  row cap:       {row.max_rows}")
     lines.append(f"  row hash:      {row.row_hash}")
+    if pinned is not None:
+        lines.append("  lock:          " + (
+            "pinned in capabilities.lock" if pinned else
+            "UNPINNED: capabilities.lock does not pin this row as it is (a draft: it runs "
+            "only in the unlocked environments until it is reviewed and `capgate lock`ed)"))
     inputs = row.input.get("properties", {})
     required = set(row.input.get("required", ()))
     if inputs:

@@ -98,6 +98,14 @@ DATE_BOUND_AS_TEXT = Rule("CG172", "Oracle: a date input without `format: date` 
                           warning=True)
 LEASED_ON_ORACLE = Rule("CG173", "Oracle: a leased row is refused at call time",
                         ("capgate.registry.dialect_checks:dialect_warnings",), warning=True)
+UNSAFE_FUNCTION = Rule("CG139", "read or verify SQL calls a function not known to be free of "
+                       "side effects (and not in the row's allow_functions)",
+                       ("capgate.registry.sql_functions:function_rule",))
+READ_SQL_ACTS = Rule("CG144", "read or verify SQL writes a file, a variable or a table (INTO "
+                     "OUTFILE, INTO @var), or is a PL/SQL block",
+                     ("capgate.registry.sql_functions:into_rule",
+                      "capgate.registry.sql_functions:_into_file",
+                      "capgate.registry.sql_functions:read_findings"))
 RETURNS_MISMATCH = Rule("CG680", "a statement's `returns` does not fit the statement",
                         (_SIMULATION,))
 EFFECT_NAMES_NO_RETURN = Rule("CG681", "an expected effect's `returned` names no statement's "
@@ -110,6 +118,7 @@ RULES: tuple[Rule, ...] = (
     UNDECLARED_CONNECTOR, SQL_PARSE_ERROR, UNKNOWN_TARGET_KEY, SHAPE_MISMATCH, UNKNOWN_STEP,
     POST_COMMIT_WITHOUT_COMPENSATION, COMPENSATION_UNVERIFIABLE, TIMEOUT_CLAIMS_ROLLBACK,
     UNSAFE_RETRY, UNVERIFIABLE, DIALECT_SQL_INVALID, TRANSACTION_CONTROL_IN_WRITE,
-    DATE_BOUND_AS_TEXT, LEASED_ON_ORACLE, RETURNS_MISMATCH, EFFECT_NAMES_NO_RETURN,
+    DATE_BOUND_AS_TEXT, LEASED_ON_ORACLE, UNSAFE_FUNCTION, READ_SQL_ACTS, RETURNS_MISMATCH,
+    EFFECT_NAMES_NO_RETURN,
 )
 BY_CODE: dict[str, Rule] = {r.code: r for r in RULES}

@@ -26,6 +26,7 @@ from capgate.api import open as open_executor
 from capgate.ddl.catalog import ObjectRef
 from capgate.ddl.service import DdlService
 from capgate.executor.call import Executor
+from capgate.registry.loader import update_lock
 from tests.fix_capgate import KEYS, approval_key_line
 
 GRANTS = f"""\
@@ -106,6 +107,7 @@ class Rig:
                        for n in names)
         (caps / "rows.yaml").write_text("format: 1\nconnectors:\n" + decl + "rows:\n"
                                         + "".join(rows))
+        update_lock([caps])  # published rows, as a reviewed change pins them
         (tmp / "grants.toml").write_text(GRANTS)
         sections = "".join(
             f"\n[connectors.{n}]\nurl = {json.dumps(u.render_as_string(hide_password=False))}\n"

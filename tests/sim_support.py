@@ -12,6 +12,8 @@ the executor's own driver path fires it too).
 from __future__ import annotations
 
 import contextlib
+import shutil
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +24,7 @@ from sqlalchemy.engine import URL
 
 from capgate.executor.call import Executor
 from capgate.executor.grants import Grants
-from capgate.registry.loader import load_registry
+from capgate.registry.loader import load_registry, update_lock
 from capgate.registry.registry import Registry
 from tests.fix_capgate import CAPABILITIES, GRANTS, approver_key, make_executor, table_dump
 
@@ -77,10 +79,14 @@ def venues() -> Iterator[Callable[..., Executor]]:
 
 
 def registry_with(tmp: Path, extra: str) -> Registry:
-    """The example rows plus the capability file text ``extra`` (rows on ``insurance``)."""
-    path = tmp / "extra.yaml"
-    path.write_text(extra, "utf-8")
-    return load_registry([CAPABILITIES, path], check_lock=False)
+    """The example rows plus the capability file text ``extra`` (rows on ``insurance``),
+    published: pinned in the copy's ``capabilities.lock``, as a reviewed change would be
+    -- outside rig and dev only pinned rows run."""
+    caps = tmp / f"caps-{uuid.uuid4().hex[:8]}"
+    shutil.copytree(CAPABILITIES, caps)
+    (caps / "extra.yaml").write_text(extra, "utf-8")
+    update_lock([caps])
+    return load_registry([caps])
 
 
 def dump(url: URL | str) -> dict[str, list[tuple[Any, ...]]]:

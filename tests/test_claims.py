@@ -62,9 +62,13 @@ def test_conflict_names_the_holder_and_records_nothing(lab: Callable[..., Execut
     before = table_dump(sqlite_url, "policy_note")
     with pytest.raises(errors.ImpactConflict) as caught:
         ex.call("policy.add_note", NOTE, case="CASE-B", who="agent")
-    details = caught.value.details
-    assert details["case_id"] == "CASE-A" and details["intent_id"] == "intent-a"
-    assert details["operation_id"] == "cover.add" and details["impact_key"] == KEY
+    details, holder = caught.value.details, caught.value.holder
+    # the refusal names the key and the wait, never the holding case or its intent (they
+    # may be another identity's); the holder travels on the exception for the ledger
+    assert set(details) == {"impact_key", "expires_in", "requested_by_case"}
+    assert "CASE-A" not in str(caught.value) and "intent-a" not in str(caught.value)
+    assert holder["case_id"] == "CASE-A" and holder["intent_id"] == "intent-a"
+    assert holder["operation_id"] == "cover.add" and details["impact_key"] == KEY
     assert details["requested_by_case"] == "CASE-B" and details["expires_in"] > 20
     assert caught.value.retryable
     assert ex.ledger.snapshot("CASE-B") is None  # refused before `prepared`
@@ -214,7 +218,7 @@ def test_a_crashed_cases_claim_holds_until_resume_takes_it_over(
     assert proc.returncode == -9
     with pytest.raises(errors.ImpactConflict) as caught:  # the dead executor's claim holds
         ex.call("policy.add_note", NOTE, case="OTHER", who="agent")
-    assert caught.value.details["case_id"] == "CRASHED"
+    assert caught.value.holder["case_id"] == "CRASHED"
     report = resume(ex, "CRASHED")  # the same case retries, taking its own claim over
     assert [(i.classification, i.action) for i in report.intents] == [
         ("not_applied", "retried")], report.intents

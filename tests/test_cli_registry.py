@@ -152,19 +152,25 @@ def test_validate_defaults_to_capabilities_in_the_working_directory(caps: Path) 
 def test_list(batch: dict[str, Run]) -> None:
     plain, every, js = batch["list"], batch["list-all"], batch["list-json"]
     assert plain.code == every.code == js.code == 0
-    head, *rows = plain.out.splitlines()
-    assert head.split() == ["OPERATION", "VER", "EFFECT", "SHAPE", "AUTH", "ENVIRONMENTS"]
+    head, *rows, note = plain.out.splitlines()
+    assert head.split() == ["OPERATION", "VER", "EFFECT", "SHAPE", "AUTH", "LOCK",
+                            "ENVIRONMENTS"]
+    # tests/data/good has no capabilities.lock: every row is marked, and the list says why
+    assert all(r.split()[5] == "UNPINNED" for r in rows)
+    assert note.startswith("UNPINNED rows are drafts")
     assert [r.split()[:2] for r in rows] == [
         ["code.replace_premium_fn", "3"], ["cover.add", "1"], ["document.number", "1"],
         ["policy.delete_orphan", "1"], ["policy.get", "1"], ["policy.rename_holder", "2"]]
     assert "(retired)" not in plain.out
-    assert len(every.out.splitlines()) == 8
-    assert "policy.rename_holder               1  transactional collapsed write_grant dev,qa  " \
-           "(retired)" in every.out
+    assert len(every.out.splitlines()) == 9
+    assert "policy.rename_holder               1  transactional collapsed write_grant UNPINNED  " \
+           "dev,qa  (retired)" in every.out
     doc = js.json()
     assert isinstance(doc, list) and len(doc) == 7
     assert set(doc[0]) == {"operation_id", "version", "effect_class", "shape", "connector",
-                           "authorization", "environments", "retired", "row_hash", "source"}
+                           "authorization", "environments", "retired", "row_hash", "source",
+                           "pinned"}
+    assert {d["pinned"] for d in doc} == {False}
     by_ref = {f"{d['operation_id']}@{d['version']}": d for d in doc}
     assert by_ref["policy.rename_holder@1"]["retired"] is True
     assert by_ref["document.number@1"]["shape"] == "leased"

@@ -375,9 +375,10 @@ def test_a_case_holds_its_keys_across_calls_and_a_second_case_gets_one_decision(
                     who="other-agent")
         assert refused.value.code == "CG330" and not refused.value.retryable
         assert isinstance(refused.value, errors.ImpactConflict)
-        d = refused.value.details
-        assert (d["case_id"], d["requested_by_case"], d["impact_key"], d["token"]) == (
-            "HOLDER", "ASKER", key, 1)
+        d, holder = refused.value.details, refused.value.holder
+        assert (holder["case_id"], d["requested_by_case"], d["impact_key"], holder["token"]) \
+            == ("HOLDER", "ASKER", key, 1)
+        assert "case_id" not in d and "HOLDER" not in refused.value.message  # not the asker's
         decisions.add(d["decision_id"])
     (decision,) = decisions
     asked = events_of(ex, "ASKER", "coordination_requested")
@@ -503,7 +504,7 @@ def test_a_plan_claims_the_target_for_its_case(made: Any, sqlite_url: URL) -> No
     assert store_for(ex).current(key)["case_id"] == "PLANNER"
     with pytest.raises(errors.CoordinationRequired) as refused:
         ex.plan("policy.purge_orphan", {"policy_id": 9}, case="LATE", who="other-agent")
-    assert refused.value.details["case_id"] == "PLANNER"
+    assert refused.value.holder["case_id"] == "PLANNER"
     with pytest.raises(errors.CoordinationRequired):  # planned again: the same decision
         ex.plan("policy.purge_orphan", {"policy_id": 9}, case="LATE", who="other-agent")
     assert len(events_of(ex, "LATE", "coordination_requested")) == 1
@@ -547,7 +548,7 @@ def test_an_abandoned_cases_claim_expires(made: Any, sqlite_url: URL) -> None:
     assert now is not None and (now["case_id"], now["token"]) == ("NEXT", 2)
     with pytest.raises(errors.CoordinationRequired) as back:  # the old case comes back late
         ex.call("lab.count", {"target_id": 2, "call_ref": "gone-2"}, case="GONE", who="agent")
-    assert back.value.details["case_id"] == "NEXT"
+    assert back.value.holder["case_id"] == "NEXT"
     assert scalar(sqlite_url, "SELECT n FROM lab_counter WHERE target_id = 2") == 2
 
 

@@ -12,6 +12,7 @@ from sqlalchemy.engine import URL
 
 from capgate.commands.doctor import run_doctor
 from capgate.commands.project import init_project
+from tests.fix_db import engine_params
 from tests.test_init import capgate, clean_env, mcp_tools
 
 
@@ -241,3 +242,95 @@ def test_doctor_on_a_ddl_only_postgresql_project_needs_no_target_tables(
     found = codes(report)
     assert "CG305" not in found, found
     assert report.ok, report.text()
+
+
+# --- least privilege (CG921) ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("engine", engine_params("postgresql", "mariadb"))
+def test_doctor_reports_an_over_privileged_account(engine: str, tmp_path: Path,
+                                                   request: pytest.FixtureRequest) -> None:
+    """A superuser (PostgreSQL) or an account with ALL / FILE / GRANT OPTION (MariaDB):
+    a warning in dev, an error where the configuration marks the environment production."""
+    from tests.server_support import Project
+
+    url = request.getfixturevalue("pg_url" if engine == "postgresql" else "mariadb_url")
+    project = Project(tmp_path, url)
+    found = codes(run_doctor(project.config, {}))
+    (said,) = found["CG921"]
+    assert ("SUPERUSER" in said) if engine == "postgresql" else ("ALL PRIVILEGES" in said
+                                                                 and "GRANT OPTION" in said)
+    report = run_doctor(project.config, {})
+    (finding,) = [f for f in report.findings if f.code == "CG921"]
+    assert finding.severity == "warning" and "is not a production environment" in said
+    project.config.write_text(project.config.read_text().replace('environment = "dev"',
+                                                                 'environment = "prod"'))
+    report = run_doctor(project.config, {})
+    (finding,) = [f for f in report.findings if f.code == "CG921"]
+    assert finding.severity == "error" and not report.ok
+    # the configuration decides what production is
+    project.config.write_text(project.config.read_text().replace(
+        "[capgate]\n", '[capgate]\nproduction_environments = ["staging"]\n', 1))
+    (finding,) = [f for f in run_doctor(project.config, {}).findings if f.code == "CG921"]
+    assert finding.severity == "warning"
+
+
+@pytest.mark.postgresql
+def test_doctor_accepts_a_least_privileged_postgresql_role(pg_url: URL, tmp_path: Path) -> None:
+    from tests.server_support import Project
+
+    project = Project(tmp_path, pg_url, environment="prod")
+    role = f"server_files_{uuid.uuid4().hex[:8]}"
+    schema = str(pg_url.query["options"]).split("=", 1)[1]
+    admin = sa.create_engine(pg_url, poolclass=sa.pool.NullPool, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sa.text(f"CREATE ROLE {role} LOGIN PASSWORD '{role}'"))
+        conn.execute(sa.text(f"GRANT USAGE ON SCHEMA {schema} TO {role}"))
+        conn.execute(sa.text(f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA "
+                             f"{schema} TO {role}"))
+    try:
+        # a server that checks passwords (a container) asks for one
+        project.config.write_text(project.config.read_text().replace(
+            pg_url.render_as_string(hide_password=False),
+            pg_url.set(username=role, password=role).render_as_string(hide_password=False)))
+        found = codes(run_doctor(project.config, {}))
+        assert "CG921" not in found, found["CG921"]
+        assert any("no privilege beyond tables" in m for m in found["OK"])
+        with admin.connect() as conn:  # then one predefined role too many
+            conn.execute(sa.text(f"GRANT pg_signal_backend TO {role}"))
+        (said,) = codes(run_doctor(project.config, {}))["CG921"]
+        assert "pg_signal_backend" in said and "terminate other roles' sessions" in said
+    finally:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f"DROP OWNED BY {role}"))
+            conn.execute(sa.text(f"DROP ROLE IF EXISTS {role}"))
+        admin.dispose()
+
+
+@pytest.mark.mariadb
+def test_doctor_accepts_a_least_privileged_mariadb_account(mariadb_url: URL,
+                                                           tmp_path: Path) -> None:
+    from tests.server_support import Project
+
+    project = Project(tmp_path, mariadb_url, environment="prod")
+    user = f"server_files_{uuid.uuid4().hex[:8]}"
+    database = mariadb_url.database
+    admin = sa.create_engine(mariadb_url, poolclass=sa.pool.NullPool)
+    with admin.begin() as conn:
+        conn.execute(sa.text(f"CREATE USER '{user}'@'%' IDENTIFIED BY '{user}'"))
+        conn.execute(sa.text(f"GRANT SELECT, INSERT, UPDATE, DELETE ON {database}.* TO "
+                             f"'{user}'@'%'"))
+    try:
+        project.config.write_text(project.config.read_text().replace(
+            mariadb_url.render_as_string(hide_password=False),
+            mariadb_url.set(username=user, password=user).render_as_string(hide_password=False)))
+        found = codes(run_doctor(project.config, {}))
+        assert "CG921" not in found, found["CG921"]
+        with admin.begin() as conn:
+            conn.execute(sa.text(f"GRANT FILE ON *.* TO '{user}'@'%'"))
+        (said,) = codes(run_doctor(project.config, {}))["CG921"]
+        assert "FILE on *.*" in said
+    finally:
+        with admin.begin() as conn:
+            conn.execute(sa.text(f"DROP USER '{user}'@'%'"))
+        admin.dispose()

@@ -92,7 +92,7 @@ def test_another_case_sending_1_0_meets_the_claim_on_1(
     with pytest.raises(errors.ImpactConflict) as caught:
         ex.call("policy.add_note", {**NOTE, "policy_id": 1.0, "body": "Another note."},
                 case="OTHER", who="agent")
-    assert caught.value.details["case_id"] == "HOLDER"
+    assert caught.value.holder["case_id"] == "HOLDER"
     assert caught.value.details["impact_key"] == "dev/insurance/policy_note/policy_id=1"
     assert table_dump(sqlite_url, "policy_note") == before
 

@@ -311,8 +311,8 @@ def _child_worker(spec: Mapping[str, Any]) -> int:
                 out = ex.call("lab.bump", inputs, case=f"case-{ref}", who="agent")
             except ImpactConflict as exc:
                 conflicts.append({"ref": ref, "target": target_id, "at": time.time(),
-                                  "holder_case": exc.details.get("case_id"),
-                                  "holder_intent": exc.details.get("intent_id"),
+                                  "holder_case": exc.holder.get("case_id"),
+                                  "holder_intent": exc.holder.get("intent_id"),
                                   "key": exc.details.get("impact_key")})
                 time.sleep(rng.uniform(0.5, 1.5) * pause)  # back off: leave the CPU to holders
                 pause = min(pause * 2, 0.05)

@@ -34,6 +34,7 @@ from sqlalchemy.engine import URL
 from capgate.mcp_server import CASE_META_KEY, OUTPUT_SCHEMA
 from capgate.registry.loader import load_registry
 from capgate.registry.model import thaw
+from capgate.registry.sql_effects import destructive
 from capgate.sqlfiles import apply_schema
 from tests.fix_capgate import approval_key_line, approver_key_file, install_target, table_dump
 
@@ -170,13 +171,18 @@ async def check_tools(session: ClientSession, *, code: bool = False) -> dict[str
         ann = tool.annotations
         assert ann is not None
         assert ann.read_only_hint is (row.effect_class == "read")
-        if row.effect_class != "read":
-            assert ann.destructive_hint is (row.effect_class in ("irreversible", "ddl"))
+        if row.effect_class != "read":  # from the statements as well as the effect class
+            assert ann.destructive_hint is destructive(row), row.ref
         assert ann.idempotent_hint is row.idempotent
         assert (tool.meta or {}).get("capgate/version") == row.version
     assert listed["policy.cancel"].title == "policy.cancel (v2)"  # the current, not the retired
     assert listed["policy.get"].annotations.read_only_hint is True  # type: ignore[union-attr]
     assert listed["document.issue"].annotations.destructive_hint is True  # type: ignore[union-attr]
+    # an UPDATE or DELETE is destructive whatever the effect class; an INSERT alone is not
+    for name, hint in (("policy.cancel", True), ("policy.purge_orphan", True),
+                       ("premium.mark_paid", True), ("cover.add", True),
+                       ("policy.add_note", False), ("claim.register", False)):
+        assert listed[name].annotations.destructive_hint is hint, name  # type: ignore[union-attr]
     return listed
 
 
@@ -276,13 +282,16 @@ def test_stdio_sqlite(sqlite_url: URL, tmp_path: Path) -> None:
             active = sum(1 for r in table_dump(place.target, "policy") if r[3] == "active")
             assert got["status"] == "ok" and got["evidence"]["rows"] == [[active]]
 
-            # an invalid file set changes nothing
+            # an invalid new file: its own rows cannot run (it has none that parse), the
+            # others keep running, and the server says what is wrong
             (place.caps / "broken.yaml").write_text("format: 1\nrows: [{operation_id: 1}]\n")
-            await anyio.sleep(0.6)
+            with anyio.fail_after(10):
+                while "capability files do not validate" not in place.errlog.read_text():
+                    await anyio.sleep(0.05)
             assert {t.name for t in (await session.list_tools()).tools} == names
 
     anyio.run(main)
-    assert "keeping the previous registry" in place.errlog.read_text()
+    assert "broken.yaml" in place.errlog.read_text()
 
 
 def test_stdio_identity_limits_the_tools(sqlite_url: URL, tmp_path: Path) -> None:
@@ -414,6 +423,7 @@ def self_signed(folder: Path) -> tuple[Path, Path]:
     key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
                                            serialization.PrivateFormat.PKCS8,
                                            serialization.NoEncryption()))
+    key_path.chmod(0o600)  # a private key open to others is refused (CG920)
     return cert_path, key_path
 
 

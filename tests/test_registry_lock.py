@@ -117,20 +117,47 @@ def test_any_field_change_changes_the_hash(caps: Path) -> None:
     assert {k for k in base if base[k] != after[k]} == {"policy.get@1"}
 
 
-def test_retiring_is_not_a_change(caps: Path) -> None:
+def test_retiring_is_one_step_and_unretiring_needs_a_reviewed_change(caps: Path) -> None:
     office = caps / "office.yaml"
     before = {r.ref: r.row_hash for r in validate_paths([caps]).rows}
     edit(office, "  - operation_id: policy.get\n    version: 1\n",
          "  - operation_id: policy.get\n    version: 1\n    retired: true\n")
+    # one step: the row is retired at once, its hash unchanged, the lock still valid
     result = validate_paths([caps])
     assert result.ok, [p.render() for p in result.problems]
     assert {r.ref: r.row_hash for r in result.rows} == before
-    assert update_lock([caps])[1] == []
     with pytest.raises(RetiredRow):
         load_registry([caps]).resolve("policy.get")
-    # and un-retiring (or an explicit `retired: false`) is not a change either
+    # `capgate lock` records the retirement (no pin is added: the hash did not change)
+    assert update_lock([caps])[1] == []
+    assert "policy.get@1" in lock_doc(caps)["retired"]  # type: ignore[operator]
+    # deleting the line (or `retired: false`) would bring it back unreviewed: refused
     edit(office, "    retired: true\n", "    retired: false\n", count=2)
+    problems = validate_paths([caps]).problems
+    assert {p.code for p in problems} == {"CG137"}, [p.render() for p in problems]
+    assert {p.path for p in problems} == {str(office)}
+    assert any("policy.get@1" in p.message for p in problems)
+    with pytest.raises(RegistryError, match="CG137"):
+        load_registry([caps])
+    with pytest.raises(RegistryError, match="CG137"):  # and `capgate lock` will not record it
+        update_lock([caps])
+    # the reviewed way back: a lock change that takes it off the `retired` list
+    doc = lock_doc(caps)
+    doc["retired"] = []
+    (caps / LOCK_NAME).write_text(json.dumps(doc), "utf-8")
     assert validate_paths([caps]).ok
+
+
+def test_a_lock_without_a_retired_list_reads_as_nothing_retired(caps: Path) -> None:
+    """Locks written before the `retired` list existed stay valid."""
+    doc = lock_doc(caps)
+    doc.pop("retired", None)
+    (caps / LOCK_NAME).write_text(json.dumps(doc), "utf-8")
+    assert validate_paths([caps]).ok
+    doc["retired"] = ["no.such@1"]
+    (caps / LOCK_NAME).write_text(json.dumps(doc), "utf-8")
+    with pytest.raises(LockFileInvalid, match="does not pin"):
+        validate_paths([caps])
 
 
 def test_layout_comments_and_key_order_do_not_change_the_hash() -> None:

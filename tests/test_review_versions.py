@@ -1,8 +1,9 @@
 """Reviewing a version bump: ``capgate bump`` writes it, ``capgate diff`` shows what changed.
 
 A new version used to appear in the diff as "Added @2 / Retired @1", which
-hid a ``pg_sleep(2)`` added to a verify check.  A new version is now compared
-field by field with the version before it.
+hid a change to a verify check (then a ``pg_sleep(2)``, which validation now
+refuses outright: CG139).  A new version is now compared field by field with
+the version before it.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from tests.test_init import ROOT, capgate, clean_env
 
 VERIFY = "sql: \"SELECT count(*) FROM policy WHERE policy_id = :policy_id AND status <> 'void'\""
 SLOW = ("sql: \"SELECT count(*) FROM policy WHERE policy_id = :policy_id AND status <> 'void' "
-        "AND pg_sleep(2) IS NOT NULL\"")
+        "AND holder NOT LIKE 'A%'\"")
 
 
 @pytest.fixture
@@ -68,8 +69,8 @@ def test_diff_shows_what_a_new_version_changed(caps: Path, tmp_path: Path) -> No
     text = diff(rows_from(str(old)), rows_from(str(caps)))
     assert "1 new version(s), 0 added, 0 changed, 1 retired, 0 removed" in text
     assert "#### policy.add_note@1 → policy.add_note@2" in text
-    assert "- inserted `AND pg_sleep(2) IS NOT NULL`" in text
-    assert "+AND pg_sleep(2) IS NOT NULL" in text
+    assert "- inserted `AND holder NOT LIKE 'A%'`" in text
+    assert "+AND holder NOT LIKE 'A%'" in text
     assert "**`verify[0].sql`** changed:" in text
 
 
@@ -85,11 +86,11 @@ def test_diff_across_git_revisions_and_between_two_versions(tmp_path: Path) -> N
     _edit_new_version(proj / "capabilities" / "policies.yaml")
     capgate(["validate"], proj, env)
     against_git = capgate(["diff", "git:HEAD", "capabilities"], proj, env).stdout
-    assert "+AND pg_sleep(2) IS NOT NULL" in against_git
+    assert "+AND holder NOT LIKE 'A%'" in against_git
     versions = json.loads(capgate(["diff", "policy.add_note@1", "policy.add_note@2", "--json"],
                                   proj, env).stdout)["markdown"]
     assert versions.startswith("## policy.add_note@1 → policy.add_note@2")
-    assert "- inserted `AND pg_sleep(2) IS NOT NULL`" in versions
+    assert "- inserted `AND holder NOT LIKE 'A%'`" in versions
 
 
 def test_a_bump_among_invalid_files_writes_nothing(caps: Path) -> None:

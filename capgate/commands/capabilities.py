@@ -103,12 +103,23 @@ def lock(paths: Sequence[str]) -> Locked:
 
 def list_rows(paths: Sequence[str], *, include_retired: bool = False) -> list[Row]:
     """The registered rows, in registry order; retired ones only when asked."""
-    return load_registry(paths).rows(include_retired=include_retired)
+    return [row for row, _ in listing(paths, include_retired=include_retired)]
 
 
-def row_summary(row: Row) -> dict[str, Any]:
-    """A row in one flat mapping: identity, effect, shape, authorization, where it is."""
-    return {
+def listing(paths: Sequence[str], *, include_retired: bool = False
+            ) -> list[tuple[Row, bool]]:
+    """Each registered row with whether ``capabilities.lock`` pins it as it is (an
+    unpinned row is a draft: it runs in the unlocked environments only)."""
+    registry = load_registry(paths)
+    return [(row, registry.pinned(row))
+            for row in registry.rows(include_retired=include_retired)]
+
+
+def row_summary(row: Row, pinned: bool | None = None) -> dict[str, Any]:
+    """A row in one flat mapping: identity, effect, shape, authorization, where it is,
+    and (``pinned``) whether the lock pins it."""
+    extra = {} if pinned is None else {"pinned": pinned}
+    return {**extra,
         "operation_id": row.operation_id,
         "version": row.version,
         "effect_class": str(row.effect_class),
@@ -124,11 +135,19 @@ def row_summary(row: Row) -> dict[str, Any]:
 
 def show(paths: Sequence[str], operation: str, version: int | None = None) -> Row:
     """The row a review card is made of: ``operation@version`` (retired ones too), else current."""
+    return show_row(paths, operation, version)[0]
+
+
+def show_row(paths: Sequence[str], operation: str, version: int | None = None
+             ) -> tuple[Row, bool]:
+    """:func:`show`'s row, and whether ``capabilities.lock`` pins it as it is."""
     registry = load_registry(paths)
     if version is not None:
         found = [r for r in registry.rows() if r.key == (operation, version)]
-        return found[0] if found else registry.resolve(operation, version)
-    return registry.resolve(operation)
+        row = found[0] if found else registry.resolve(operation, version)
+    else:
+        row = registry.resolve(operation)
+    return row, registry.pinned(row)
 
 
 _VERSION_REF = re.compile(r"^[A-Za-z0-9_.-]+@\d+$")

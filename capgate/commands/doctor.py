@@ -197,8 +197,9 @@ def run_doctor(config: str | Path | None = None, env: Mapping[str, str] | None =
         _check_identities(report, settings, registry, grants)
     if live:
         needs = needs_of(registry.rows(include_retired=False)) if registry is not None else {}
+        production = frozenset(settings.production_environments)
         for name, connector in sorted(settings.connectors.items()):
-            _check_connector(report, connector, needs.get(name, Needs()))
+            _check_connector(report, connector, needs.get(name, Needs()), production)
     return report
 
 
@@ -350,7 +351,8 @@ def _check_identities(report: Report, settings: Any, registry: Any, grants: Any)
 # --- live checks --------------------------------------------------------------------------
 
 
-def _check_connector(report: Report, config: Any, needs: Needs) -> None:
+def _check_connector(report: Report, config: Any, needs: Needs,
+                     production: frozenset[str] = frozenset({"prod"})) -> None:
     import sqlalchemy as sa
 
     from capgate.executor.dialects import dialect_for, normalise_url
@@ -402,11 +404,46 @@ def _check_connector(report: Report, config: Any, needs: Needs) -> None:
                 report.add(OK, "OK", subject, "capgate's tables are installed and usable")
             dialect.diagnose(conn, ConnectorDiagnosis(report, subject, config, needs))
             conn.rollback()
+            _check_least_privilege(report, subject, config, dialect, conn, production)
     except sa.exc.DBAPIError as exc:
         report.add(ERROR, ConnectorUnavailable.code, subject,
                    f"unreachable ({config.safe_url}): {first_line(exc)}")
     finally:
         engine.dispose()
+
+
+def _check_least_privilege(report: Report, subject: str, config: Any, dialect: Any,
+                           conn: Any, production: frozenset[str]) -> None:
+    """Least privilege: an account that holds more than rows could need (a superuser,
+    server files, other sessions, grant option, ``ANY`` privileges) is a warning in
+    development and an error where ``production_environments`` names the environment."""
+    import sqlalchemy as sa
+
+    from capgate.executor.target import first_line
+    from capgate.registry.errors import ExcessPrivilege
+
+    try:
+        excess = dialect.excess_privileges(conn)
+    except sa.exc.DBAPIError as exc:  # the catalog is not readable: say so, do not guess
+        conn.rollback()
+        report.add(WARNING, ExcessPrivilege.code, subject,
+                   f"could not read the account's privileges: {first_line(exc)}")
+        return
+    finally:
+        conn.rollback()
+    if excess is None:  # no accounts on this engine (SQLite): file permissions decide
+        return
+    if not excess:
+        report.add(OK, "OK", subject, "the account holds no privilege beyond tables "
+                   "(no superuser, server files, other sessions or grant option)")
+        return
+    severe = config.environment in production
+    report.add(ERROR if severe else WARNING, ExcessPrivilege.code, subject,
+               f"the account holds more than capgate's rows need ({config.environment!r} "
+               f"{'is' if severe else 'is not'} a production environment): "
+               + "; ".join(excess) + "; give the connector an account with only the table "
+               "privileges the rows need", privileges=excess, environment=config.environment,
+               production=severe)
 
 
 @dataclass

@@ -197,7 +197,21 @@ def _approver_keys(folder: Path, approvers: dict[str, list[str]]) -> dict[str, s
     """
     from capgate.executor.approvals import generate
 
+    (folder / "keys").mkdir(mode=0o700, exist_ok=True)  # covered by the .gitignore init writes
     return {who: generate(folder / "keys" / f"{who}.key") for who in approvers}
+
+
+def _ignore(gitignore: Path, entries: tuple[str, ...]) -> bool:
+    """``entries`` in ``gitignore`` (made, or the missing ones appended): the ledger and
+    the private keys stay out of version control.  True when the file was created."""
+    created = not gitignore.exists()
+    text = "" if created else gitignore.read_text("utf-8")
+    have = {line.strip() for line in text.splitlines()}
+    missing = [e for e in entries if e not in have and e.rstrip("/") not in have]
+    if missing:
+        gap = "" if not text or text.endswith("\n") else "\n"
+        gitignore.write_text(text + gap + "".join(f"{e}\n" for e in missing), "utf-8")
+    return created
 
 
 def _capgate_command() -> str:
@@ -249,8 +263,11 @@ def init_project(folder: str | Path, *, target: str | None = None, empty: bool =
         try:
             parsed = normalise_url(target)
         except Exception as exc:
-            raise UsageError(f"--target {target!r} is not a database URL this capgate "
-                             f"knows: {exc}") from None
+            from capgate.executor.dialects import safe_url_text
+
+            shown = safe_url_text(target)  # never the password, even of a URL that fails
+            raise UsageError(f"--target {shown!r} is not a database URL this capgate "
+                             f"knows: {str(exc).replace(target, shown)}") from None
         written_url = target
         live_url = parsed
     else:
@@ -317,8 +334,7 @@ def init_project(folder: str | Path, *, target: str | None = None, empty: bool =
     report.files[:0] = ["capgate.toml", "grants.toml"]
     report.files += [f"keys/{who}.key" for who in keys]
     gitignore = root / ".gitignore"
-    if not gitignore.exists():
-        gitignore.write_text(".capgate/\n", "utf-8")
+    if _ignore(gitignore, (".capgate/", "keys/")):
         report.files.append(".gitignore")
 
     command = _capgate_command()

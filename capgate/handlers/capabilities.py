@@ -92,13 +92,18 @@ def cmd_lock(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    rows = capabilities.list_rows(_paths(args), include_retired=args.all)
-    lines = [f"{'OPERATION':<32} {'VER':>3}  {'EFFECT':<13} {'SHAPE':<9} {'AUTH':<11} ENVIRONMENTS"]
-    for r in rows:
+    rows = capabilities.listing(_paths(args), include_retired=args.all)
+    lines = [f"{'OPERATION':<32} {'VER':>3}  {'EFFECT':<13} {'SHAPE':<9} {'AUTH':<11} "
+             f"{'LOCK':<9} ENVIRONMENTS"]
+    for r, pinned in rows:
         lines.append(f"{r.operation_id:<32} {r.version:>3}  {r.effect_class!s:<13} "
                      f"{(r.shape or '-')!s:<9} {r.authorization.kind!s:<11} "
+                     f"{'pinned' if pinned else 'UNPINNED':<9} "
                      f"{','.join(r.environments)}{'  (retired)' if r.retired else ''}")
-    emit(args, [capabilities.row_summary(r) for r in rows], "\n".join(lines))
+    if any(not pinned for _, pinned in rows):
+        lines.append("UNPINNED rows are drafts: capabilities.lock does not pin them as they "
+                     "are, so they run only in the unlocked environments (`capgate lock`)")
+    emit(args, [capabilities.row_summary(r, pinned) for r, pinned in rows], "\n".join(lines))
     return 0
 
 
@@ -107,8 +112,9 @@ def cmd_show(args: argparse.Namespace) -> int:
 
     paths = _paths(args)
     op, version = parse_operation(args.operation)
-    row = capabilities.show(paths, op, version)
-    emit(args, {**capabilities.row_summary(row), "row": row.to_dict()}, card(row))
+    row, pinned = capabilities.show_row(paths, op, version)
+    emit(args, {**capabilities.row_summary(row, pinned), "row": row.to_dict()},
+         card(row, pinned))
     return 0
 
 

@@ -82,6 +82,11 @@ def read_inputs(raw: str) -> dict[str, Any]:
                          "object; say it once", key=cut(str(exc), 60)) from None
     except RecursionError:
         raise UsageError("--input is nested too deeply to read") from None
+    except ValueError as exc:  # e.g. a number of more than 4,300 digits (int's own limit)
+        from capgate.registry.errors import InputInvalid
+
+        raise InputInvalid(f"--input cannot be read as JSON data: {cut(str(exc), 200)}; "
+                           "nothing was recorded", field="(input)") from None
     if not isinstance(value, dict):
         raise UsageError("--input must be a JSON object")
     return value

@@ -17,10 +17,18 @@ from __future__ import annotations
 
 from sqlalchemy.engine import URL, make_url
 
-from capgate.executor.dialects.base import SECRET_KEY, Dialect, SessionTag, TxIdentity, safe_url
+from capgate.executor.dialects.base import (
+    SECRET_KEY,
+    Dialect,
+    SessionTag,
+    TxIdentity,
+    safe_url,
+    safe_url_text,
+)
 
 __all__ = ["SECRET_KEY", "Dialect", "SessionTag", "TxIdentity", "dialect_class",
-           "dialect_classes", "dialect_for", "engine_name", "normalise_url", "safe_url"]
+           "dialect_classes", "dialect_for", "engine_name", "normalise_url", "safe_url",
+           "safe_url_text"]
 
 
 def _backend_name(name_or_url: str | URL) -> str:

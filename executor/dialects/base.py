@@ -38,6 +38,26 @@ def safe_url(url: str | URL) -> str:
     return parsed.render_as_string(hide_password=True)
 
 
+_USERINFO = re.compile(r"(?P<head>://[^/?#@\s]*?:)(?P<secret>[^/?#\s]*)(?P<at>@)")
+_QUERY_VALUE = re.compile(r"(?P<key>[?&;][^=&;#\s]+=)(?P<value>[^&;#\s]*)")
+
+
+def safe_url_text(text: str) -> str:
+    """``text`` (a URL, perhaps one that does not parse) as it may be printed: the password
+    and every secret query value hidden.  A URL that parses goes through
+    :func:`safe_url`; one that does not is redacted as text -- everything between
+    ``user:`` and the last ``@`` before the host, and each secret query value -- so that
+    a typo in a port never prints the password beside it."""
+    try:
+        return safe_url(text)
+    except Exception:  # an unparseable URL is redacted as text below
+        pass
+    hidden = _USERINFO.sub(lambda m: f"{m['head']}***{m['at']}", text)
+    return _QUERY_VALUE.sub(
+        lambda m: m["key"] + ("***" if SECRET_KEY.search(m["key"].strip("?&;=")) else m["value"]),
+        hidden)
+
+
 MARKER_TABLE = "capgate_landed"
 FENCE_TABLE = "capgate_fence"
 TARGET_TABLES = (MARKER_TABLE, FENCE_TABLE)
@@ -407,8 +427,35 @@ class Dialect(Registered):
                 " intent_id VARCHAR(64) NOT NULL)"),
         }
 
+    GRANTEE: ClassVar[re.Pattern[str]] = re.compile(r"[A-Za-z_][A-Za-z0-9_$]{0,62}")
+    """A role or user name given on the command line (``--grant-to``): a plain identifier."""
+
+    def grantee(self, name: str) -> str:
+        """``name`` as it goes into a GRANT: checked against the identifier rules, then
+        quoted by the dialect's SQLAlchemy identifier preparer (where quoting is needed).
+
+        A name from the command line is never pasted into SQL as typed: one carrying a
+        quote, a semicolon, a space or a comment is refused (``InvalidIdentifier``)
+        before anything is sent.
+        """
+        from capgate.registry.errors import InvalidIdentifier
+
+        if not isinstance(name, str) or not self.GRANTEE.fullmatch(name):
+            raise InvalidIdentifier(
+                f"{name!r} is not a plain {self.title} role or user name (letters, digits, "
+                "_ and $, starting with a letter or _, at most 63 characters); nothing was "
+                "executed", name=str(name)[:200], dialect=self.name)
+        return self.quote_identifier(name)
+
+    def quote_identifier(self, name: str) -> str:
+        """``name`` quoted as this engine's SQLAlchemy dialect quotes an identifier."""
+        driver = self.driver or self.name
+        sa_dialect = make_url(f"{driver}://").get_dialect()()
+        return str(sa_dialect.identifier_preparer.quote(name))
+
     def target_grants(self, grantee: str) -> list[str]:
-        """What a calling account needs on capgate's tables (``--grant-to``)."""
+        """What a calling account needs on capgate's tables (``--grant-to``); ``grantee``
+        comes from :meth:`grantee` (checked and quoted)."""
         return [f"GRANT SELECT, INSERT ON {MARKER_TABLE} TO {grantee}",
                 f"GRANT SELECT, INSERT, UPDATE ON {FENCE_TABLE} TO {grantee}"]
 
@@ -637,6 +684,13 @@ class Dialect(Registered):
     def diagnose(self, conn: sa.Connection, diagnosis: Diagnosis) -> None:
         """Read-only checks of what the connector's rows need here: privileges, session
         limits, what resume relies on, extensions.  Default: none."""
+
+    def excess_privileges(self, conn: sa.Connection) -> list[str] | None:
+        """What the account holds beyond what capgate's rows could need, each with what it
+        allows (``SUPERUSER: bypasses every privilege check``) -- read-only catalog
+        queries; empty when nothing.  The doctor reports them (least privilege).
+        Default None: this engine has no accounts to ask about (SQLite)."""
+        return None
 
 
 def sqlstate(exc: BaseException) -> str | None:

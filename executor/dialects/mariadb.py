@@ -151,6 +151,21 @@ class MariadbDialect(Dialect, name="mariadb", aliases=("mysql",)):
     def engine_options(self) -> dict[str, Any]:
         return {"pool_recycle": 1800}
 
+    _HOST: ClassVar[re.Pattern[str]] = re.compile(r"[A-Za-z0-9_.%:-]{1,255}")
+
+    def grantee(self, name: str) -> str:
+        """A MariaDB account: ``user`` or ``user@host``, each part checked, written
+        ``'user'@'host'`` (an account name, not an identifier; ``%`` when no host)."""
+        from capgate.registry.errors import InvalidIdentifier
+
+        user, at, host = str(name).partition("@")
+        if not self.GRANTEE.fullmatch(user) or (at and not self._HOST.fullmatch(host)):
+            raise InvalidIdentifier(
+                f"{name!r} is not a plain MariaDB account (USER or USER@HOST: letters, digits, "
+                "_ and $ in the user, letters, digits and . % : - _ in the host); nothing was "
+                "executed", name=str(name)[:200], dialect=self.name)
+        return f"'{user}'@'{host if at else '%'}'"
+
     def sql(self, text: str, tag: SessionTag | None) -> str:
         return tag.comment() + text if tag is not None else text
 
@@ -421,6 +436,32 @@ class MariadbDialect(Dialect, name="mariadb", aliases=("mysql",)):
         return (f"MariaDB/MySQL {scalar('SELECT VERSION()')}, server_id "
                 f"{scalar('SELECT @@server_id')}, database {scalar('SELECT DATABASE()')},"
                 f" user {scalar('SELECT CURRENT_USER()')}")
+
+    _EXCESS: ClassVar[dict[str, str]] = {
+        "ALL PRIVILEGES": "every privilege on every database",
+        "SUPER": "can kill any connection, change global settings, bypass read_only",
+        "FILE": "can read and write server files (LOAD_FILE, INTO OUTFILE, LOAD DATA)",
+        "CONNECTION ADMIN": "can kill any connection",
+        "SHUTDOWN": "can stop the server",
+        "CREATE USER": "can create accounts and rename or drop others",
+        "READ_ONLY ADMIN": "can write while the server is read only",
+    }
+
+    def excess_privileges(self, conn: sa.Connection) -> list[str]:
+        """Global privileges beyond the rows' tables, and any grant option (SHOW GRANTS)."""
+        found: list[str] = []
+        grants = [str(r[0]) for r in conn.execute(sa.text("SHOW GRANTS"))]
+        for line in grants:
+            head = line.upper()
+            m = re.match(r"^GRANT (.+?) ON (\S+) TO ", head)
+            if m and m.group(2) in ("*.*", "`*`.`*`"):
+                held = [p.strip() for p in m.group(1).split(",")]
+                found += [f"{name} on *.*: {what}" for name, what in self._EXCESS.items()
+                          if name in held]
+            if head.endswith("WITH GRANT OPTION") or " WITH GRANT OPTION" in head:
+                target = m.group(2) if m else "a grant"
+                found.append(f"GRANT OPTION on {target}: can pass its privileges on to others")
+        return list(dict.fromkeys(found))
 
     def diagnose(self, conn: sa.Connection, diagnosis: Diagnosis) -> None:
         """Grants (global, schema, table), connection limits, and the DDL rows' routines."""

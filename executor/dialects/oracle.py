@@ -337,6 +337,20 @@ FENCE_MERGE = (
 ORA_IDENTITY = ("SELECT SYS_CONTEXT('USERENV', 'DB_UNIQUE_NAME'), SYS_CONTEXT('USERENV', "
                 "'SERVICE_NAME'), SYS_CONTEXT('USERENV', 'INSTANCE_NAME'), USER FROM dual")
 ORA_PRIVS = "SELECT privilege FROM session_privs"
+ORA_EXCESS_ROLES: dict[str, str] = {
+    "DBA": "every system privilege",
+    "IMP_FULL_DATABASE": "can import over any schema",
+    "EXP_FULL_DATABASE": "can export every schema",
+    "DATAPUMP_IMP_FULL_DATABASE": "can import over any schema",
+    "DATAPUMP_EXP_FULL_DATABASE": "can export every schema",
+}
+"""Roles that hand an account the whole database (least privilege, ``capgate doctor``)."""
+ORA_EXCESS_ROLES_SQL = ("SELECT role FROM session_roles WHERE role IN ("
+                        + ", ".join(f"'{r}'" for r in ORA_EXCESS_ROLES) + ") ORDER BY role")
+ORA_EXCESS_PRIVS_SQL = ("SELECT privilege FROM session_privs WHERE privilege LIKE '% ANY %' "
+                        "OR privilege LIKE '% ANY' OR privilege IN ('SYSDBA', 'SYSOPER', "
+                        "'SYSBACKUP', 'BECOME USER', 'EXEMPT ACCESS POLICY', 'ALTER USER', "
+                        "'ADMINISTER DATABASE TRIGGER') ORDER BY privilege")
 ORA_OWNER = ("SELECT owner FROM all_objects WHERE object_name = UPPER(:t) "
              "AND object_type IN ('TABLE', 'VIEW', 'SYNONYM') AND ROWNUM = 1")
 ORA_TAB_PRIV = "SELECT count(*) FROM all_tab_privs WHERE table_name = UPPER(:t) AND privilege = :p"
@@ -351,7 +365,8 @@ ORA_2PC_PENDING = "SELECT count(*) FROM dba_2pc_pending WHERE ROWNUM = 1"
 DOCTOR_QUERIES = {"identity": ORA_IDENTITY, "privs": ORA_PRIVS, "owner": ORA_OWNER,
                   "tab_priv": ORA_TAB_PRIV, "sessions_per_user": ORA_SESSIONS_PER_USER,
                   "commit_outcome": ORA_COMMIT_OUTCOME, "app_cont": ORA_APP_CONT,
-                  "gv_session": ORA_GV_SESSION, "2pc_pending": ORA_2PC_PENDING}
+                  "gv_session": ORA_GV_SESSION, "2pc_pending": ORA_2PC_PENDING,
+                  "excess_roles": ORA_EXCESS_ROLES_SQL, "excess_privs": ORA_EXCESS_PRIVS_SQL}
 """Every query ``capgate doctor`` sends to Oracle (the offline tests parse each one)."""
 
 
@@ -881,6 +896,16 @@ class OracleDialect(Dialect, name="oracle"):
         except sa.exc.DatabaseError:
             conn.rollback()
             return False
+
+    def excess_privileges(self, conn: sa.Connection) -> list[str]:
+        """The DBA role (and its kin), administrative privileges and every ``ANY`` system
+        privilege held in this session (``SESSION_ROLES``, ``SESSION_PRIVS``).  ``ALTER
+        SYSTEM`` is not listed: resume ends a recorded session with it."""
+        found = [f"role {r}: {ORA_EXCESS_ROLES[str(r)]}"
+                 for r in conn.execute(sa.text(ORA_EXCESS_ROLES_SQL)).scalars()]
+        found += [f"{p}: a system privilege beyond the rows' own tables"
+                  for p in conn.execute(sa.text(ORA_EXCESS_PRIVS_SQL)).scalars()]
+        return found
 
     def diagnose(self, conn: sa.Connection, diagnosis: Diagnosis) -> None:
         """The driver and its mode, privileges, leases, what resume relies on (GV$SESSION,

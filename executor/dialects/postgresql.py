@@ -355,6 +355,35 @@ class PostgresqlDialect(Dialect, name="postgresql", aliases=("postgres",)):
         where = conn.execute(sa.text("SELECT current_database(), current_user")).one()
         return f"PostgreSQL {version}, system {system}, database {where[0]}, user {where[1]}"
 
+    _EXCESS_ROLES: ClassVar[dict[str, str]] = {
+        "pg_signal_backend": "can cancel and terminate other roles' sessions",
+        "pg_read_server_files": "can read any file the server can (COPY FROM, pg_read_file)",
+        "pg_write_server_files": "can write any file the server can (COPY TO)",
+        "pg_execute_server_program": "can run programs on the server (COPY ... PROGRAM)",
+        "pg_write_all_data": "can write every table, whatever the grants say",
+    }
+
+    def excess_privileges(self, conn: sa.Connection) -> list[str]:
+        """Superuser and the role attributes and predefined roles that reach beyond tables."""
+        found: list[str] = []
+        attrs = conn.execute(sa.text(
+            "SELECT rolsuper, rolcreaterole, rolbypassrls, rolreplication FROM pg_roles "
+            "WHERE rolname = current_user")).one()
+        for held, what in zip(attrs, (
+                "SUPERUSER: bypasses every privilege check",
+                "CREATEROLE: can create roles and grant itself their rights",
+                "BYPASSRLS: ignores row-level security",
+                "REPLICATION: can stream every change of the cluster"), strict=True):
+            if held:
+                found.append(what)
+        members = conn.execute(sa.text(
+            "SELECT r.rolname FROM pg_roles r WHERE r.rolname = ANY(:names) "
+            "AND pg_has_role(current_user, r.oid, 'MEMBER') ORDER BY r.rolname"),
+            {"names": list(self._EXCESS_ROLES)}).scalars().all()
+        found += [f"member of {name}: {self._EXCESS_ROLES[name]}" for name in members
+                  if not attrs[0]]  # a superuser is a member of every role: said once
+        return found
+
     def diagnose(self, conn: sa.Connection, diagnosis: Diagnosis) -> None:
         """Table privileges, connection limits, and for DDL rows plpgsql_check and CREATE."""
 

@@ -35,6 +35,9 @@ class Unsupported(Exception):
 _ANNOTATIONS = frozenset({"$schema", "$id", "$defs", "$comment", "title", "description"})
 
 
+_SAFE = 2**53 - 1
+
+
 def _is_number(v: Any) -> bool:
     return v.__class__ is int or v.__class__ is float
 
@@ -43,7 +46,9 @@ _TYPES: dict[str, Check] = {
     "object": lambda v: v.__class__ is dict,
     "array": lambda v: v.__class__ is list,
     "string": lambda v: v.__class__ is str,
-    "integer": lambda v: v.__class__ is int or (v.__class__ is float and v.is_integer()),
+    # an integral float counts within +-2^53 only (executor.context's rule: never 1e308)
+    "integer": lambda v: v.__class__ is int or (v.__class__ is float and v.is_integer()
+                                                and -_SAFE <= v <= _SAFE),
     "number": _is_number,
     "boolean": lambda v: v.__class__ is bool,
     "null": lambda v: v is None,
