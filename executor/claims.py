@@ -101,6 +101,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import os
 import socket
@@ -115,8 +116,9 @@ from sqlalchemy.engine import Connection
 from capgate.executor import channel, coordination
 from capgate.executor.context import CallContext, Rollback
 from capgate.executor.dialects.base import FENCE_TABLE
-from capgate.executor.hooks import CallHooks, HasHooks
+from capgate.executor.hooks import CallHooks, HasHooks, RetryOutside
 from capgate.executor.plan import impact_keys
+from capgate.executor.waits import NO_TURN, WaitLine, claim_resource, earlier_turn_sql, line_for
 from capgate.registry.errors import (
     CoordinationRequired,
     ImpactConflict,
@@ -237,8 +239,13 @@ class ClaimStore:
             " case_id = excluded.case_id, intent_id = excluded.intent_id,"
             " operation_id = excluded.operation_id, holder = excluded.holder,"
             " acquired_at = excluded.acquired_at"
-            " WHERE cg_claims.case_id IS NULL OR cg_claims.case_id = excluded.case_id"
-            " OR cg_claims.expires_at < excluded.acquired_at"
+            # the same case, unexpired, joins its hold; a free or expired key goes to the
+            # earliest live turn in its wait line (executor.waits), never past it
+            " WHERE (cg_claims.case_id = excluded.case_id"
+            " AND cg_claims.expires_at >= excluded.acquired_at)"
+            " OR ((cg_claims.case_id IS NULL OR cg_claims.case_id = excluded.case_id"
+            " OR cg_claims.expires_at < excluded.acquired_at)"
+            f" AND {earlier_turn_sql(s.now_sql)})"
             " RETURNING token, expires_at"
         )
         self._renew = (
@@ -272,7 +279,7 @@ class ClaimStore:
 
     def acquire(self, keys: Sequence[str], *, case_id: str, intent_id: str | None,
                 operation_id: str, ttl: float, takeover: bool = False,
-                case_mode: bool = False) -> HeldClaim:
+                case_mode: bool = False, turn: int = NO_TURN) -> HeldClaim:
         """Claim every key for ``case_id`` (all or none); ImpactConflict names the holder.
 
         A key the same case already holds stays with its holding intent and
@@ -284,11 +291,12 @@ class ClaimStore:
         with self.store.write("claim impact keys") as tx:
             return self.acquire_on(tx, keys, case_id=case_id, intent_id=intent_id,
                                    operation_id=operation_id, ttl=ttl, takeover=takeover,
-                                   case_mode=case_mode)
+                                   case_mode=case_mode, turn=turn)
 
     def acquire_on(self, tx: HotTx, keys: Sequence[str], *, case_id: str,
                    intent_id: str | None, operation_id: str, ttl: float,
-                   takeover: bool = False, case_mode: bool = False) -> HeldClaim:
+                   takeover: bool = False, case_mode: bool = False,
+                   turn: int = NO_TURN) -> HeldClaim:
         """:meth:`acquire` inside the caller's transaction on the ledger store.
 
         ``Executor.call`` claims in the transaction that records ``prepared``:
@@ -298,11 +306,12 @@ class ClaimStore:
         """
         return self.ask_on(tx, keys, case_id=case_id, intent_id=intent_id,
                            operation_id=operation_id, ttl=ttl, takeover=takeover,
-                           case_mode=case_mode)()
+                           case_mode=case_mode, turn=turn)()
 
     def ask_on(self, tx: HotTx, keys: Sequence[str], *, case_id: str,
                intent_id: str | None, operation_id: str, ttl: float,
-               takeover: bool = False, case_mode: bool = False) -> Callable[[], HeldClaim]:
+               takeover: bool = False, case_mode: bool = False,
+               turn: int = NO_TURN) -> Callable[[], HeldClaim]:
         """:meth:`acquire_on` in two steps: every key's claim is sent now, and the
         function returned reads the answers -- the claim, or the conflict raised as
         :meth:`acquire_on` raises it (a key found held is looked at, and claimed again
@@ -310,8 +319,10 @@ class ClaimStore:
         rest of its results, in one round trip."""
         ordered = sorted(set(keys))
         params = {"case_id": case_id, "intent_id": intent_id, "operation_id": operation_id,
-                  "holder": _holder(), "ttl": float(ttl), "takeover": int(takeover)}
-        asked = [tx.run(self._acquire, {**params, "k": key}) for key in ordered]
+                  "holder": _holder(), "ttl": float(ttl), "takeover": int(takeover),
+                  "turn": int(turn)}
+        asked = [tx.run(self._acquire, {**params, "k": key, "wres": claim_resource(key)})
+                 for key in ordered]
 
         def answer() -> HeldClaim:
             tokens: dict[str, int] = {}
@@ -332,19 +343,27 @@ class ClaimStore:
         let go (``_ACQUIRE_ATTEMPTS`` claims in all, the first one included)."""
         for _ in range(_ACQUIRE_ATTEMPTS - 1):
             with contextlib.suppress(_Released):  # the holder let go meanwhile: again
-                self._refuse(tx, key, case_id, case_mode)
-            row = tx.run(self._acquire, {**params, "k": key}).first()
+                self._refuse(tx, key, case_id, case_mode, turn=int(params["turn"]))
+            row = tx.run(self._acquire, {**params, "k": key,
+                                         "wres": claim_resource(key)}).first()
             if row is not None:
                 return row
         raise ImpactConflict(f"impact key {key!r} changed hands too often to be "
                              "claimed; retry", impact_keys=ordered,
                              requested_by_case=case_id)
 
-    def _refuse(self, tx: HotTx, key: str, case_id: str, case_mode: bool = False) -> None:
+    def _refuse(self, tx: HotTx, key: str, case_id: str, case_mode: bool = False,
+                turn: int = NO_TURN) -> None:
         conflict = self._describe(tx, key)
         if conflict["case_id"] is None or conflict["case_id"] == case_id \
                 or conflict["expires_in"] <= 0:
-            raise _Released
+            ahead = self._ahead(tx, key, turn)
+            if not ahead:
+                raise _Released
+            raise ImpactConflict(
+                f"impact key {key!r} is free, but {ahead} call(s) that came earlier wait "
+                "for it; retry, or let the connector's claim_wait_seconds wait in line",
+                **conflict, requested_by_case=case_id, waiting_before=ahead)
         if case_mode:
             decision = coordination.decision_id(case_id, str(conflict["case_id"]), key,
                                                 conflict["token"])
@@ -362,6 +381,22 @@ class ClaimStore:
             f"for {conflict['expires_in']:.1f} s more; wait for it to finish "
             "or coordinate with that case",
             **conflict, requested_by_case=case_id)
+
+    def _ahead(self, tx: HotTx, key: str, turn: int) -> int:
+        """How many live turns earlier than ``turn`` wait in ``key``'s line."""
+        row = tx.run("SELECT count(*) FROM cg_waits WHERE resource = :r AND seq < :s"
+                     f" AND expires_at > {self.store.now_sql}",
+                     {"r": claim_resource(key), "s": int(turn)}).first()
+        return int(row[0]) if row is not None else 0
+
+    def free_for(self, tx: HotTx, key: str, case_id: str) -> bool:
+        """Whether ``key`` is free for ``case_id`` now (unclaimed, expired, or its own)."""
+        found = tx.run(self._read, {"k": key}).mappings()
+        if not found:
+            return True
+        row = found[0]
+        return row["case_id"] is None or row["case_id"] == case_id \
+            or float(row["expires_at"]) < float(row["now"])
 
     def _describe(self, tx: HotTx, key: str) -> dict[str, Any]:
         found = tx.run(self._read, {"k": key}).mappings()
@@ -575,6 +610,7 @@ class ImpactClaims(CallHooks):
 
     def __init__(self, ledger: Ledger) -> None:
         self.store = ClaimStore(ledger)
+        self.line: WaitLine = line_for(ledger)
         self.enabled = True
         """False turns claims and the fence off (benchmarks only)."""
         self._held: dict[str, HeldClaim] = {}
@@ -608,19 +644,67 @@ class ImpactClaims(CallHooks):
         if not self._wants(ctx):
             return
         keys = impact_keys(ctx.row, ctx.inputs, ctx.connector.environment)
+        self.line.leave_on(tx, ctx.intent_id)  # a call that waited: its places go with this
         answer = self.store.ask_on(tx, keys, case_id=ctx.case_id, intent_id=ctx.intent_id,
                                    operation_id=ctx.row.operation_id, ttl=claim_ttl(ctx),
-                                   case_mode=case_held(ctx))
+                                   case_mode=case_held(ctx),
+                                   turn=self.line.turn_of(ctx.intent_id))
 
         def settle() -> None:
             """The claims' answers, read with the rest of ``prepared``'s (one round trip)."""
-            taken = answer()
+            try:
+                taken = answer()
+            except (ImpactConflict, CoordinationRequired) as conflict:
+                if self._may_wait(ctx):  # held by another case's call: wait in line, outside
+                    raise RetryOutside(functools.partial(
+                        self._wait_for_keys, ctx, keys, conflict)) from None
+                raise
             with self._lock:  # may run again (a lost race is retried): the last run counts
                 self._pending[ctx.intent_id] = taken
 
         tx.defer(settle)
 
+    def _may_wait(self, ctx: CallContext) -> bool:
+        limit = float(ctx.connector.config.claim_wait_seconds)
+        return limit > 0 and self.line.waited(ctx.intent_id, "claim") < limit
+
+    def _wait_for_keys(self, ctx: CallContext, keys: Sequence[str],
+                       conflict: ImpactConflict | CoordinationRequired) -> None:
+        """Stand in the keys' wait line (nothing held, no transaction open) until every key
+        is free for this case and no earlier waiter wants it; then ``prepared`` runs again.
+
+        At ``claim_wait_seconds`` the call is refused as the keys stand then: CG320 (a
+        call of another case holds one), or CG330 with its coordination decision (a case
+        holds one across its calls).
+        """
+        limit = float(ctx.connector.config.claim_wait_seconds)
+
+        def free(key: str) -> Callable[[HotTx], bool]:
+            return lambda tx: self.store.free_for(tx, key, ctx.case_id)
+
+        if self.line.wait(ctx.intent_id, kind="claim", limit=limit, case_id=ctx.case_id,
+                          intent_id=ctx.intent_id,
+                          resources={claim_resource(k): free(k) for k in sorted(set(keys))}):
+            return
+        waited = self.line.waited(ctx.intent_id, "claim")
+        turn = self.line.turn_of(ctx.intent_id)
+        try:
+            with self.store.store.ledger.transaction("describe a held impact key",
+                                                     write=False) as tx:
+                for key in sorted(set(keys)):
+                    with contextlib.suppress(_Released):
+                        self.store._refuse(tx, key, ctx.case_id, case_held(ctx), turn=turn)
+        except (ImpactConflict, CoordinationRequired) as now:
+            conflict = now
+        else:
+            return  # free at the last moment: one more `prepared` decides
+        raise type(conflict)(
+            f"{conflict.message}; waited {waited:.1f} s in line "
+            f"(claim_wait_seconds={limit:g})",
+            **{**conflict.details, "waited_seconds": round(waited, 3)}) from None
+
     def after_prepared(self, ctx: CallContext) -> None:
+        self.line.prepared(ctx.intent_id)
         with self._lock:
             taken = self._pending.pop(ctx.intent_id, None)
             if taken is not None:
@@ -733,6 +817,7 @@ class ImpactClaims(CallHooks):
         """
         with self._lock:
             self._pending.pop(ctx.intent_id, None)
+        self.line.leave(ctx.intent_id)
         if isinstance(error, CoordinationRequired) \
                 and error.details.get("requested_by_case") == ctx.case_id:
             self._record_request(ctx, error, refused_intent=ctx.intent_id)

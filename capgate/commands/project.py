@@ -140,6 +140,28 @@ def _toml_str(value: str) -> str:
     return json.dumps(value)  # a JSON string is a TOML basic string
 
 
+CONNECTOR_DEFAULTS = (
+    "session_budget = 4                      # sessions capgate opens at once here",
+    "budget_wait_seconds = 10                # a call waits in line this long for a session, "
+    "then CG321",
+    "claim_wait_seconds = 10                 # ... and this long for a target another case's "
+    "call is writing, then CG320",
+    "case_claim_seconds = 0                  # a write holds its target for its call; N > 0: "
+    "a case holds its",
+    "                                        # targets N s between its calls (docs/cases.md)",
+)
+"""What ``init`` writes for every connector: settings that pass a first load test.
+
+Many agents on a few hot targets, each call its own case: a call that finds its
+target or the budget busy waits its turn (fair, bounded) instead of being refused
+at once, and a case holds a target for the length of its call.  A case that works
+on a target across calls and agent turns is the design's stronger promise
+(``case_claim_seconds`` > 0): then a second case on that target waits
+``claim_wait_seconds`` and is refused with a coordination decision for a person --
+right for long cases, a stall for one-call cases, so ``init`` leaves it to the
+person who knows which kind theirs are."""
+
+
 def config_text(connectors: dict[str, str], environment: str, agent: str) -> str:
     """The annotated ``capgate.toml`` for ``connectors`` (name -> URL)."""
     lines = [
@@ -162,7 +184,7 @@ def config_text(connectors: dict[str, str], environment: str, agent: str) -> str
             lines.append("# the DDL rows (capabilities/ddl.yaml) change stored code through a "
                          "connector of their own")
         lines += [f"url = {_toml_str(url)}", f"environment = {_toml_str(environment)}",
-                  "session_budget = 4                      # sessions capgate opens at once here"]
+                  *CONNECTOR_DEFAULTS]
     return "\n".join(lines) + "\n"
 
 
