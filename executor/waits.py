@@ -167,6 +167,16 @@ class WaitLine:
             time.sleep(min(pause * (0.5 + random.random()), max(0.0, deadline - now)))
             pause = min(pause * 1.5, _POLL_MAX)
 
+    def stand(self, key: str, resources: list[str], *, case_id: str | None = None,
+              intent_id: str | None = None) -> int:
+        """Take a place in the line of each of ``resources`` without waiting (its turn)."""
+        with self._lock:
+            turn = self._turns.setdefault(key, _Turn(key, case_id, intent_id))
+            keep = turn.rows | set(resources)
+        self._enter(turn, keep)
+        assert turn.seq is not None
+        return turn.seq
+
     def _enter(self, turn: _Turn, keep: set[str]) -> None:
         """Take a turn (once) and hold a place for each of ``keep``, and no other."""
         now = self.now_sql
