@@ -509,6 +509,20 @@ class ClaimStore:
                 {"c": case_id}).mappings()
         return [dict(r) for r in rows]
 
+    def held_by_cases(self) -> dict[str, list[dict[str, Any]]]:
+        """Every unexpired claim, by holding case (``capgate cases``), in one read."""
+        s = self.store
+        with s.ledger.transaction("read held impact claims", write=False) as tx:
+            rows = tx.run(
+                "SELECT impact_key, token, case_id, intent_id, operation_id,"
+                f" expires_at - {s.now_sql} AS expires_in FROM cg_claims"
+                f" WHERE case_id IS NOT NULL AND expires_at >= {s.now_sql}"
+                " ORDER BY case_id, impact_key").mappings()
+        out: dict[str, list[dict[str, Any]]] = {}
+        for row in rows:
+            out.setdefault(str(row["case_id"]), []).append(dict(row))
+        return out
+
     def release_case_on(self, tx: HotTx, case_id: str, key: str, *, token: int,
                         acquired_at: float) -> bool:
         """Give ``key`` back for ``case_id`` -- only if the claim is still the one read
@@ -626,19 +640,27 @@ class ImpactClaims(CallHooks):
         return (self.enabled and not ctx.rehearse
                 and ctx.row.effect_class is not EffectClass.READ)
 
-    def planned(self, ctx: CallContext) -> None:
+    def within_planned(self, ctx: CallContext, tx: HotTx) -> None:
         """A case-held claim starts at the case's first plan (issue 17): claim (or renew)
-        the plan's keys now; another case's hold raises CoordinationRequired, recorded."""
+        the plan's keys in the transaction that records the plan in the case -- so the
+        claim is never the claim of a case the ledger does not know, and ``capgate case
+        release`` / ``close`` can give it back.  Another case's hold raises
+        CoordinationRequired (recorded by :meth:`plan_refused`)."""
         if not self._wants(ctx) or not case_held(ctx):
             return
         keys = impact_keys(ctx.row, ctx.inputs, ctx.connector.environment)
-        try:
-            self.store.acquire(keys, case_id=ctx.case_id, intent_id=None,
-                               operation_id=ctx.row.operation_id, ttl=claim_ttl(ctx),
-                               case_mode=True)
-        except CoordinationRequired as conflict:
-            self._record_request(ctx, conflict, refused_intent=None)
-            raise
+        answer = self.store.ask_on(tx, keys, case_id=ctx.case_id, intent_id=None,
+                                   operation_id=ctx.row.operation_id, ttl=claim_ttl(ctx),
+                                   case_mode=True)
+
+        def settle() -> None:
+            answer()  # the claim, or the refusal raised here, undoing the transaction
+
+        tx.defer(settle)
+
+    def plan_refused(self, ctx: CallContext, error: BaseException) -> None:
+        if isinstance(error, CoordinationRequired) and self._wants(ctx):
+            self._record_request(ctx, error, refused_intent=None)
 
     def within_prepared(self, ctx: CallContext, tx: HotTx) -> None:
         if not self._wants(ctx):

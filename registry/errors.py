@@ -686,6 +686,17 @@ class ApprovalNotAuthenticated(CapgateError, code="CG208", exit_code=EXIT_APPROV
     """
 
 
+class ApprovalDeclined(CapgateError, code="CG220"):
+    """The person at the terminal did not confirm the approval; nothing was recorded.
+
+    ``capgate approve`` prints the plan it is asked to sign -- every statement with its
+    bound values, the verify checks, the case and the requester -- and on a terminal
+    asks before it signs.  Anything but ``y`` declines.  Read the plan again with
+    ``capgate plan show PLAN_HASH``; a script that has shown the plan to its person
+    passes ``--yes``.
+    """
+
+
 class UnknownPlan(CapgateError, code="CG207"):
     """No plan with this hash was recorded.  Run ``capgate plan`` first."""
 
