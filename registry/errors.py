@@ -610,6 +610,18 @@ class LeasedOnOracle(RegistryError, code="CG173"):
     """
 
 
+class LockedRowEdited(RegistryError, code="CG152"):
+    """``capgate bump`` found a published row edited in place and cannot put it back.
+
+    A published row is immutable: ``capabilities.lock`` pins its hash, and an
+    edited one is refused (CG130).  ``bump`` writes the edit as the next version
+    and restores the published row from its locked text -- found in the file's git
+    history, or among the packaged examples ``capgate init`` copied.  When neither
+    holds it (or an older version than the newest was edited), nothing is written
+    and the message says what to run: undo the edit, bump, change the new version.
+    """
+
+
 class CapabilityPathError(RegistryError, code="CG150"):
     """A capability path does not exist or holds no capability files."""
 

@@ -155,7 +155,15 @@ def diff(old: str, new: str, *, paths: Sequence[str] | None = None,
 
 
 def bump(paths: Sequence[str], operation: str, *, retire: bool = False) -> dict[str, Any]:
-    """Write the next version of ``operation`` after the current one (a copy to edit)."""
-    from capgate.registry.review import bump as bump_row
+    """Write the next version of ``operation`` after the current one (a copy to edit).
 
-    return bump_row(paths, operation, retire=retire)
+    A current row edited in place becomes the new version, and the published one is
+    put back from its locked text (git history, or the packaged examples ``init``
+    copied): see :func:`registry.review.bump`.
+    """
+    from capgate.registry.review import bump as bump_row
+    from capgate.sqlfiles import example_capability_files
+
+    originals = [(f"examples:{p.name}", p.read_text("utf-8"))
+                 for p in example_capability_files()]
+    return bump_row(paths, operation, retire=retire, originals=originals)
