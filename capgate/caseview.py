@@ -301,6 +301,26 @@ def starts_attempt(event: Event) -> bool:
     return event.kind == "prepared" and isinstance(state, Mapping) and "tx" in state
 
 
+def attempts(events: Sequence[Event]) -> int:
+    """How many attempts an intent's events record: distinct attempt numbers of the events
+    that run one (``prepared`` with its transaction, ``attempt_started``).  ``retrying``
+    announces the attempt its ``attempt_started`` then records, and a lease's
+    ``lease_started`` belongs to an attempt already counted: counted once, not twice."""
+    numbers: set[int] = set()
+    unnumbered = 0
+    for e in events:
+        if not starts_attempt(e) or e.kind in ("retrying", "lease_started") \
+                or e.kind.startswith("ddl."):
+            continue
+        state = e.payload.get("state")
+        number = state.get("attempt") if isinstance(state, Mapping) else None
+        if isinstance(number, int):
+            numbers.add(number)
+        else:
+            unnumbered += 1
+    return len(numbers) + unnumbered
+
+
 def summarise(event: Event, who: str | None, operation: str | None) -> str:
     """One line about one event (untruncated; :func:`timeline` clips it)."""
     p = event.payload
@@ -698,8 +718,7 @@ def render_html(case_id: str, events: Sequence[Event], snapshot: Mapping[str, An
         ["intent", "operation", "by", "inputs", "attempts", "status", "outcome"],
         [[f'<span class="mono">{_e(i.intent_id)}</span>', _e(i.operation), _e(i.who),
           f'<span class="mono">{_e(compact(i.inputs))}</span>',
-          _e(str(sum(1 for e in i.events if starts_attempt(e) and e.kind != "lease_started"
-                     and not e.kind.startswith("ddl.")))),
+          _e(str(attempts(i.events))),
           _e(i.status), _pill(str(i.outcome.get("status")) if i.outcome else None)]
          for i in intents.values()], "intents"))
     parts.append("</section>")

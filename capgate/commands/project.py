@@ -127,13 +127,17 @@ class InitReport:
     example_schema: bool = False
     next_steps: list[str] = field(default_factory=list)
     mcp_client: dict[str, Any] = field(default_factory=dict)
+    ddl_checks: str | None = None
+    """What a person must do before the example DDL rows can be verified in the target
+    (PostgreSQL: install plpgsql_check's package); None when ready."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"folder": str(self.folder), "files": self.files, "connectors": self.connectors,
                 "environment": self.environment, "agent": self.agent, "rows": self.rows,
                 "pinned": self.pinned,
                 "target_tables": self.target_tables, "example_schema": self.example_schema,
-                "next_steps": self.next_steps, "mcp_client": self.mcp_client}
+                "next_steps": self.next_steps, "mcp_client": self.mcp_client,
+                "ddl_checks": self.ddl_checks}
 
 
 def _toml_str(value: str) -> str:
@@ -244,7 +248,7 @@ def init_project(folder: str | Path, *, target: str | None = None, empty: bool =
 
     from capgate.executor.connectors import safe_url
     from capgate.executor.dialects import normalise_url
-    from capgate.executor.target import first_line, install_at
+    from capgate.executor.target import first_line, install_at, prepare_ddl_checks_at
     from capgate.registry.loader import update_lock, validate_texts
     from capgate.sqlfiles import apply_schema, example_capability_files
 
@@ -304,6 +308,8 @@ def init_project(folder: str | Path, *, target: str | None = None, empty: bool =
                 engine.dispose()
             report.example_schema = True
         report.target_tables = install_at(live_url)
+        if not empty:  # the example DDL rows: what their checks need (plpgsql_check)
+            report.ddl_checks = prepare_ddl_checks_at(live_url)
     except sa.exc.DBAPIError as exc:
         if target is None:
             (root / database).unlink(missing_ok=True)

@@ -638,6 +638,13 @@ class Dialect(Registered):
         """Read-only checks of what the connector's rows need here: privileges, session
         limits, what resume relies on, extensions.  Default: none."""
 
+    def prepare_ddl_checks(self, conn: sa.Connection) -> str | None:
+        """In a database ``capgate init`` just set up (a privileged account): create what
+        the DDL loop's checks need where the server has it (an extension).  None: ready;
+        else the one thing a person must do first (its package is not installed).
+        Default: nothing is needed."""
+        return None
+
 
 def sqlstate(exc: BaseException) -> str | None:
     """The SQLSTATE / vendor code of a DBAPI error wrapped by SQLAlchemy, if any."""
