@@ -321,7 +321,7 @@ class UnknownKey(RegistryError, code="CG102"):
     """A key that the capability schema does not know.
 
     Unknown keys are errors so that a typo (``expect_row``) never silently
-    drops a check.  See the capability file format in the README.
+    drops a check.  See the capability file format in docs/capability-file.md.
     """
 
 

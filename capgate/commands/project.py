@@ -48,7 +48,7 @@ TEMPLATE = """\
 # Each row is one (operation_id, version).  A DBA reviews it; `capgate validate`
 # checks it; `capgate lock` pins its hash so that a published row can only change
 # through a new version (`capgate bump OPERATION` writes the next one).
-# Every key is described in the README ("The capability file").
+# Every key is described in docs/capability-file.md.
 format: 1
 connectors:
   app:
@@ -169,7 +169,7 @@ person who knows which kind theirs are."""
 def config_text(connectors: dict[str, str], environment: str, agent: str) -> str:
     """The annotated ``capgate.toml`` for ``connectors`` (name -> URL)."""
     lines = [
-        "# capgate configuration (made by `capgate init`; README: \"Configuration\").",
+        "# capgate configuration (made by `capgate init`; docs/configuration.md).",
         "# Check it at any time with `capgate doctor`.",
         "[capgate]",
         'capabilities = ["capabilities"]          # capability files, relative to this file',
@@ -199,7 +199,7 @@ def grants_text(connectors: list[str], environment: str, agent: str,
         f"\n  {{ connector = {_toml_str(c)}, environments = [{_toml_str(environment)}], "
         'access = "write" },' for c in connectors)
     lines = [
-        "# Who may do what (README: \"Configuration\").  A grant names a connector (or \"*\"),",
+        "# Who may do what (docs/configuration.md).  A grant names a connector (or \"*\"),",
         "# the environments it covers and read or write access; roles are what approvers hold.",
         f"[principals.{_toml_str(agent)}]",
         f"grants = [{items}\n]",
