@@ -152,14 +152,23 @@ class WaitLine:
                 turn.owed |= set(resources)
             keep = turn.owed | set(resources)
         deadline = started + max(0.0, limit)
+        if time.monotonic() >= deadline:  # no wait left (or none allowed): one look, no place
+            ready = self._ready(turn.seq if turn.seq is not None else NO_TURN, resources)
+            if not ready:
+                self.drop(key)
+            return ready
         self._enter(turn, keep)
         renewed = time.monotonic()
         pause = _POLL_FIRST
         while True:
-            if self._ready(turn, resources):
+            assert turn.seq is not None
+            if self._ready(turn.seq, resources):
                 return True
             now = time.monotonic()
             if now >= deadline:
+                # refused next: its places go now, not when the call ends -- a place held
+                # by a call that is no longer waiting would hold back everyone after it
+                self.drop(key)
                 return False
             if now - renewed >= RENEW_EVERY:
                 self._renew(turn)
@@ -210,10 +219,10 @@ class WaitLine:
             tx.run(f"UPDATE cg_waits SET expires_at = {self.now_sql} + :ttl WHERE seq = :s",
                    {"s": turn.seq, "ttl": ROW_TTL})
 
-    def _ready(self, turn: _Turn, resources: Mapping[str, Ready]) -> bool:
+    def _ready(self, seq: int, resources: Mapping[str, Ready]) -> bool:
         with self.ledger.transaction("look at the wait line", write=False) as tx:
             for resource, free in resources.items():
-                if tx.run(self._earlier, {"r": resource, "s": turn.seq}).first() is not None:
+                if tx.run(self._earlier, {"r": resource, "s": seq}).first() is not None:
                     return False
                 if not free(tx):
                     return False
@@ -247,17 +256,25 @@ class WaitLine:
         with self._lock:
             turn.rows.discard(resource)
 
-    def leave(self, key: str) -> None:
-        """The call ended (refused, or done): every place it still holds goes."""
+    def drop(self, key: str) -> None:
+        """Every place ``key`` holds goes (its waits so far still count against its limits;
+        a later wait takes a new turn, after everyone already in line)."""
         with self._lock:
-            turn = self._turns.pop(key, None)
-        if turn is None or turn.seq is None or not turn.rows:
-            return
+            turn = self._turns.get(key)
+            if turn is None or turn.seq is None:
+                return
+            seq, turn.seq, turn.rows, turn.owed = turn.seq, None, set(), set()
         try:
             with self.ledger.transaction("leave the wait line") as tx:
-                tx.run("DELETE FROM cg_waits WHERE seq = :s", {"s": turn.seq})
+                tx.run("DELETE FROM cg_waits WHERE seq = :s", {"s": seq})
         except LedgerError:
             pass  # the places expire on their own within ROW_TTL
+
+    def leave(self, key: str) -> None:
+        """The call ended (refused, or done): every place it still holds goes."""
+        self.drop(key)
+        with self._lock:
+            self._turns.pop(key, None)
 
 
 _LINES: weakref.WeakKeyDictionary[Ledger, WaitLine] = weakref.WeakKeyDictionary()
