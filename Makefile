@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-test
 DEMO_STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit bench wheel-check clean
+.PHONY: demo test lint typecheck unit bench wheel wheel-check clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -37,6 +37,10 @@ test: lint unit
 bench: $(STAMP)
 	$(PY) bench/registry.py
 	$(PY) bench/startup.py
+
+# the wheel, for `pip install dist/capgate-*.whl` on another machine
+wheel: $(PY)
+	$(PY) -m pip wheel -q --no-deps -w dist .
 
 wheel-check:
 	scripts/wheel-check

@@ -14,7 +14,9 @@ It makes two projects with ``capgate init`` in a temporary folder:
   (``cold``: every file validated and recorded) and then ``warm``.
 
 Targets (issue 12): ``--help`` under 0.25 s; a call on the example registry
-under 0.5 s; a call on the large registry, once validated, under 0.5 s.
+under 0.5 s; a call on the large registry, once validated, under 0.5 s.  Also timed:
+``capgate mcp`` (stdio) from its start to the ``ready:`` line it prints on stderr
+once it answers, on both registries.
 Results are printed; they are recorded by hand in ``bench/RESULTS.md``.
 """
 
@@ -62,6 +64,38 @@ def measure(label: str, args: list[str], cwd: Path, env: dict[str, str], runs: i
           f"{statistics.median(cpus) * 1000:6.0f} ms")
 
 
+def mcp_ready(cwd: Path, env: dict[str, str]) -> tuple[float, float]:
+    """(wall seconds until ``capgate mcp`` printed its ready line, the seconds it says it
+    took): a stdio server, started as an MCP client starts it, stdin held open."""
+    started = time.perf_counter()
+    proc = subprocess.Popen([*CAPGATE, "mcp"], cwd=cwd, env=env, stdin=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    said = ""
+    try:
+        for line in proc.stderr:
+            said += line
+            if "ready:" in line:
+                wall = time.perf_counter() - started
+                reported = float(line.rsplit("started in ", 1)[1].split()[0])
+                return wall, reported
+        raise SystemExit(f"capgate mcp stopped before it was ready:\n{said}")
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def measure_mcp(label: str, cwd: Path, env: dict[str, str], runs: int) -> None:
+    walls, said = [], []
+    for _ in range(runs):
+        wall, reported = mcp_ready(cwd, env)
+        walls.append(wall)
+        said.append(reported)
+    print(f"{label:<44} wall min {min(walls) * 1000:6.0f} ms  median "
+          f"{statistics.median(walls) * 1000:6.0f} ms   its ready line: median "
+          f"{statistics.median(said) * 1000:6.0f} ms")
+
+
 def generate(folder: Path, rows: int) -> int:
     folder.mkdir(parents=True, exist_ok=True)
     spec = importlib.util.spec_from_file_location("bench_registry", HERE / "registry.py")
@@ -103,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
         run(call, root / "examples", env)  # records the examples in the cache
         measure("capgate call (example registry, cached)", call, root / "examples", env,
                 args.runs)
+        measure_mcp("capgate mcp to its ready line (examples)", root / "examples", env,
+                    args.runs)
         run(["init", "large"], root, env)
         made = generate(root / "large" / "capabilities" / "generated", args.rows)
         total = made + 17
@@ -111,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
                 cold_env, 1)
         measure(f"capgate call ({total} rows, cached)", call, root / "large", cold_env,
                 args.runs)
+        measure_mcp(f"capgate mcp to its ready line ({total} rows, cached)", root / "large",
+                    cold_env, max(1, args.runs // 3))
         off = {**env, "CAPGATE_CACHE": "off"}
         measure(f"capgate call ({total} rows, cache off)", call, root / "large", off,
                 max(1, args.runs // 3))

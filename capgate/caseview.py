@@ -77,7 +77,8 @@ class CaseRow:
     case_id: str
     state: str
     """``open`` (an intent awaits ``resume``), ``escalated`` (a person must decide),
-    ``changed`` (a target changed under the case) or ``closed``."""
+    ``changed`` (a target changed under the case), ``holding`` (no open work, but it
+    holds impact claims: ``capgate case release`` gives them back) or ``closed``."""
     events: int
     updated_at: str
     intents: int
@@ -85,12 +86,16 @@ class CaseRow:
     last_outcome: str | None
     last_at: str | None
     open_intents: list[str] = field(default_factory=list)
+    claims: list[dict[str, Any]] = field(default_factory=list)
+    """The impact claims the case holds now (``holding`` when it has no open work)."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"case": self.case_id, "state": self.state, "open": self.state != "closed",
+        return {"case": self.case_id, "state": self.state,
+                "open": self.state not in ("closed", "holding"),
                 "events": self.events, "updated_at": self.updated_at, "intents": self.intents,
                 "last_operation": self.last_operation, "last_outcome": self.last_outcome,
-                "last_at": self.last_at, "open_intents": self.open_intents}
+                "last_at": self.last_at, "open_intents": self.open_intents,
+                "claims": self.claims}
 
 
 def case_state(intents: Mapping[str, Mapping[str, Any]]) -> str:
@@ -105,7 +110,11 @@ def case_state(intents: Mapping[str, Mapping[str, Any]]) -> str:
 
 
 def case_rows(ledger: Ledger, *, open_only: bool = False) -> list[CaseRow]:
-    """Every case (or the open ones) with its state and last outcome, newest first."""
+    """Every case (or the open ones) with its state, last outcome and the impact claims it
+    holds, newest first; a case that holds claims without a record is listed too."""
+    from capgate.executor.claims import ClaimStore
+
+    held = ClaimStore(ledger).held_by_cases()
     out = []
     for summary in ledger.cases(open_only=open_only):
         snapshot = ledger.snapshot(summary.case_id) or {}
@@ -116,14 +125,27 @@ def case_rows(ledger: Ledger, *, open_only: bool = False) -> list[CaseRow]:
             last_op = f"{last.get('operation_id')}@{last.get('version')}"
             last_outcome = str(last.get("outcome") or last.get("status"))
             last_at = str(last.get("at") or "") or None
+        claims = [_claim(c) for c in held.pop(summary.case_id, [])]
+        state = case_state(intents) if intents else ("open" if summary.open else "closed")
         out.append(CaseRow(
-            case_id=summary.case_id, state=case_state(intents) if intents else (
-                "open" if summary.open else "closed"),
+            case_id=summary.case_id, state="holding" if state == "closed" and claims else state,
             events=summary.head_seq + 1, updated_at=summary.updated_at.isoformat(),
             intents=int(snapshot.get("intent_count") or len(intents)), last_operation=last_op,
-            last_outcome=last_outcome, last_at=last_at, open_intents=summary.open_intents))
+            last_outcome=last_outcome, last_at=last_at, open_intents=summary.open_intents,
+            claims=claims))
+    if not open_only:
+        for case_id, claims in held.items():  # claims of a case with no record
+            out.append(CaseRow(case_id=case_id, state="holding", events=0, updated_at="",
+                               intents=0, last_operation=None, last_outcome=None,
+                               last_at=None, claims=[_claim(c) for c in claims]))
     out.sort(key=lambda r: r.updated_at, reverse=True)
     return out
+
+
+def _claim(row: Mapping[str, Any]) -> dict[str, Any]:
+    return {"impact_key": row["impact_key"], "token": int(row["token"]),
+            "operation_id": row.get("operation_id"),
+            "expires_in": round(float(row["expires_in"]), 1)}
 
 
 def cases_text(rows: Sequence[CaseRow]) -> str:
@@ -138,6 +160,78 @@ def cases_text(rows: Sequence[CaseRow]) -> str:
         if r.open_intents:
             lines.append(f"{'':<24} awaiting `capgate resume {r.case_id}`: "
                          + ", ".join(r.open_intents))
+        if r.claims:
+            lines.append(f"{'':<24} holds {len(r.claims)} claim(s): " + ", ".join(
+                f"{c['impact_key']} ({c['expires_in']:.0f} s left)" for c in r.claims)
+                + f"; `capgate case release {r.case_id}` gives them back")
+    return "\n".join(lines)
+
+
+# --- a plan, as its approver reads it -------------------------------------------------------
+
+
+def _sql(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def plan_lines(body: Mapping[str, Any]) -> list[str]:
+    """What a plan will do, in lines: the row, target and keys, every statement's SQL with
+    its bound values and expected count, the verify checks, replay, compensation, and who
+    must approve.  ``capgate plan``, ``plan show``, ``approve`` and the HTML view share it."""
+    if "statements" not in body and "steps" not in body:  # a DDL, rehearsal, simulation plan
+        rest = {k: v for k, v in body.items() if k != "plan_hash"}
+        return [f"  {line}" for line in json.dumps(rest, indent=2, default=str).splitlines()]
+    lines = [f"  {body.get('operation_id')}@{body.get('version')} on {body.get('connector')} "
+             f"({body.get('environment')}), {body.get('effect_class')}"
+             f"{'/' + str(body['shape']) if body.get('shape') else ''}; "
+             f"row {body.get('row_hash')}",
+             f"  inputs: {compact(body.get('inputs'))}",
+             f"  target: {compact(body.get('target'))}",
+             f"  impact keys: {', '.join(body.get('impact_keys') or []) or '-'}"]
+    for i, st in enumerate(_dicts(body.get("statements")) + _dicts(body.get("steps"))):
+        check = st.get("check") if isinstance(st.get("check"), Mapping) else None
+        sql = st.get("sql") or (check or {}).get("sql") or ""
+        what = f"step {st.get('name')}" if st.get("name") else f"statement {i + 1}"
+        if st.get("function"):
+            lines.append(f"  [{i + 1}] {what}: registered step function {st['function']}")
+            continue
+        lines.append(f"  [{i + 1}] {_sql(sql)}")
+        binds = st.get("binds") if not check else check.get("binds")
+        expect = st.get("expect_rows") if not check else check.get("expect")
+        lines.append(f"      binds {compact(binds or {})}; expect {compact(expect)}")
+    for c in _dicts(body.get("verify")):
+        lines.append(f"  verify {c.get('name')}: {_sql(c.get('sql') or '')}")
+        lines.append(f"      binds {compact(c.get('binds') or {})}; "
+                     f"expect {compact(c.get('expect'))}")
+    replay = body.get("replay")
+    if isinstance(replay, Mapping):
+        lines.append(f"  replay: {_sql(replay.get('sql') or '')}")
+    for c in _dicts(body.get("compensation")):
+        lines.append(f"  compensation: {_sql(c.get('sql') or '')}; "
+                     f"binds {compact(c.get('binds') or {})}")
+    for c in _dicts(body.get("post_commit")):
+        lines.append(f"  after commit {c.get('name')}: {_sql(c.get('sql') or '')}")
+    auth = body.get("authorization") or {}
+    if isinstance(auth, Mapping) and auth.get("kind") == "gate":
+        lines.append(f"  approval needed from: {', '.join(auth.get('approver_roles') or [])}"
+                     f"{' (four eyes: not the requester)' if auth.get('four_eyes') else ''}")
+    return lines
+
+
+def shown_plan_text(shown: Mapping[str, Any]) -> str:
+    """``capgate plan show`` (and what ``approve`` prints before it asks)."""
+    lines = [f"plan {shown['plan_hash']}  ({shown['status']})",
+             f"  case {shown['case']}, requested by {shown['requester']}, recorded "
+             f"{shown['created_at']}"]
+    lines += plan_lines(shown["plan"])
+    if shown.get("approval_ttl_seconds"):
+        lines.append(f"  an approval of it lasts {shown['approval_ttl_seconds']} s "
+                     "(--ttl shortens it) and is used once")
+    for a in _dicts(shown.get("approvals")):
+        state = (f"used by intent {a['used_by_intent']}" if a.get("used_by_intent")
+                 else "expired" if a.get("expired") else "unused")
+        lines.append(f"  approved by {a['approver']} as {a['role']} at {a['created_at']}, "
+                     f"until {a['expires_at']}: {state}")
     return "\n".join(lines)
 
 
@@ -205,6 +299,26 @@ def starts_attempt(event: Event) -> bool:
         return True
     state = event.payload.get("state")
     return event.kind == "prepared" and isinstance(state, Mapping) and "tx" in state
+
+
+def attempts(events: Sequence[Event]) -> int:
+    """How many attempts an intent's events record: distinct attempt numbers of the events
+    that run one (``prepared`` with its transaction, ``attempt_started``).  ``retrying``
+    announces the attempt its ``attempt_started`` then records, and a lease's
+    ``lease_started`` belongs to an attempt already counted: counted once, not twice."""
+    numbers: set[int] = set()
+    unnumbered = 0
+    for e in events:
+        if not starts_attempt(e) or e.kind in ("retrying", "lease_started") \
+                or e.kind.startswith("ddl."):
+            continue
+        state = e.payload.get("state")
+        number = state.get("attempt") if isinstance(state, Mapping) else None
+        if isinstance(number, int):
+            numbers.add(number)
+        else:
+            unnumbered += 1
+    return len(numbers) + unnumbered
 
 
 def summarise(event: Event, who: str | None, operation: str | None) -> str:
@@ -568,8 +682,13 @@ def _pill(status: str | None) -> str:
 
 
 def render_html(case_id: str, events: Sequence[Event], snapshot: Mapping[str, Any] | None,
-                *, verified: bool | None = None) -> str:
-    """The case as one self-contained HTML page (inline style, inline SVG, no script)."""
+                *, verified: bool | None = None,
+                plans: Sequence[Mapping[str, Any]] = ()) -> str:
+    """The case as one self-contained HTML page (inline style, inline SVG, no script).
+
+    ``plans``: the case's plans waiting for an approval (``capgate plan show`` form),
+    each shown in full -- what an approver would sign.
+    """
     intents = _intents(events, snapshot)
     entries = timeline(events)
     state = case_state((snapshot or {}).get("intents") or {}) if snapshot else "unknown"
@@ -599,10 +718,21 @@ def render_html(case_id: str, events: Sequence[Event], snapshot: Mapping[str, An
         ["intent", "operation", "by", "inputs", "attempts", "status", "outcome"],
         [[f'<span class="mono">{_e(i.intent_id)}</span>', _e(i.operation), _e(i.who),
           f'<span class="mono">{_e(compact(i.inputs))}</span>',
-          _e(str(sum(1 for e in i.events if starts_attempt(e) and e.kind != "lease_started"
-                     and not e.kind.startswith("ddl.")))),
+          _e(str(attempts(i.events))),
           _e(i.status), _pill(str(i.outcome.get("status")) if i.outcome else None)]
          for i in intents.values()], "intents"))
+    parts.append("</section>")
+
+    waiting = [p for p in plans if p.get("status") != "used"]
+    parts.append('<section id="plans"><h2>Plans waiting for an approval</h2>')
+    if waiting:
+        for p in waiting:
+            parts.append(f'<div class="plan" data-plan="{_e(p.get("plan_hash"))}">'
+                         f'<p><span class="mono">{_e(p.get("plan_hash"))}</span> '
+                         f'<b>{_e(p.get("status"))}</b></p>'
+                         f'<pre>{_e(shown_plan_text(p))}</pre></div>')
+    else:
+        parts.append("<p>none</p>")
     parts.append("</section>")
 
     approvals = [e for e in events if e.kind == "approval_recorded"]

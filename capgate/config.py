@@ -73,7 +73,9 @@ CONNECTOR_KEYS: dict[str, str] = {
     "environment": f"one of {', '.join(ENVIRONMENTS)}",
     "session_budget": "an integer >= 1",
     "db_user_budget": "an integer >= 1",
-    "budget_wait_seconds": "a number of seconds >= 0",
+    "budget_wait_seconds": "a number of seconds >= 0 (a call waits in line for a session)",
+    "claim_wait_seconds": "a number of seconds >= 0 (a call waits in line for a target "
+                          "another case's call holds)",
     "case_session_budget": "an integer >= 1",
     "case_claim_seconds": "a number of seconds >= 0 (0: a write's claim lasts one call)",
     "statement_timeout": "a number of seconds > 0",
@@ -453,7 +455,8 @@ def _connector(name: str, spec: Mapping[str, Any], base: Path,
         ok = False
     session_budget = number("session_budget", 6, int, 1)
     db_user_budget = number("db_user_budget", None, int, 1)
-    wait = number("budget_wait_seconds", 0.0, float, 0)
+    wait = number("budget_wait_seconds", 10.0, float, 0)
+    claim_wait = number("claim_wait_seconds", 10.0, float, 0)
     case_budget = number("case_session_budget", None, int, 1)
     case_claims = number("case_claim_seconds", 900.0, float, 0)
     timeout = number("statement_timeout", 30.0, float, 0, strict=True)
@@ -471,7 +474,8 @@ def _connector(name: str, spec: Mapping[str, Any], base: Path,
     try:
         return ConnectorConfig(name=name, url=resolved, environment=str(environment),
                                session_budget=session_budget, db_user_budget=db_user_budget,
-                               budget_wait_seconds=wait, statement_timeout=timeout,
+                               budget_wait_seconds=wait, claim_wait_seconds=claim_wait,
+                               statement_timeout=timeout,
                                case_session_budget=case_budget,
                                case_claim_seconds=case_claims,
                                simulation_approver_roles=tuple(roles), **driver,

@@ -153,6 +153,27 @@ def log(message: str) -> None:
     print(f"capgate mcp: {message}", file=sys.stderr, flush=True)
 
 
+_IMPORTED = time.monotonic()
+
+
+def since_start() -> float:
+    """Seconds since this process started (Linux: from ``/proc``; elsewhere since this
+    module was imported), for the ready line."""
+    try:
+        with open("/proc/self/stat", encoding="ascii") as fh:
+            ticks = int(fh.read().rpartition(")")[2].split()[19])
+        with open("/proc/uptime", encoding="ascii") as fh:
+            uptime = float(fh.read().split()[0])
+        return max(0.0, uptime - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return time.monotonic() - _IMPORTED
+
+
+def ready(how: str) -> None:
+    """The line a client or an operator waits for: the server answers from now on."""
+    log(f"ready: {how} (started in {since_start():.2f} s)")
+
+
 # --- rows as tools -------------------------------------------------------------
 
 
@@ -633,6 +654,7 @@ class GateServer:
         log(f"serving over stdio; default case "
             f"{self.default_case or f'mcp-{self.who}-{self.run_id}'}")
         async with stdio_server() as (read_stream, write_stream):
+            ready("serving over stdio")
             await self.server.run(read_stream, write_stream,
                                   self.server.create_initialization_options())
 
@@ -664,7 +686,18 @@ class GateServer:
                                 timeout_keep_alive=int(max(1, limits.idle_timeout_seconds)),
                                 ssl_certfile=str(tls.cert) if tls else None,
                                 ssl_keyfile=str(tls.key) if tls else None)
-        await uvicorn.Server(config).serve()
+        server = uvicorn.Server(config)
+
+        async def say_ready() -> None:
+            while not server.started and not server.should_exit:
+                await anyio.sleep(0.01)
+            if server.started:
+                ready(f"listening at {base}/mcp")
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(say_ready)
+            await server.serve()
+            tg.cancel_scope.cancel()
 
 
 def _version() -> str:

@@ -112,6 +112,10 @@ def prepared(rt: Runtime, ctx: CallContext, identity: TxIdentity | None = None) 
                              continuing=True)
             break
         except RetryOutside as wait:  # e.g. no budget slot free: wait outside, then again
+            if identity is not None:
+                # the target's transaction is open: never wait inside it (its server
+                # would end it as idle); the caller rolls it back, waits, opens again
+                raise
             wait.prepare()
     else:
         raise LedgerError(f"could not record intent {ctx.intent_id} after "

@@ -50,10 +50,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-import random
 import socket
 import threading
-import time
 import uuid
 import weakref
 from collections.abc import Callable, Iterator, Sequence
@@ -65,6 +63,7 @@ from sqlalchemy.engine import Connection
 
 from capgate.executor.claims import StoreAccess
 from capgate.executor.hooks import CallHooks, HasHooks, RetryOutside
+from capgate.executor.waits import NO_TURN, earlier_turn_sql, line_for, slot_resource
 from capgate.registry.errors import BudgetExhausted, LedgerError
 
 if TYPE_CHECKING:
@@ -141,6 +140,8 @@ class SlotStore:
         self.store = StoreAccess(ledger)
         s = self.store
         lock = s.skip_locked
+        # a free slot goes to the earliest live turn in the scope's wait line
+        # (executor.waits): a call that has not waited comes after every waiter
         self._take = (
             "UPDATE cg_budget_slots SET ticket = :ticket, case_id = :case_id,"
             f" intent_id = :intent_id, holder = :holder, acquired_at = {s.now_sql},"
@@ -148,8 +149,14 @@ class SlotStore:
             " WHERE scope = :scope AND slot = (SELECT slot FROM cg_budget_slots"
             " WHERE scope = :scope AND slot < :n"
             f" AND (ticket IS NULL OR expires_at < {s.now_sql})"
+            f" AND {earlier_turn_sql(s.now_sql)}"
             f" ORDER BY slot LIMIT 1{lock}) RETURNING slot"
         )
+        self._free = (
+            "SELECT 1 FROM cg_budget_slots WHERE scope = :scope AND slot < :n"
+            f" AND (ticket IS NULL OR expires_at < {s.now_sql}) LIMIT 1"
+        )
+        self.line = line_for(ledger)
         self._seed = (
             "INSERT INTO cg_budget_slots (scope, slot, acquired_at, expires_at)"
             " VALUES (:scope, :slot, 0, 0) ON CONFLICT (scope, slot) DO NOTHING"
@@ -199,26 +206,43 @@ class SlotStore:
                         if not any(s[0] == case_scope_name(n, case_id) for n in connectors)}
 
     def try_take(self, scope: Scope, ticket: str, *, ttl: float, case_id: str | None,
-                 intent_id: str | None) -> int | None:
+                 intent_id: str | None, turn: int = NO_TURN) -> int | None:
         self._ensure(scope)
         with self.store.write("take a session budget slot") as tx:
             return self.take_on(tx, scope, ticket, ttl=ttl, case_id=case_id,
-                                intent_id=intent_id)
+                                intent_id=intent_id, turn=turn)
 
     def take_on(self, tx: HotTx, scope: Scope, ticket: str, *, ttl: float,
-                case_id: str | None, intent_id: str | None) -> int | None:
+                case_id: str | None, intent_id: str | None,
+                turn: int = NO_TURN) -> int | None:
         """:meth:`try_take` inside the caller's transaction."""
         row = self.ask_on(tx, scope, ticket, ttl=ttl, case_id=case_id,
-                          intent_id=intent_id).first()
+                          intent_id=intent_id, turn=turn).first()
         return None if row is None else int(row[0])
 
     def ask_on(self, tx: HotTx, scope: Scope, ticket: str, *, ttl: float,
-               case_id: str | None, intent_id: str | None) -> HotResult:
+               case_id: str | None, intent_id: str | None,
+               turn: int = NO_TURN) -> HotResult:
         """:meth:`take_on`, its answer read later: a row ``(slot,)``, or none when no slot
-        is free (the ``prepared`` append reads it with the rest of its results)."""
+        is free for this turn (the ``prepared`` append reads it with the rest of its
+        results)."""
         return tx.run(self._take, {
             "scope": scope.name, "n": scope.budget, "ticket": ticket, "ttl": float(ttl),
-            "case_id": case_id, "intent_id": intent_id, "holder": f"{_HOST}:{os.getpid()}"})
+            "case_id": case_id, "intent_id": intent_id, "holder": f"{_HOST}:{os.getpid()}",
+            "wres": slot_resource(scope.name), "turn": int(turn)})
+
+    def free(self, scope: Scope) -> Callable[[HotTx], bool]:
+        """Whether ``scope`` has a free slot (its wait line aside): a read in ``tx``."""
+        return lambda tx: tx.run(self._free, {"scope": scope.name,
+                                              "n": scope.budget}).first() is not None
+
+    def wait_for(self, scopes: Sequence[Scope], *, key: str, wait: float,
+                 case_id: str | None, intent_id: str | None) -> bool:
+        """Stand in the wait line of ``scopes`` until each has a slot for this turn (True)
+        or ``wait`` seconds after the first wait for a slot (False)."""
+        return self.line.wait(key, kind="slot", limit=wait, case_id=case_id,
+                              intent_id=intent_id,
+                              resources={slot_resource(s.name): self.free(s) for s in scopes})
 
     def holders(self, scope: Scope) -> list[dict[str, Any]]:
         with self.store.write("read session budget slots") as tx:
@@ -246,29 +270,36 @@ class SlotStore:
 
     def acquire(self, scopes: list[Scope], *, wait: float, ttl: float,
                 case_id: str | None = None, intent_id: str | None = None) -> Ticket:
-        """One slot of every scope, waiting up to ``wait`` seconds; else BudgetExhausted."""
+        """One slot of every scope, waiting in line up to ``wait`` seconds; else
+        BudgetExhausted.
+
+        A call's wait (``intent_id``) counts against the call's one ``wait`` however
+        many times it waits for a slot; its place in line stays until it prepared.
+        """
         ticket = Ticket(uuid.uuid4().hex, (), self)
-        started = time.monotonic()
-        end = started + max(0.0, wait)
+        key = intent_id or f"ticket:{ticket.ticket}"
+        line = self.line
         taken: list[tuple[str, int]] = []
-        pause = 0.01
         try:
             for scope in scopes:
                 while True:
                     slot = self.try_take(scope, ticket.ticket, ttl=ttl, case_id=case_id,
-                                         intent_id=intent_id)
+                                         intent_id=intent_id, turn=line.turn_of(key))
                     if slot is not None:
                         taken.append((scope.name, slot))
+                        line.got(key, slot_resource(scope.name))
                         break
-                    now = time.monotonic()
-                    if now >= end:
-                        raise self._exhausted(scope, now - started, wait)
-                    time.sleep(min(pause * (0.5 + random.random()), end - now))
-                    pause = min(pause * 2, 0.05)
+                    if not self.wait_for([scope], key=key, wait=wait, case_id=case_id,
+                                         intent_id=intent_id):
+                        raise self._exhausted(scope, line.waited(key, "slot"), wait)
         except BaseException:
             if taken:
                 ticket.release()
+            if intent_id is None:
+                line.leave(key)
             raise
+        if intent_id is None:
+            line.leave(key)
         ticket.slots = tuple(taken)
         return ticket
 
@@ -393,6 +424,12 @@ class SessionBudgets(CallHooks):
         if ctx is not None:
             with self._lock:
                 held = self._calls.get(ctx.intent_id)
+            if held is not None and held.on_checkin and held.ticket.released:
+                # the session that carried it went back (a wait in line, then again):
+                # that slot went with it, and this session needs its own
+                with self._lock:
+                    self._calls.pop(ctx.intent_id, None)
+                held = None
             if held is not None and held.connector == connector.name:
                 return open_()  # the call's own session: its slot is held already
             if held is None and self._before_prepared(ctx) and _idle_in_pool(connector):
@@ -448,6 +485,9 @@ class SessionBudgets(CallHooks):
         ticket = Ticket(uuid.uuid4().hex, (), self.store)
         asked: list[tuple[Scope, HotResult]] = []
         seeding: list[Scope] = []
+        line = self.store.line
+        line.leave_on(tx, ctx.intent_id)  # a call that waited: its places go with this
+        turn = line.turn_of(ctx.intent_id)
         for scope in scopes_for(ctx.connector, ctx.case_id):
             if not self.store.seeded(scope):  # a case's first call here: its slot rows
                 self.store.seed_on(tx, scope)
@@ -455,7 +495,7 @@ class SessionBudgets(CallHooks):
             asked.append((scope, self.store.ask_on(tx, scope, ticket.ticket,
                                                    ttl=_ttl(ctx.connector, ctx),
                                                    case_id=ctx.case_id,
-                                                   intent_id=ctx.intent_id)))
+                                                   intent_id=ctx.intent_id, turn=turn)))
 
         def settle() -> None:
             """The slots' answers, read with the rest of ``prepared``'s (one round trip)."""
@@ -473,13 +513,22 @@ class SessionBudgets(CallHooks):
         tx.defer(settle)
 
     def _wait_for_slot(self, ctx: CallContext) -> None:
-        """No slot free in ``prepared``: wait for one outside it (BudgetExhausted after
-        ``budget_wait_seconds``); ``prepared`` then runs again and keeps it."""
-        ticket = self.acquire(ctx.connector, ctx)
-        with self._lock:
-            self._calls[ctx.intent_id] = _CallSlot(ctx.connector.name, ticket, False)
+        """No slot free in ``prepared``: wait in line for one, outside every transaction
+        and holding nothing (BudgetExhausted after ``budget_wait_seconds``); ``prepared``
+        then runs again and takes it -- no later call can take it first."""
+        scopes = scopes_for(ctx.connector, ctx.case_id)
+        wait = ctx.connector.config.budget_wait_seconds
+        if self.store.wait_for(scopes, key=ctx.intent_id, wait=wait, case_id=ctx.case_id,
+                               intent_id=ctx.intent_id):
+            return
+        waited = self.store.line.waited(ctx.intent_id, "slot")
+        with self.store.store.ledger.transaction("look at session budget slots",
+                                                 write=False) as tx:
+            full = [s for s in scopes if not self.store.free(s)(tx)]
+        raise self.store._exhausted(full[0] if full else scopes[0], waited, wait)
 
     def after_prepared(self, ctx: CallContext) -> None:
+        self.store.line.prepared(ctx.intent_id)
         with self._lock:
             taken = self._pending.pop(ctx.intent_id, None)
             if taken is not None:
@@ -506,6 +555,7 @@ class SessionBudgets(CallHooks):
             self._seeding.pop(ctx.intent_id, None)
             self._opened_unslotted.discard(ctx.intent_id)
             held = self._calls.pop(ctx.intent_id, None)
+        self.store.line.leave(ctx.intent_id)
         if held is not None and not held.on_checkin:
             held.ticket.release()
 

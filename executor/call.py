@@ -49,7 +49,7 @@ from capgate.executor.hooks import CallHooks, HookSet
 from capgate.executor.lease import run_leased
 from capgate.executor.ledger import ApprovalRecord, IdempotencyRecord, KeyAlreadyClaimed, Ledger
 from capgate.executor.outcome import Outcome
-from capgate.executor.plan import Plan, fingerprint, idempotency_key, render
+from capgate.executor.plan import Plan, fingerprint, idempotency_key, needs_approval, render
 from capgate.executor.returned import ReturnedKeys
 from capgate.executor.runtime import (
     APPROVAL_TTL_MAX_SECONDS,
@@ -65,6 +65,7 @@ from capgate.registry.errors import (
     ApprovalMismatch,
     BudgetExhausted,
     CallerKeyRefused,
+    CapgateError,
     CaseConflict,
     DdlError,
     EnvironmentNotAllowed,
@@ -215,10 +216,28 @@ class Executor:
             row, inputs, connector.name, connector.environment, case=case, requester=who),
             row, inputs, connector, case)
         if record:
-            self.hooks.planned(CallContext(row, dict(inputs), case, who, connector,
-                                           "plan-" + plan.plan_hash[-16:], None, "", plan))
-            self.ledger.record_plan(plan.plan_hash, case, who, plan.to_dict())
+            self._record_plan(plan, CallContext(row, dict(inputs), case, who, connector,
+                                                "plan-" + plan.plan_hash[-16:], None, "",
+                                                plan))
         return plan
+
+    def _record_plan(self, plan: Plan, ctx: CallContext) -> None:
+        """The plan in its case (a ``plan_recorded`` event, with the case-held claim it
+        starts, in one transaction), then under its hash for the approver."""
+        body = plan.to_dict()
+        entry = {"plan_hash": plan.plan_hash, "operation_id": ctx.row.operation_id,
+                 "version": ctx.row.version, "requester": ctx.who,
+                 "connector": ctx.connector.name, "environment": ctx.connector.environment,
+                 "impact_keys": list(body.get("impact_keys") or []),
+                 "gated": needs_approval(body)}
+        try:
+            self.ledger.append(ctx.case_id, "plan_recorded",
+                               {"plan": entry, "case_state": {f"plan:{plan.plan_hash}": entry}},
+                               within=lambda tx: self.hooks.within_planned(ctx, tx))
+        except CapgateError as refused:
+            self.hooks.plan_refused(ctx, refused)
+            raise
+        self.ledger.record_plan(plan.plan_hash, ctx.case_id, ctx.who, body)
 
     def _resolve_or_gap(self, operation_id: str, version: int | None, case: str, who: str,
                         inputs: Mapping[str, Any], venue: str | None = None, *,

@@ -97,7 +97,12 @@ def _open_intents(state: Mapping[str, Any]) -> list[str]:
 def show(executor: HasRuntime, case_id: str) -> dict[str, Any]:
     """The case's claims, coordination decisions, symptoms and holds, as recorded."""
     rt = executor.rt
-    state = _state(rt.ledger, case_id)
+    try:
+        state = _state(rt.ledger, case_id)
+    except UnknownCase:
+        if not ClaimStore(rt.ledger).held_by(case_id):
+            raise
+        state = {}  # claims without a record: shown, so that a person can release them
     intents = state.get("intents") or {}
     holds = [{"hold": i, **dict(s.get("symptom") or {})} for i, s in intents.items()
              if symptoms.is_hold(s) and s.get("status") not in TERMINAL]
@@ -221,8 +226,11 @@ def _hand_over(ledger: Ledger, asker: str, entry: Mapping[str, Any]
 
 
 def _actors(ledger: Ledger, case_id: str, state: Mapping[str, Any]) -> set[str]:
-    """The identities that acted in the case: its calls' callers, its symptom's registrar."""
+    """The identities that acted in the case: its calls' callers, its plans' requesters,
+    its symptom's registrar."""
     found = {str(s.get("who")) for s in ledger.intents(case_id).values() if s.get("who")}
+    found |= {str(e.get("requester")) for k, e in (state.get("case") or {}).items()
+              if k.startswith("plan:") and isinstance(e, Mapping) and e.get("requester")}
     found |= {str(e.get("registered_by")) for e in symptoms.entries(state).values()
               if e.get("registered_by")}
     found |= {str(e.get("requested_by")) for _, e in coordination.entries(state)
@@ -255,7 +263,20 @@ def release(executor: HasRuntime, case_id: str, keys: Sequence[str] | None = Non
     """
     rt = executor.rt
     ledger = rt.ledger
-    state = _state(ledger, case_id)
+    store = ClaimStore(ledger)
+    try:
+        state = _state(ledger, case_id)
+    except UnknownCase:
+        # claims the ledger holds for a case it has no record of (taken before a plan
+        # was recorded in its case): a person signing with their key may give them back,
+        # and the release starts the case's record
+        if not store.held_by(case_id):
+            raise
+        if key is None:
+            raise NotInCase(f"case {case_id!r} has no record in the ledger but holds "
+                            "claims; a person signing with their key (--as NAME --key "
+                            "FILE) may give them back", case=case_id, by=by) from None
+        state = {}
     busy = _open_intents(state)
     if busy:
         raise ReconciliationRequired(
@@ -264,7 +285,6 @@ def release(executor: HasRuntime, case_id: str, keys: Sequence[str] | None = Non
             case=case_id, intents=busy)
     proof = _may_free(executor, case_id, state, by, key,
                       "close the case" if closing else "release its claims")
-    store = ClaimStore(ledger)
     held = {c["impact_key"]: c for c in store.held_by(case_id)}
     wanted = sorted(held) if keys is None else sorted(set(keys))
     unknown = [k for k in wanted if k not in held]

@@ -103,6 +103,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import os
 import socket
@@ -117,8 +118,9 @@ from sqlalchemy.engine import Connection
 from capgate.executor import channel, coordination
 from capgate.executor.context import CallContext, Rollback
 from capgate.executor.dialects.base import FENCE_TABLE
-from capgate.executor.hooks import CallHooks, HasHooks
+from capgate.executor.hooks import CallHooks, HasHooks, RetryOutside
 from capgate.executor.plan import impact_keys
+from capgate.executor.waits import NO_TURN, WaitLine, claim_resource, earlier_turn_sql, line_for
 from capgate.registry.errors import (
     CoordinationRequired,
     ImpactConflict,
@@ -239,8 +241,13 @@ class ClaimStore:
             " case_id = excluded.case_id, intent_id = excluded.intent_id,"
             " operation_id = excluded.operation_id, holder = excluded.holder,"
             " acquired_at = excluded.acquired_at"
-            " WHERE cg_claims.case_id IS NULL OR cg_claims.case_id = excluded.case_id"
-            " OR cg_claims.expires_at < excluded.acquired_at"
+            # the same case, unexpired, joins its hold; a free or expired key goes to the
+            # earliest live turn in its wait line (executor.waits), never past it
+            " WHERE (cg_claims.case_id = excluded.case_id"
+            " AND cg_claims.expires_at >= excluded.acquired_at)"
+            " OR ((cg_claims.case_id IS NULL OR cg_claims.case_id = excluded.case_id"
+            " OR cg_claims.expires_at < excluded.acquired_at)"
+            f" AND {earlier_turn_sql(s.now_sql)})"
             " RETURNING token, expires_at"
         )
         self._renew = (
@@ -274,7 +281,7 @@ class ClaimStore:
 
     def acquire(self, keys: Sequence[str], *, case_id: str, intent_id: str | None,
                 operation_id: str, ttl: float, takeover: bool = False,
-                case_mode: bool = False) -> HeldClaim:
+                case_mode: bool = False, turn: int = NO_TURN) -> HeldClaim:
         """Claim every key for ``case_id`` (all or none); ImpactConflict (``holder``: who).
 
         A key the same case already holds stays with its holding intent and
@@ -286,11 +293,12 @@ class ClaimStore:
         with self.store.write("claim impact keys") as tx:
             return self.acquire_on(tx, keys, case_id=case_id, intent_id=intent_id,
                                    operation_id=operation_id, ttl=ttl, takeover=takeover,
-                                   case_mode=case_mode)
+                                   case_mode=case_mode, turn=turn)
 
     def acquire_on(self, tx: HotTx, keys: Sequence[str], *, case_id: str,
                    intent_id: str | None, operation_id: str, ttl: float,
-                   takeover: bool = False, case_mode: bool = False) -> HeldClaim:
+                   takeover: bool = False, case_mode: bool = False,
+                   turn: int = NO_TURN) -> HeldClaim:
         """:meth:`acquire` inside the caller's transaction on the ledger store.
 
         ``Executor.call`` claims in the transaction that records ``prepared``:
@@ -300,11 +308,12 @@ class ClaimStore:
         """
         return self.ask_on(tx, keys, case_id=case_id, intent_id=intent_id,
                            operation_id=operation_id, ttl=ttl, takeover=takeover,
-                           case_mode=case_mode)()
+                           case_mode=case_mode, turn=turn)()
 
     def ask_on(self, tx: HotTx, keys: Sequence[str], *, case_id: str,
                intent_id: str | None, operation_id: str, ttl: float,
-               takeover: bool = False, case_mode: bool = False) -> Callable[[], HeldClaim]:
+               takeover: bool = False, case_mode: bool = False,
+               turn: int = NO_TURN) -> Callable[[], HeldClaim]:
         """:meth:`acquire_on` in two steps: every key's claim is sent now, and the
         function returned reads the answers -- the claim, or the conflict raised as
         :meth:`acquire_on` raises it (a key found held is looked at, and claimed again
@@ -312,8 +321,10 @@ class ClaimStore:
         rest of its results, in one round trip."""
         ordered = sorted(set(keys))
         params = {"case_id": case_id, "intent_id": intent_id, "operation_id": operation_id,
-                  "holder": _holder(), "ttl": float(ttl), "takeover": int(takeover)}
-        asked = [tx.run(self._acquire, {**params, "k": key}) for key in ordered]
+                  "holder": _holder(), "ttl": float(ttl), "takeover": int(takeover),
+                  "turn": int(turn)}
+        asked = [tx.run(self._acquire, {**params, "k": key, "wres": claim_resource(key)})
+                 for key in ordered]
 
         def answer() -> HeldClaim:
             tokens: dict[str, int] = {}
@@ -334,19 +345,28 @@ class ClaimStore:
         let go (``_ACQUIRE_ATTEMPTS`` claims in all, the first one included)."""
         for _ in range(_ACQUIRE_ATTEMPTS - 1):
             with contextlib.suppress(_Released):  # the holder let go meanwhile: again
-                self._refuse(tx, key, case_id, case_mode)
-            row = tx.run(self._acquire, {**params, "k": key}).first()
+                self._refuse(tx, key, case_id, case_mode, turn=int(params["turn"]))
+            row = tx.run(self._acquire, {**params, "k": key,
+                                         "wres": claim_resource(key)}).first()
             if row is not None:
                 return row
         raise ImpactConflict(f"impact key {key!r} changed hands too often to be "
                              "claimed; retry", impact_keys=ordered,
                              requested_by_case=case_id)
 
-    def _refuse(self, tx: HotTx, key: str, case_id: str, case_mode: bool = False) -> None:
+    def _refuse(self, tx: HotTx, key: str, case_id: str, case_mode: bool = False,
+                turn: int = NO_TURN) -> None:
         conflict = self._describe(tx, key)
         if conflict["case_id"] is None or conflict["case_id"] == case_id \
                 or conflict["expires_in"] <= 0:
-            raise _Released
+            ahead = self._ahead(tx, key, turn)
+            if not ahead:
+                raise _Released
+            raise ImpactConflict(
+                f"impact key {key!r} is free, but {ahead} call(s) that came earlier wait "
+                "for it; retry, or let the connector's claim_wait_seconds wait in line",
+                impact_key=key, expires_in=conflict["expires_in"], requested_by_case=case_id,
+                waiting_before=ahead)
         # the refusal names the key and the wait, never the holding case or its intents:
         # they may be another identity's work (the coordination record keeps them)
         shown = {"impact_key": key, "expires_in": conflict["expires_in"]}
@@ -364,6 +384,22 @@ class ClaimStore:
             f"impact key {key!r} is claimed by another case for "
             f"{conflict['expires_in']:.1f} s more; wait for it to finish or coordinate",
             **shown, requested_by_case=case_id, holder=conflict)
+
+    def _ahead(self, tx: HotTx, key: str, turn: int) -> int:
+        """How many live turns earlier than ``turn`` wait in ``key``'s line."""
+        row = tx.run("SELECT count(*) FROM cg_waits WHERE resource = :r AND seq < :s"
+                     f" AND expires_at > {self.store.now_sql}",
+                     {"r": claim_resource(key), "s": int(turn)}).first()
+        return int(row[0]) if row is not None else 0
+
+    def free_for(self, tx: HotTx, key: str, case_id: str) -> bool:
+        """Whether ``key`` is free for ``case_id`` now (unclaimed, expired, or its own)."""
+        found = tx.run(self._read, {"k": key}).mappings()
+        if not found:
+            return True
+        row = found[0]
+        return row["case_id"] is None or row["case_id"] == case_id \
+            or float(row["expires_at"]) < float(row["now"])
 
     def _describe(self, tx: HotTx, key: str) -> dict[str, Any]:
         found = tx.run(self._read, {"k": key}).mappings()
@@ -476,6 +512,20 @@ class ClaimStore:
                 {"c": case_id}).mappings()
         return [dict(r) for r in rows]
 
+    def held_by_cases(self) -> dict[str, list[dict[str, Any]]]:
+        """Every unexpired claim, by holding case (``capgate cases``), in one read."""
+        s = self.store
+        with s.ledger.transaction("read held impact claims", write=False) as tx:
+            rows = tx.run(
+                "SELECT impact_key, token, case_id, intent_id, operation_id,"
+                f" expires_at - {s.now_sql} AS expires_in FROM cg_claims"
+                f" WHERE case_id IS NOT NULL AND expires_at >= {s.now_sql}"
+                " ORDER BY case_id, impact_key").mappings()
+        out: dict[str, list[dict[str, Any]]] = {}
+        for row in rows:
+            out.setdefault(str(row["case_id"]), []).append(dict(row))
+        return out
+
     def release_case_on(self, tx: HotTx, case_id: str, key: str, *, token: int,
                         acquired_at: float) -> bool:
         """Give ``key`` back for ``case_id`` -- only if the claim is still the one read
@@ -577,6 +627,7 @@ class ImpactClaims(CallHooks):
 
     def __init__(self, ledger: Ledger) -> None:
         self.store = ClaimStore(ledger)
+        self.line: WaitLine = line_for(ledger)
         self.enabled = True
         """False turns claims and the fence off (benchmarks only)."""
         self._held: dict[str, HeldClaim] = {}
@@ -592,37 +643,94 @@ class ImpactClaims(CallHooks):
         return (self.enabled and not ctx.rehearse
                 and ctx.row.effect_class is not EffectClass.READ)
 
-    def planned(self, ctx: CallContext) -> None:
+    def within_planned(self, ctx: CallContext, tx: HotTx) -> None:
         """A case-held claim starts at the case's first plan (issue 17): claim (or renew)
-        the plan's keys now; another case's hold raises CoordinationRequired, recorded."""
+        the plan's keys in the transaction that records the plan in the case -- so the
+        claim is never the claim of a case the ledger does not know, and ``capgate case
+        release`` / ``close`` can give it back.  Another case's hold raises
+        CoordinationRequired (recorded by :meth:`plan_refused`)."""
         if not self._wants(ctx) or not case_held(ctx):
             return
         keys = impact_keys(ctx.row, ctx.inputs, ctx.connector.environment)
-        try:
-            self.store.acquire(keys, case_id=ctx.case_id, intent_id=None,
-                               operation_id=ctx.row.operation_id, ttl=claim_ttl(ctx),
-                               case_mode=True)
-        except CoordinationRequired as conflict:
-            self._record_request(ctx, conflict, refused_intent=None)
-            raise
+        answer = self.store.ask_on(tx, keys, case_id=ctx.case_id, intent_id=None,
+                                   operation_id=ctx.row.operation_id, ttl=claim_ttl(ctx),
+                                   case_mode=True)
+
+        def settle() -> None:
+            answer()  # the claim, or the refusal raised here, undoing the transaction
+
+        tx.defer(settle)
+
+    def plan_refused(self, ctx: CallContext, error: BaseException) -> None:
+        if isinstance(error, CoordinationRequired) and self._wants(ctx):
+            self._record_request(ctx, error, refused_intent=None)
 
     def within_prepared(self, ctx: CallContext, tx: HotTx) -> None:
         if not self._wants(ctx):
             return
         keys = impact_keys(ctx.row, ctx.inputs, ctx.connector.environment)
+        self.line.leave_on(tx, ctx.intent_id)  # a call that waited: its places go with this
         answer = self.store.ask_on(tx, keys, case_id=ctx.case_id, intent_id=ctx.intent_id,
                                    operation_id=ctx.row.operation_id, ttl=claim_ttl(ctx),
-                                   case_mode=case_held(ctx))
+                                   case_mode=case_held(ctx),
+                                   turn=self.line.turn_of(ctx.intent_id))
 
         def settle() -> None:
             """The claims' answers, read with the rest of ``prepared``'s (one round trip)."""
-            taken = answer()
+            try:
+                taken = answer()
+            except (ImpactConflict, CoordinationRequired) as conflict:
+                if self._may_wait(ctx):  # held by another case's call: wait in line, outside
+                    raise RetryOutside(functools.partial(
+                        self._wait_for_keys, ctx, keys, conflict)) from None
+                raise
             with self._lock:  # may run again (a lost race is retried): the last run counts
                 self._pending[ctx.intent_id] = taken
 
         tx.defer(settle)
 
+    def _may_wait(self, ctx: CallContext) -> bool:
+        limit = float(ctx.connector.config.claim_wait_seconds)
+        return limit > 0 and self.line.waited(ctx.intent_id, "claim") < limit
+
+    def _wait_for_keys(self, ctx: CallContext, keys: Sequence[str],
+                       conflict: ImpactConflict | CoordinationRequired) -> None:
+        """Stand in the keys' wait line (nothing held, no transaction open) until every key
+        is free for this case and no earlier waiter wants it; then ``prepared`` runs again.
+
+        At ``claim_wait_seconds`` the call is refused as the keys stand then: CG320 (a
+        call of another case holds one), or CG330 with its coordination decision (a case
+        holds one across its calls).
+        """
+        limit = float(ctx.connector.config.claim_wait_seconds)
+
+        def free(key: str) -> Callable[[HotTx], bool]:
+            return lambda tx: self.store.free_for(tx, key, ctx.case_id)
+
+        if self.line.wait(ctx.intent_id, kind="claim", limit=limit, case_id=ctx.case_id,
+                          intent_id=ctx.intent_id,
+                          resources={claim_resource(k): free(k) for k in sorted(set(keys))}):
+            return
+        waited = self.line.waited(ctx.intent_id, "claim")
+        turn = self.line.turn_of(ctx.intent_id)
+        try:
+            with self.store.store.ledger.transaction("describe a held impact key",
+                                                     write=False) as tx:
+                for key in sorted(set(keys)):
+                    with contextlib.suppress(_Released):
+                        self.store._refuse(tx, key, ctx.case_id, case_held(ctx), turn=turn)
+        except (ImpactConflict, CoordinationRequired) as now:
+            conflict = now
+        else:
+            return  # free at the last moment: one more `prepared` decides
+        raise type(conflict)(
+            f"{conflict.message}; waited {waited:.1f} s in line "
+            f"(claim_wait_seconds={limit:g})",
+            holder=conflict.holder,
+            **{**conflict.details, "waited_seconds": round(waited, 3)}) from None
+
     def after_prepared(self, ctx: CallContext) -> None:
+        self.line.prepared(ctx.intent_id)
         with self._lock:
             taken = self._pending.pop(ctx.intent_id, None)
             if taken is not None:
@@ -735,6 +843,7 @@ class ImpactClaims(CallHooks):
         """
         with self._lock:
             self._pending.pop(ctx.intent_id, None)
+        self.line.leave(ctx.intent_id)
         if isinstance(error, CoordinationRequired) \
                 and error.details.get("requested_by_case") == ctx.case_id:
             self._record_request(ctx, error, refused_intent=ctx.intent_id)

@@ -81,8 +81,12 @@ class ConnectorConfig:
     """Most sessions capgate opens at once on this connector (checked before the database)."""
     db_user_budget: int | None = None
     """Most sessions of the connector's database user, across connectors sharing it."""
-    budget_wait_seconds: float = 0.0
-    """How long a call waits for a free session before it is refused."""
+    budget_wait_seconds: float = 10.0
+    """How long a call waits in line for a free session before it is refused (CG321)."""
+    claim_wait_seconds: float = 10.0
+    """How long a call waits in line for an impact key another case's call holds before
+    it is refused (CG320; CG330 with a coordination decision when a case holds the key
+    across its calls).  0: refused at once."""
     case_session_budget: int | None = None
     """Most sessions one case holds at once on this connector, across processes (issue 17)."""
     case_claim_seconds: float = 900.0

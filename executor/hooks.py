@@ -9,7 +9,10 @@ default :class:`~executor.budget.SessionBudgets` then
 
 ==================  ==============================================================
 ``attach``           once, when the executor is built: the resolver of rows (issue 17)
-``planned``          a plan was recorded for the case (case-held claims take keys here)
+``within_planned``   inside the transaction that records a plan's ``plan_recorded`` event
+                     in its case (case-held claims take keys here: a claim always belongs
+                     to a case the ledger knows)
+``plan_refused``     that transaction was refused (a coordination decision is recorded)
 ``before_prepared``  before anything is recorded; a refusal here records nothing
 ``check_case``       inside ``prepared``, sees the case state the intent follows (a
                      registered symptom is re-read here, issue 17)
@@ -68,8 +71,12 @@ class CallHooks:
     def attach(self, resolver: Resolver) -> None:
         """The executor this hook belongs to was built (``resolver`` finds rows)."""
 
-    def planned(self, ctx: CallContext) -> None:
-        """A plan of ``ctx`` (no intent: ``ctx.intent_id`` names the plan) was recorded."""
+    def within_planned(self, ctx: CallContext, tx: HotTx) -> None:
+        """In the transaction that records a plan of ``ctx`` in its case (no intent:
+        ``ctx.intent_id`` names the plan); raising undoes it."""
+
+    def plan_refused(self, ctx: CallContext, error: BaseException) -> None:
+        """Recording the plan was refused with ``error`` (nothing of it was kept)."""
 
     def before_prepared(self, ctx: CallContext) -> None:
         """Before ``prepared``: refuse (raise) here and nothing is recorded."""
@@ -136,9 +143,13 @@ class HookSet(CallHooks):
         for hook in self.hooks:
             hook.attach(resolver)
 
-    def planned(self, ctx: CallContext) -> None:
+    def within_planned(self, ctx: CallContext, tx: HotTx) -> None:
         for hook in self.hooks:
-            hook.planned(ctx)
+            hook.within_planned(ctx, tx)
+
+    def plan_refused(self, ctx: CallContext, error: BaseException) -> None:
+        for hook in self.hooks:
+            hook.plan_refused(ctx, error)
 
     def before_prepared(self, ctx: CallContext) -> None:
         for hook in self.hooks:

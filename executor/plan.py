@@ -131,6 +131,18 @@ def plan_hash(row: Row, inputs: Mapping[str, Any], connector: str, environment: 
         "case": scalar_text(case), "requester": scalar_text(requester)}))
 
 
+APPROVAL_KINDS = ("rehearsal", "simulation", "production_simulation")
+"""Plan kinds that are gated whatever row they name (a rehearsal or simulation gate)."""
+
+
+def needs_approval(body: Mapping[str, Any]) -> bool:
+    """Whether a recorded plan runs only with an approval: a gated row, a DDL change (DDL
+    plans are always gated), a rehearsal's or a simulation's gate."""
+    authorization = body.get("authorization")
+    return (body.get("kind") in APPROVAL_KINDS or body.get("effect_class") == "ddl"
+            or (isinstance(authorization, Mapping) and authorization.get("kind") == "gate"))
+
+
 class Plan:
     """A plan: its hash, and its body (the statements, binds, checks, target, keys).
 

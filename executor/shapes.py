@@ -19,10 +19,12 @@ from capgate.executor import boundaries
 from capgate.executor import outcome as oc
 from capgate.executor.compensate import compensate
 from capgate.executor.context import CallContext
+from capgate.executor.hooks import RetryOutside
 from capgate.executor.outcome import Outcome, jsonable
 from capgate.executor.plan import binds_for
 from capgate.executor.runtime import Runtime
 from capgate.executor.transaction import (
+    Body,
     db_error_reason,
     run_checks,
     run_statements,
@@ -30,7 +32,7 @@ from capgate.executor.transaction import (
     verify_and_replay,
 )
 from capgate.registry.canonical import canonical_hash
-from capgate.registry.errors import ConnectorUnavailable
+from capgate.registry.errors import ConnectorUnavailable, LedgerError
 from capgate.registry.vocabulary import RollbackReason
 
 __all__ = ["collapsed", "post_commit", "read"]
@@ -84,6 +86,10 @@ def read(rt: Runtime, ctx: CallContext) -> Outcome:
     return answer
 
 
+_WAITS = 64
+"""How many times a call may wait in line and prepare again (each wait is bounded too)."""
+
+
 def collapsed(rt: Runtime, ctx: CallContext) -> Outcome:
     """Shape A: statements, verify and replay in one transaction; then post-commit checks."""
     rt.check_target(ctx.connector, ctx)
@@ -92,8 +98,19 @@ def collapsed(rt: Runtime, ctx: CallContext) -> Outcome:
     def attempt(c: CallContext) -> Outcome:
         # the first attempt records itself with the intent (one durable commit before
         # any statement); a retry under the timeout contract records attempt_started
-        return run_transaction(rt, c, lambda conn, ev: _statements(c, conn, ev),
-                               prepare=c is first and not c.rehearse and not c.resumed)
+        body: Body = lambda conn, ev: _statements(c, conn, ev)  # noqa: E731
+        if c is not first or c.rehearse or c.resumed:
+            return run_transaction(rt, c, body)
+        for _ in range(_WAITS):
+            try:
+                return run_transaction(rt, c, body, prepare=True)
+            except RetryOutside as wait:
+                # a key another case's call holds, or no free session: the transaction
+                # was rolled back (nothing of the row sent, nothing recorded); wait in
+                # line outside it -- bounded, a refusal at the end -- then open again
+                wait.prepare()
+        raise LedgerError(f"intent {c.intent_id} waited in line {_WAITS} times without "
+                          "preparing; retry the call", case_id=c.case_id)
 
     ctx, result = boundaries.attempts(rt, ctx, attempt)
     if ctx.rehearse:

@@ -24,7 +24,8 @@ from capgate.executor.dialects.base import TARGET_TABLES, first_line
 from capgate.registry.errors import TargetNotInstalled, TargetPrivilegeMissing
 
 __all__ = ["TARGET_TABLES", "TableState", "first_line", "install", "install_at",
-           "install_script", "missing_tables", "refuse_missing", "table_states"]
+           "install_script", "missing_tables", "prepare_ddl_checks_at", "refuse_missing",
+           "table_states"]
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,21 @@ def install_at(url: str | URL, *, grant_to: str | None = None) -> list[str]:
     dialect.prepare_engine(engine)
     try:
         return install(engine, dialect, grant_to=grant_to)
+    finally:
+        engine.dispose()
+
+
+def prepare_ddl_checks_at(url: str | URL) -> str | None:
+    """What the DDL loop's checks need in the database at ``url`` (a privileged account,
+    ``capgate init``): created where the server has it; None when ready, else what a
+    person must do first (see :meth:`Dialect.prepare_ddl_checks`)."""
+    parsed = normalise_url(url)
+    dialect = dialect_for(parsed)
+    engine = sa.create_engine(parsed, poolclass=sa.pool.NullPool)
+    dialect.prepare_engine(engine)
+    try:
+        with engine.connect() as conn:
+            return dialect.prepare_ddl_checks(conn)
     finally:
         engine.dispose()
 

@@ -365,7 +365,7 @@ class UnknownKey(RegistryError, code="CG102"):
     """A key that the capability schema does not know.
 
     Unknown keys are errors so that a typo (``expect_row``) never silently
-    drops a check.  See the capability file format in the README.
+    drops a check.  See the capability file format in docs/capability-file.md.
     """
 
 
@@ -730,6 +730,18 @@ class LeasedOnOracle(RegistryError, code="CG173"):
     """
 
 
+class LockedRowEdited(RegistryError, code="CG152"):
+    """``capgate bump`` found a published row edited in place and cannot put it back.
+
+    A published row is immutable: ``capabilities.lock`` pins its hash, and an
+    edited one is refused (CG130).  ``bump`` writes the edit as the next version
+    and restores the published row from its locked text -- found in the file's git
+    history, or among the packaged examples ``capgate init`` copied.  When neither
+    holds it (or an older version than the newest was edited), nothing is written
+    and the message says what to run: undo the edit, bump, change the new version.
+    """
+
+
 class CapabilityPathError(RegistryError, code="CG150"):
     """A capability path does not exist or holds no capability files."""
 
@@ -826,6 +838,17 @@ class ApprovalTtlTooLong(UsageError, code="CG210"):
     lifetime (``--ttl``, or the row's ``approval_ttl_seconds``) may not exceed
     ``[capgate] approval_ttl_max_seconds`` (default 86400, a day).  Approve
     with a shorter ``--ttl``; nothing was recorded.
+    """
+
+
+class ApprovalDeclined(CapgateError, code="CG220"):
+    """The person at the terminal did not confirm the approval; nothing was recorded.
+
+    ``capgate approve`` prints the plan it is asked to sign -- every statement with its
+    bound values, the verify checks, the case and the requester -- and on a terminal
+    asks before it signs.  Anything but ``y`` declines.  Read the plan again with
+    ``capgate plan show PLAN_HASH``; a script that has shown the plan to its person
+    passes ``--yes``.
     """
 
 

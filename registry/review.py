@@ -381,14 +381,23 @@ def _row_block(lines: list[str], start: int) -> tuple[int, int, int]:
     return first, end, key_col
 
 
-def bump(paths: Sequence[str | Path], operation_id: str, *, retire: bool = False
-         ) -> dict[str, Any]:
+def bump(paths: Sequence[str | Path], operation_id: str, *, retire: bool = False,
+         originals: Sequence[tuple[str, str]] = ()) -> dict[str, Any]:
     """Write ``operation_id``'s next version after its newest one, as a copy to edit.
 
     The copy keeps every comment and the layout of the original; only
     ``version`` changes (and, with ``retire``, the old row gains ``retired:
     true``).  The result is validated before anything is written; an invalid
     result writes nothing and raises the problems.
+
+    A newest row edited in place (its hash no longer the one ``capabilities.lock``
+    pins, CG130) is the usual way to get here: the edit belongs in the new version,
+    and the published one must read again as it was locked.  So the edited text
+    becomes the new version and the published row is put back from its locked
+    text -- found in the file's git history or among ``originals`` (``(name,
+    text)`` pairs, e.g. the packaged examples ``capgate init`` copied) by its hash.
+    Where that text is nowhere, nothing is written: :class:`LockedRowEdited` says
+    what to run.
     """
     result = validate_paths(paths, check_lock=False)
     result.raise_for_problems()
@@ -403,6 +412,7 @@ def bump(paths: Sequence[str | Path], operation_id: str, *, retire: bool = False
     lines = text.splitlines()
     first, end, key_col = _row_block(lines, current.source_line - 1)
     block = lines[first:end]
+    restored = _published_block(paths, mine, current, path, originals)
     new_version = max(r.version for r in mine) + 1
     copy = list(block)
     version_at = None
@@ -418,9 +428,10 @@ def bump(paths: Sequence[str | Path], operation_id: str, *, retire: bool = False
                             f"{current.ref} to bump")
     copy = [line.replace("retired: true", "retired: false") if line.strip().startswith(
         "retired:") else line for line in copy]
-    original = list(block)
-    if retire and not any(line.strip().startswith("retired:") for line in block):
-        original.insert(version_at + 1, " " * key_col + "retired: true")
+    original = list(block) if restored is None else list(restored)
+    if retire and not any(line.strip().startswith("retired:") for line in original):
+        at = next((n for n, line in enumerate(original) if _VERSION.match(line)), version_at)
+        original.insert(at + 1, " " * key_col + "retired: true")
     new_lines = lines[:first] + original + [""] + copy + lines[end:]
     new_text = "\n".join(new_lines) + ("\n" if text.endswith("\n") else "")
     texts = [(f, Path(f).read_text("utf-8") if f != str(path) else new_text)
@@ -435,4 +446,80 @@ def bump(paths: Sequence[str | Path], operation_id: str, *, retire: bool = False
     os.replace(tmp, path)
     at_line = first + len(original) + 2
     return {"operation_id": operation_id, "from": current.version, "version": new_version,
-            "file": str(path), "line": at_line, "retired_previous": retire}
+            "file": str(path), "line": at_line, "retired_previous": retire,
+            "restored_previous": restored is not None}
+
+
+def _published_block(paths: Sequence[str | Path], mine: Sequence[Row], current: Row,
+                     path: Path, originals: Sequence[tuple[str, str]]) -> list[str] | None:
+    """The locked text of ``current`` when it was edited in place (None: it was not).
+
+    LockedRowEdited when it was and no source holds the locked text, or when an older
+    version of the operation was edited (bump copies the newest; that one is a
+    separate mistake to undo).
+    """
+    from capgate.registry.errors import LockedRowEdited
+    from capgate.registry.loader import discover
+    from capgate.registry.lock import read_lock
+
+    _, lock_path = discover(paths)
+    locked = read_lock(lock_path) if lock_path is not None else {}
+    edited = [r for r in mine if r.key in locked and locked[r.key].hash != r.row_hash]
+    if not edited:
+        return None
+    lock_name = str(lock_path)
+    older = [r for r in edited if r is not current]
+    if older:
+        r = older[0]
+        raise LockedRowEdited(
+            f"{r.ref} ({r.source_path}:{r.source_line}) was edited in place: its hash is "
+            f"not the one {lock_name} pins.  A published row never changes; put it back as "
+            f"it was (`git checkout -- {r.source_path}` if it is in git), then `capgate "
+            f"bump {r.operation_id}` writes {r.operation_id}@{current.version + 1} to "
+            "change", ref=r.ref, file=r.source_path, lock=lock_name)
+    want = locked[current.key].hash
+    for name, text in [*_git_versions(path), *originals]:
+        try:
+            found = validate_texts([(name, text)])
+        except RegistryError:
+            continue
+        for row in found.rows:
+            if row.key == current.key and row.row_hash == want:
+                candidate = text.splitlines()
+                first, end, _ = _row_block(candidate, row.source_line - 1)
+                return candidate[first:end]
+    nxt = f"{current.operation_id}@{current.version + 1}"
+    raise LockedRowEdited(
+        f"{current.ref} ({path}:{current.source_line}) was edited in place: its hash is not "
+        f"the one {lock_name} pins, and its locked text is in no git history of the file nor "
+        f"among the packaged examples, so bump cannot put it back.  Undo your edit of "
+        f"{current.ref} (so that `capgate validate` passes again), run `capgate bump "
+        f"{current.operation_id}`, and make the change in {nxt}",
+        ref=current.ref, file=str(path), lock=lock_name, locked_hash=want,
+        found_hash=current.row_hash)
+
+
+def _git_versions(path: Path, limit: int = 50) -> list[tuple[str, str]]:
+    """The file's text in the index and in its last ``limit`` commits, newest first
+    (empty outside a git work tree)."""
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", "-C", str(path.parent), *args], capture_output=True,
+                                  text=True, timeout=30, check=False)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return done.stdout if done.returncode == 0 else None
+
+    top = git("rev-parse", "--show-toplevel")
+    if not top:
+        return []
+    rel = path.resolve().relative_to(Path(top.strip()).resolve()).as_posix()
+    out: list[tuple[str, str]] = []
+    staged = git("show", f":{rel}")
+    if staged is not None:
+        out.append((f"git:index:{rel}", staged))
+    for rev in (git("log", f"-n{limit}", "--format=%H", "--", rel) or "").split():
+        shown = git("show", f"{rev}:{rel}")
+        if shown is not None:
+            out.append((f"git:{rev[:12]}:{rel}", shown))
+    return out

@@ -140,6 +140,10 @@ def make_executor(target_url: URL | str, ledger_url: URL | str, *, environment: 
     # the suites written before issue 17 run many cases on one target: their claims last
     # a call unless a test asks for case-held claims (case_claim_seconds=...)
     connector_opts.setdefault("case_claim_seconds", 0.0)
+    # ... and are refused at once when a target or the budget is busy, as they were
+    # written to see (tests/test_waits.py tests the wait line)
+    connector_opts.setdefault("claim_wait_seconds", 0.0)
+    connector_opts.setdefault("budget_wait_seconds", 0.0)
     connectors = Connectors({
         name: ConnectorConfig(name=name, url=url, environment=environment, **connector_opts)
         for name in ("insurance", "insurance_code")

@@ -258,3 +258,28 @@ def test_the_timeline_columns_hold_every_event_kind() -> None:
               for line in lines[2:4]}
     assert len(starts) == 1, lines  # the summaries line up
     assert lines[1].index("INTENT") == lines[2].index("aaaaaaaa")
+
+
+def test_the_html_view_counts_each_attempt_once(sandbox: tuple[Path, dict[str, str]],
+                                                tmp_path: Path) -> None:
+    """The crash intent ran twice (attempt 1 killed, attempt 2 by resume): the page says 2
+    attempts, as the ledger does -- it once said 3, counting resume's `retrying` and the
+    `attempt_started` it announces as two."""
+    folder, env = sandbox
+    crash = next(r["case"] for r in json.loads(capgate(["cases", "--json"], folder, env).stdout)
+                 if r["case"].startswith("DEMO-CRASH"))
+    shown = json.loads(capgate(["ledger", "show", crash, "--json"], folder, env).stdout)
+    recorded: dict[str, set[int]] = {}
+    for e in shown["events"]:
+        state = e["payload"].get("state") or {}
+        if e.get("intent_id") and "tx" in state:  # an attempt with its transaction
+            recorded.setdefault(e["intent_id"], set()).add(state["attempt"])
+    retried = next(i for i, n in recorded.items() if len(n) == 2)
+    page = tmp_path / "crash.html"
+    capgate(["ledger", "show", crash, "--html", str(page)], folder, env)
+    html = page.read_text("utf-8")
+    table = html[html.index('<section id="intents">'):]
+    table = table[:table.index("</section>")]
+    row = next(r for r in re.findall(r"<tr>(.*?)</tr>", table, re.S) if retried in r)
+    cells = re.findall(r"<td>(.*?)</td>", row, re.S)
+    assert cells[4] == "2", cells

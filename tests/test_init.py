@@ -156,21 +156,22 @@ def test_demo_runs_from_any_folder_and_keeps_its_sandbox(tmp_path: Path) -> None
     capgate(["demo", "--keep", str(kept)], elsewhere, env, code=2)  # not empty: refused
 
 
-def _readme_block(heading: str, lang: str) -> list[str]:
-    text = (ROOT / "README.md").read_text("utf-8")
+def _doc_block(page: str, heading: str, lang: str) -> list[str]:
+    text = (ROOT / page).read_text("utf-8")
     section = text[text.index(heading):]
     section = section[:section.index("\n## ", 1)]
     return re.findall(rf"```{lang}\n(.*?)```", section, re.S)
 
 
 def test_the_readme_configuration_gives_the_agent_tools(tmp_path: Path) -> None:
-    """The README's capgate.toml and grants.toml, copied as they are, serve tools."""
+    """The documented capgate.toml and grants.toml (docs/configuration.md), copied as they
+    are, serve tools."""
     from capgate.executor.connectors import Connectors
     from capgate.executor.grants import Grants
     from capgate.exposure import exposure
     from capgate.registry.loader import load_registry
 
-    config, grants = _readme_block("## Configuration", "toml")[:2]
+    config, grants = _doc_block("docs/configuration.md", "# Configuration", "toml")[:2]
     # the approvers' keys are placeholders there ("ed25519:…"); approving is not tested here
     grants = re.sub(r"^approval_key = .*\n", "", grants, flags=re.M)
     (tmp_path / "capgate.toml").write_text(config, "utf-8")

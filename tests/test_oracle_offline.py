@@ -611,10 +611,10 @@ def test_the_oracle_ci_job_runs_every_oracle_suite_and_requires_oracle() -> None
 
 
 def test_the_readme_oracle_connector_reads_cleanly(tmp_path: Path) -> None:
-    """The README's Oracle example (a TNS alias, a wallet, current_schema) is valid."""
+    """The documented Oracle example (a TNS alias, a wallet, current_schema) is valid."""
     from capgate.config import read_settings
 
-    text = (ROOT / "README.md").read_text("utf-8")
+    text = (ROOT / "docs" / "configuration.md").read_text("utf-8")
     (block,) = [b for b in re.findall(r"```toml\n(.*?)```", text, re.S)
                 if "[connectors.insis]" in b]
     (tmp_path / "capgate.toml").write_text(block, "utf-8")

@@ -204,3 +204,27 @@ def test_the_example_rows_fit_every_dialect_they_declare() -> None:
 def test_every_new_code_is_explained(code: str) -> None:
     text = explain(code)
     assert text.startswith(code) and len(text.splitlines()) > 3
+
+
+def test_validate_warns_of_oracle_only_where_an_oracle_connector_is_configured(
+        tmp_path: Path) -> None:
+    """`capgate validate` in a project: the Oracle-only warnings (CG172, CG173) are for rows
+    whose connector is configured on Oracle, not for every project (a PostgreSQL or SQLite
+    one was told on every run).  Over the files alone, without a configuration, they stay."""
+    from capgate.commands.capabilities import validate
+    from capgate.commands.project import init_project
+
+    init_project(tmp_path / "proj")
+    config = tmp_path / "proj" / "capgate.toml"
+    here = validate(config=str(config))
+    assert here.ok and [w.code for w in here.files.warnings if w.code == "CG173"] == []
+    files_only = validate([str(tmp_path / "proj" / "capabilities")])
+    assert "CG173" in {w.code for w in files_only.files.warnings}
+    text = config.read_text("utf-8")
+    start = text.index("[connectors.insurance]")
+    end = text.index("[connectors.insurance_code]")
+    oracle = text[start:end].replace(text[start:end].split("\n")[1],
+                                     'url = "oracle://app@db.example:1521/?service_name=ins"')
+    config.write_text(text[:start] + oracle + text[end:], "utf-8")
+    on_oracle = validate(config=str(config))
+    assert "CG173" in {w.code for w in on_oracle.files.warnings}

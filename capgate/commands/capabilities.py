@@ -8,8 +8,9 @@ to run and return it.
 
 from __future__ import annotations
 
+import dataclasses
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -72,6 +73,7 @@ def validate(paths: Sequence[str] = (), *, config: str | None = None) -> FilesCh
     """
     files = list(paths)
     configuration: list[ConfigProblem] | None = None
+    settings = None
     if not files:
         from capgate.config import config_file, read_settings
 
@@ -79,7 +81,49 @@ def validate(paths: Sequence[str] = (), *, config: str | None = None) -> FilesCh
         if config_file(config) is not None:
             settings, configuration = read_settings(config)
             files = list(settings.capabilities)
-    return FilesChecked(validate_paths(files), configuration)
+    checked = validate_paths(files)
+    if settings is not None:
+        checked = _engine_warnings_for(checked, settings.connectors)
+    return FilesChecked(checked, configuration)
+
+
+def _engine_warnings_for(checked: Validation, connectors: Mapping[str, Any]) -> Validation:
+    """Drop an engine's warnings (CG172, CG173: Oracle binds dates as text and refuses
+    leased rows) for rows whose connector is configured here on another engine.
+
+    The files declare every dialect a row must fit, wherever it may run; the
+    configuration says where it runs here.  A PostgreSQL project is not told, on every
+    ``validate``, about an Oracle it does not have.  Without a configuration (a CI run
+    over the files alone) every warning stays.
+    """
+    from sqlalchemy.exc import ArgumentError
+
+    from capgate.executor.dialects import engine_name
+    from capgate.registry.dialect_checks import GRAMMARS
+    from capgate.registry.rules import DATE_BOUND_AS_TEXT, LEASED_ON_ORACLE
+
+    applies = {DATE_BOUND_AS_TEXT.code: "dates_as_text", LEASED_ON_ORACLE.code: "refuses_leases"}
+    if not any(w.code in applies for w in checked.warnings):
+        return checked
+    rows = sorted(checked.rows, key=lambda r: (r.source_path, r.source_line))
+
+    def owner(path: str, line: int) -> str | None:
+        found = [r for r in rows if r.source_path == path and r.source_line <= line]
+        return found[-1].connector if found else None
+
+    def runs_here(code: str, path: str, line: int) -> bool:
+        config = connectors.get(owner(path, line) or "")
+        if config is None:
+            return False  # not configured here: it runs nowhere this configuration knows
+        try:
+            grammar = GRAMMARS.get(engine_name(config.url))
+        except ArgumentError:  # a URL nothing parses is the configuration's own finding
+            return True
+        return grammar is not None and bool(getattr(grammar, applies[code]))
+
+    kept = [w for w in checked.warnings
+            if w.code not in applies or runs_here(w.code, w.path, w.line)]
+    return dataclasses.replace(checked, warnings=kept)
 
 
 @dataclass(frozen=True)
@@ -174,7 +218,15 @@ def diff(old: str, new: str, *, paths: Sequence[str] | None = None,
 
 
 def bump(paths: Sequence[str], operation: str, *, retire: bool = False) -> dict[str, Any]:
-    """Write the next version of ``operation`` after the current one (a copy to edit)."""
-    from capgate.registry.review import bump as bump_row
+    """Write the next version of ``operation`` after the current one (a copy to edit).
 
-    return bump_row(paths, operation, retire=retire)
+    A current row edited in place becomes the new version, and the published one is
+    put back from its locked text (git history, or the packaged examples ``init``
+    copied): see :func:`registry.review.bump`.
+    """
+    from capgate.registry.review import bump as bump_row
+    from capgate.sqlfiles import example_capability_files
+
+    originals = [(f"examples:{p.name}", p.read_text("utf-8"))
+                 for p in example_capability_files()]
+    return bump_row(paths, operation, retire=retire, originals=originals)

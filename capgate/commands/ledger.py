@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from capgate.config import Settings
@@ -115,6 +115,9 @@ class CaseRecord:
     timeline: list[Entry]
     verified: bool | None
     """Whether the case's chain verified; None when not asked."""
+    pending_plans: list[dict[str, Any]] = field(default_factory=list)
+    """The case's recorded plans that need an approval no call has used yet, as
+    ``capgate plan show`` gives them."""
 
 
 def case_record(settings: Settings, case: str, *, verify: bool = False) -> CaseRecord:
@@ -123,18 +126,23 @@ def case_record(settings: Settings, case: str, *, verify: bool = False) -> CaseR
     ``UnknownCase`` when the ledger has no such case.
     """
     from capgate import caseview
+    from capgate.commands.calls import describe_plan
+    from capgate.executor.plan import needs_approval
 
     with open_ledger(settings.ledger_url) as ledger:
         events = ledger.events(case)
         snapshot = ledger.snapshot(case)
         intents = ledger.intents(case)
-        verified = ledger.verify(case).ok if verify else None
-    if not events:
+        verified = ledger.verify(case).ok if verify and events else None
+        pending = [describe_plan(ledger, r) for r in ledger.recorded_plans(case_id=case)
+                   if needs_approval(r.plan)]
+    if not events and not pending:  # a gated call refused first: its plan waits, no event
         from capgate.registry.errors import UnknownCase
 
         raise UnknownCase(f"no case {case!r} in the ledger (`capgate cases` lists them)",
                           case=case)
-    return CaseRecord(case, events, snapshot, intents, caseview.timeline(events), verified)
+    return CaseRecord(case, events, snapshot, intents, caseview.timeline(events), verified,
+                      pending)
 
 
 def stats(settings: Settings, cases: Sequence[str] | None = None) -> LedgerStats:

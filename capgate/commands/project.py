@@ -48,7 +48,7 @@ TEMPLATE = """\
 # Each row is one (operation_id, version).  A DBA reviews it; `capgate validate`
 # checks it; `capgate lock` pins its hash so that a published row can only change
 # through a new version (`capgate bump OPERATION` writes the next one).
-# Every key is described in the README ("The capability file").
+# Every key is described in docs/capability-file.md.
 format: 1
 connectors:
   app:
@@ -127,23 +127,49 @@ class InitReport:
     example_schema: bool = False
     next_steps: list[str] = field(default_factory=list)
     mcp_client: dict[str, Any] = field(default_factory=dict)
+    ddl_checks: str | None = None
+    """What a person must do before the example DDL rows can be verified in the target
+    (PostgreSQL: install plpgsql_check's package); None when ready."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"folder": str(self.folder), "files": self.files, "connectors": self.connectors,
                 "environment": self.environment, "agent": self.agent, "rows": self.rows,
                 "pinned": self.pinned,
                 "target_tables": self.target_tables, "example_schema": self.example_schema,
-                "next_steps": self.next_steps, "mcp_client": self.mcp_client}
+                "next_steps": self.next_steps, "mcp_client": self.mcp_client,
+                "ddl_checks": self.ddl_checks}
 
 
 def _toml_str(value: str) -> str:
     return json.dumps(value)  # a JSON string is a TOML basic string
 
 
+CONNECTOR_DEFAULTS = (
+    "session_budget = 4                      # sessions capgate opens at once here",
+    "budget_wait_seconds = 10                # a call waits in line this long for a session, "
+    "then CG321",
+    "claim_wait_seconds = 10                 # ... and this long for a target another case's "
+    "call is writing, then CG320",
+    "case_claim_seconds = 0                  # a write holds its target for its call; N > 0: "
+    "a case holds its",
+    "                                        # targets N s between its calls (docs/cases.md)",
+)
+"""What ``init`` writes for every connector: settings that pass a first load test.
+
+Many agents on a few hot targets, each call its own case: a call that finds its
+target or the budget busy waits its turn (fair, bounded) instead of being refused
+at once, and a case holds a target for the length of its call.  A case that works
+on a target across calls and agent turns is the design's stronger promise
+(``case_claim_seconds`` > 0): then a second case on that target waits
+``claim_wait_seconds`` and is refused with a coordination decision for a person --
+right for long cases, a stall for one-call cases, so ``init`` leaves it to the
+person who knows which kind theirs are."""
+
+
 def config_text(connectors: dict[str, str], environment: str, agent: str) -> str:
     """The annotated ``capgate.toml`` for ``connectors`` (name -> URL)."""
     lines = [
-        "# capgate configuration (made by `capgate init`; README: \"Configuration\").",
+        "# capgate configuration (made by `capgate init`; docs/configuration.md).",
         "# Check it at any time with `capgate doctor`.",
         "[capgate]",
         'capabilities = ["capabilities"]          # capability files, relative to this file',
@@ -162,7 +188,7 @@ def config_text(connectors: dict[str, str], environment: str, agent: str) -> str
             lines.append("# the DDL rows (capabilities/ddl.yaml) change stored code through a "
                          "connector of their own")
         lines += [f"url = {_toml_str(url)}", f"environment = {_toml_str(environment)}",
-                  "session_budget = 4                      # sessions capgate opens at once here"]
+                  *CONNECTOR_DEFAULTS]
     return "\n".join(lines) + "\n"
 
 
@@ -173,7 +199,7 @@ def grants_text(connectors: list[str], environment: str, agent: str,
         f"\n  {{ connector = {_toml_str(c)}, environments = [{_toml_str(environment)}], "
         'access = "write" },' for c in connectors)
     lines = [
-        "# Who may do what (README: \"Configuration\").  A grant names a connector (or \"*\"),",
+        "# Who may do what (docs/configuration.md).  A grant names a connector (or \"*\"),",
         "# the environments it covers and read or write access; roles are what approvers hold.",
         f"[principals.{_toml_str(agent)}]",
         f"grants = [{items}\n]",
@@ -236,7 +262,7 @@ def init_project(folder: str | Path, *, target: str | None = None, empty: bool =
 
     from capgate.executor.connectors import safe_url
     from capgate.executor.dialects import normalise_url
-    from capgate.executor.target import first_line, install_at
+    from capgate.executor.target import first_line, install_at, prepare_ddl_checks_at
     from capgate.registry.loader import update_lock, validate_texts
     from capgate.sqlfiles import apply_schema, example_capability_files
 
@@ -299,6 +325,8 @@ def init_project(folder: str | Path, *, target: str | None = None, empty: bool =
                 engine.dispose()
             report.example_schema = True
         report.target_tables = install_at(live_url)
+        if not empty:  # the example DDL rows: what their checks need (plpgsql_check)
+            report.ddl_checks = prepare_ddl_checks_at(live_url)
     except sa.exc.DBAPIError as exc:
         if target is None:
             (root / database).unlink(missing_ok=True)

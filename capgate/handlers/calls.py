@@ -1,4 +1,5 @@
-"""``capgate plan | approve | approver keygen | call``: a call, its plan and its approval.
+"""``capgate plan | plan show | approvals | approve | approver keygen | call``: a call,
+its plan and its approval.
 
 Each handler parses its arguments, calls :mod:`capgate.commands.calls` on an
 executor opened from the configuration (:func:`capgate.api.open`, as a Python
@@ -10,33 +11,47 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 from capgate.api import open as open_executor
 from capgate.commands import calls
 from capgate.handlers.console import caller, emit, parse_operation, parse_ttl, read_inputs
+from capgate.registry.errors import ApprovalDeclined, UsageError
 
 
 def register(sub: Any, common: argparse.ArgumentParser) -> None:
-    def call_args(p: argparse.ArgumentParser) -> None:
+    def call_args(p: argparse.ArgumentParser, *, case_required: bool = True) -> None:
         p.add_argument("operation", metavar="OPERATION[@VERSION]")
         p.add_argument("--input", default="{}", help="inputs as a JSON object (or @file.json)")
-        p.add_argument("--case", required=True, help="the case this call belongs to")
+        p.add_argument("--case", required=case_required, help="the case this call belongs to")
         p.add_argument("--as", dest="who", default=None,
                        help="caller identity (default: CAPGATE_AGENT or config `agent`)")
         p.add_argument("--venue", default=None, metavar="ENV",
                        help="the connector's instance in ENV, when one configuration names "
                             "several (default: the connector's own environment)")
 
-    p = sub.add_parser("plan", parents=[common], help="render a call's plan; runs no DML")
-    call_args(p)
+    p = sub.add_parser("plan", parents=[common], help="render a call's plan; runs no DML",
+                       usage="capgate plan OPERATION[@VERSION] --input JSON --case CASE "
+                             "[--dry-run] | capgate plan show PLAN_HASH")
+    call_args(p, case_required=False)
+    p.add_argument("shown", nargs="?", metavar="PLAN_HASH",
+                   help="with `show`: the recorded plan to print")
     p.add_argument("--dry-run", action="store_true",
                    help="record nothing either (by default the plan is recorded in the "
                         "ledger so that an approver can find it by its hash)")
     p.set_defaults(handler=cmd_plan)
 
+    p = sub.add_parser("approvals", parents=[common],
+                       help="the plans waiting for an approval")
+    p.add_argument("--case", default=None, help="only this case's")
+    p.set_defaults(handler=cmd_approvals)
+
     p = sub.add_parser("approve", parents=[common], help="approve a recorded plan")
     p.add_argument("plan_hash", metavar="PLAN_HASH")
+    p.add_argument("--yes", action="store_true",
+                   help="do not ask (a script); on a terminal capgate shows the plan and "
+                        "asks before it signs")
     p.add_argument("--by", required=True, help="the approver")
     p.add_argument("--role", required=True, help="the role the approver acts in")
     p.add_argument("--key", default=None, metavar="FILE",
@@ -69,31 +84,54 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    from capgate import caseview
+
+    if args.operation == "show" and args.shown is not None:
+        return cmd_plan_show(args)
+    if args.shown is not None:
+        raise UsageError(f"unexpected argument {args.shown!r}: `capgate plan OPERATION "
+                         "--input JSON --case CASE`, or `capgate plan show PLAN_HASH`")
+    if not args.case:
+        raise UsageError("capgate plan OPERATION needs --case CASE (the case the call "
+                         "belongs to)", field="case")
     op, version = parse_operation(args.operation)
     with open_executor(args.config) as gate:
         plan = calls.plan(gate, op, read_inputs(args.input), case=args.case, who=caller(args),
                           version=version, venue=args.venue, record=not args.dry_run,
                           via="cli")
     body = plan.to_dict()
-    lines = [f"plan {plan.plan_hash}",
-             f"  {body['operation_id']}@{body['version']} on {body['connector']} "
-             f"({body['environment']}), {body['effect_class']}"
-             f"{'/' + body['shape'] if body['shape'] else ''}",
-             f"  target: {json.dumps(body['target'])}",
-             f"  impact keys: {', '.join(body['impact_keys']) or '-'}"]
-    for i, st in enumerate(body["statements"] + body["steps"]):
-        sql = " ".join((st.get("sql") or st.get("check", {}).get("sql", "")).split())
-        lines.append(f"  [{i + 1}] {sql}")
-        lines.append(f"      binds {json.dumps(st.get('binds', {}))}; "
-                     f"expect {st.get('expect_rows')}")
-    for check in body["verify"]:
-        lines.append(f"  verify {check['name']}: expect {json.dumps(check['expect'])}")
-    auth = body["authorization"]
-    if auth["kind"] == "gate":
-        lines.append(f"  approval needed from: {', '.join(auth['approver_roles'])}"
-                     f"{' (four eyes)' if auth['four_eyes'] else ''}")
+    lines = [f"plan {plan.plan_hash}", *caseview.plan_lines(body)]
     lines.extend(_promotion_lines(body.get("promotion")))
+    if not args.dry_run:
+        lines.append(f"recorded: `capgate plan show {plan.plan_hash}` prints it again")
     emit(args, body, "\n".join(lines))
+    return 0
+
+
+def cmd_plan_show(args: argparse.Namespace) -> int:
+    from capgate import caseview
+
+    with open_executor(args.config) as gate:
+        shown = calls.show_plan(gate, args.shown)
+    emit(args, shown, "\n".join([caseview.shown_plan_text(shown),
+                                 *_promotion_lines(shown["plan"].get("promotion"))]))
+    return 0
+
+
+def cmd_approvals(args: argparse.Namespace) -> int:
+    with open_executor(args.config) as gate:
+        pending = calls.pending_plans(gate, case=args.case)
+    lines = [f"{len(pending)} plan(s) recorded that need an approval and were not used"]
+    for p in pending:
+        body = p["plan"]
+        what = (f"{body.get('operation_id')}@{body.get('version')}" if body.get("operation_id")
+                else str(body.get("kind") or "plan"))
+        lines.append(f"  {p['plan_hash']}  {what:<28} case {p['case']} by {p['requester']}, "
+                     f"{p['created_at'][:19]}: {p['status']}")
+    if pending:
+        lines.append("read one with `capgate plan show PLAN_HASH`; approve it with "
+                     "`capgate approve PLAN_HASH --by NAME --role ROLE --key FILE`")
+    emit(args, pending, "\n".join(lines))
     return 0
 
 
@@ -115,15 +153,36 @@ def _promotion_lines(section: dict[str, Any] | None) -> list[str]:
 
 
 def cmd_approve(args: argparse.Namespace) -> int:
+    """Show the plan, ask on a terminal (``--yes``: do not), then sign and record."""
+    from capgate import caseview
     from capgate.executor.approvals import load_signing_key
 
     key = load_signing_key(args.key)
+    ttl = parse_ttl(args.ttl)
     with open_executor(args.config) as gate:
+        shown = calls.show_plan(gate, args.plan_hash)
+        text = caseview.shown_plan_text(shown)
+        if not args.json:
+            print(text, flush=True)
+        if not args.yes and sys.stdin.isatty():
+            answer = _ask(f"approve this plan as {args.by} ({args.role})? [y/N] ")
+            if answer not in ("y", "yes"):
+                raise ApprovalDeclined(
+                    f"plan {args.plan_hash} was not approved (answered {answer!r}); nothing "
+                    "was recorded", plan_hash=args.plan_hash)
         record = calls.approve(gate, args.plan_hash, by=args.by, role=args.role, key=key,
-                               ttl_seconds=parse_ttl(args.ttl))
-    emit(args, record, f"approved {record['plan_hash']} by {record['by']} as {record['role']}, "
-                       f"single use, expires {record['expires_at']}")
+                               ttl_seconds=ttl)
+    emit(args, {**record, "plan": shown["plan"]},
+         f"approved {record['plan_hash']} by {record['by']} as {record['role']}, "
+         f"single use, expires {record['expires_at']}")
     return 0
+
+
+def _ask(question: str) -> str:
+    """One answer from the person at the terminal (the question on stderr)."""
+    print(question, end="", file=sys.stderr, flush=True)
+    line = sys.stdin.readline()
+    return line.strip().lower()
 
 
 def cmd_approver_keygen(args: argparse.Namespace) -> int:

@@ -130,6 +130,9 @@ def cmd_bump(args: argparse.Namespace) -> int:
          f"wrote {done['operation_id']}@{done['version']} (a copy of @{done['from']}) at "
          f"{done['file']}:{done['line']}"
          + (f"; @{done['from']} is now retired" if done["retired_previous"] else "")
+         + (f"\n@{done['from']} had been edited in place: the edit is @{done['version']} "
+            f"now, and @{done['from']} reads again as it was locked"
+            if done.get("restored_previous") else "")
          + "\nnext: edit the new row, then `capgate validate`, review it with "
            "`capgate diff git:HEAD capabilities` (or `capgate diff "
            f"{done['operation_id']}@{done['from']} {done['operation_id']}@{done['version']}`), "

@@ -140,7 +140,7 @@ def cmd_ledger_show(args: argparse.Namespace) -> int:
     record = ledger.case_record(load_settings(args.config), args.case, verify=bool(args.html))
     if args.html:
         page = caseview.render_html(args.case, record.events, record.snapshot,
-                                    verified=record.verified)
+                                    verified=record.verified, plans=record.pending_plans)
         with open(args.html, "w", encoding="utf-8") as fh:
             fh.write(page)
     text = caseview.timeline_text(args.case, record.timeline)
@@ -148,7 +148,7 @@ def cmd_ledger_show(args: argparse.Namespace) -> int:
         text += f"\nwrote {args.html}: the case as one HTML page (open it in a browser)"
     emit(args, {"case": args.case, "timeline": [x.to_dict() for x in record.timeline],
                 "events": [e.to_dict() for e in record.events], "snapshot": record.snapshot,
-                "intents": record.intents,
+                "intents": record.intents, "pending_plans": record.pending_plans,
                 "html": args.html}, text)
     return 0
 

@@ -56,6 +56,9 @@ def cmd_init(args: argparse.Namespace) -> int:
     lines.append(f"  {report.agent!r} may write in {report.environment}; alice and bob "
                  "approve (role dba), each with their own signing key in keys/ (sample keys: "
                  "in a real project each person keeps their own where agents cannot read it)")
+    if report.ddl_checks:
+        lines.append(f"  the example DDL rows cannot be verified here yet: {report.ddl_checks} "
+                     "(`capgate doctor` warns until then)")
     lines += ["", "next:"] + [f"  {step}" for step in report.next_steps]
     lines += ["", "an MCP client (e.g. the `mcpServers` of its settings file):",
               "  " + json.dumps(report.mcp_client)]

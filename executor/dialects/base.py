@@ -692,6 +692,13 @@ class Dialect(Registered):
         Default None: this engine has no accounts to ask about (SQLite)."""
         return None
 
+    def prepare_ddl_checks(self, conn: sa.Connection) -> str | None:
+        """In a database ``capgate init`` just set up (a privileged account): create what
+        the DDL loop's checks need where the server has it (an extension).  None: ready;
+        else the one thing a person must do first (its package is not installed).
+        Default: nothing is needed."""
+        return None
+
 
 def sqlstate(exc: BaseException) -> str | None:
     """The SQLSTATE / vendor code of a DBAPI error wrapped by SQLAlchemy, if any."""

@@ -82,8 +82,9 @@ def check_revision(revision: str | None, where: str) -> None:
         "use that version", ledger=where, revision=revision, expected=HEAD_REVISION)
 
 
-_OLDER = {FIRST_REVISION: 1}
-"""Revisions ``capgate ledger migrate`` upgrades from, with their ledger format."""
+_OLDER = {FIRST_REVISION: 1, "0002_ledger_v2": 2}
+"""Revisions ``capgate ledger migrate`` upgrades from, with their ledger format (``0002``
+to ``0003`` adds the wait line's table and changes no event)."""
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ import sqlalchemy as sa
 
 metadata = sa.MetaData()
 
-HEAD_REVISION = "0002_ledger_v2"
+HEAD_REVISION = "0003_wait_line"
 """The alembic revision these tables are (``tests/test_ledger_migrate.py`` checks it is
 the migrations' head)."""
 FIRST_REVISION = "0001_ledger_v1"
@@ -164,4 +164,23 @@ budget_slots = sa.Table(
     sa.Column("holder", sa.Text, nullable=True),
     sa.Column("acquired_at", sa.Float, nullable=False),
     sa.Column("expires_at", sa.Float, nullable=False),
+)
+
+# The line of calls waiting for a held impact key or a full session budget
+# (executor/waits.py): one row per (resource, turn).  A call that waits takes a turn
+# (``seq``, from the ``wait_seq`` counter in cg_meta, only ever growing) and keeps
+# its rows alive while it waits; a free key or slot goes to the earliest live turn
+# that wants it, so a hot target is served in order of arrival and no waiter starves.
+# ``resource`` is ``claim:<impact key>`` or ``slot:<budget scope>``.
+waits = sa.Table(
+    "cg_waits",
+    metadata,
+    sa.Column("resource", sa.Text, primary_key=True),
+    sa.Column("seq", sa.BigInteger, primary_key=True, autoincrement=False),
+    sa.Column("case_id", sa.Text, nullable=True),
+    sa.Column("intent_id", sa.Text, nullable=True),
+    sa.Column("holder", sa.Text, nullable=True),
+    sa.Column("enqueued_at", sa.Float, nullable=False),
+    sa.Column("expires_at", sa.Float, nullable=False),
+    sa.Index("ix_cg_waits_seq", "seq"),
 )

@@ -1723,6 +1723,23 @@ class Ledger:
             raise UnknownPlan(f"no plan with hash {plan_hash!r} was recorded", plan_hash=plan_hash)
         return _plan_record(row)
 
+    @_reconnecting
+    def recorded_plans(self, *, case_id: str | None = None, unused: bool = True,
+                       limit: int = 1000) -> list[PlanRecord]:
+        """Recorded plans, newest first: of ``case_id`` (all cases when None); with
+        ``unused``, only those no intent has consumed an approval of yet."""
+        query = sa.select(plans)
+        if case_id is not None:
+            query = query.where(plans.c.case_id == case_id)
+        if unused:
+            query = query.where(~sa.exists().where(
+                approvals.c.plan_hash == plans.c.plan_hash,
+                approvals.c.used_by_intent.is_not(None)))
+        query = query.order_by(plans.c.created_at.desc(), plans.c.plan_hash).limit(limit)
+        with self._guard("read recorded plans"), self._read_one.connect() as conn:
+            rows = conn.execute(query).all()
+        return [_plan_record(row) for row in rows]
+
     def record_approval(
         self,
         plan_hash: str,
