@@ -253,9 +253,12 @@ class Executor:
             idem = f"{idem}{SIMULATION_MARK}{simulation}"
         if rehearse:
             self._check_case(case, task)  # a rehearsal prepares nothing: check the case here
-        elif idem is not None and row.authorization.kind is AuthKind.GATE:
-            # a gate is checked before anything is opened; an execution that owns the key
-            # answers first (its plan -- and approval -- may be another case's)
+        elif idem is not None:
+            # An execution that owns the key answers first, from the ledger alone: a replay
+            # needs no target (reachable or not), sends it nothing -- not the opening batch
+            # whose marker the target would refuse -- and for a gated row checks no gate
+            # (its plan and approval may be another case's).  A key claimed after this read
+            # is still caught, atomically, by `prepared`.
             owner = self.ledger.get_idempotency(idem)
             if owner is not None:
                 return self._follow_owner(owner, row, fp, idem, case)

@@ -13,6 +13,7 @@ session may still be alive.
 from __future__ import annotations
 
 import math
+import socket
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -20,13 +21,13 @@ from contextlib import AbstractContextManager
 from typing import Any, ClassVar
 
 import sqlalchemy as sa
+from sqlalchemy.engine import URL
 
 from capgate.executor.dialects.base import (
     FENCE_READ,
     FENCE_TABLE,
     FENCE_VALUES,
     MARKER_INSERT,
-    REARM_AFTER_SECONDS,
     Attempt,
     AttemptEvidence,
     Diagnosis,
@@ -35,6 +36,8 @@ from capgate.executor.dialects.base import (
     TxIdentity,
     chunks,
     first_line,
+    tune_keepalive,
+    url_setting,
     vendor_code,
 )
 from capgate.registry.errors import PrivilegeMissing
@@ -49,6 +52,22 @@ _IDENTITY = sa.text(
 
 _INNODB_TRX_REFRESH = 0.15
 """MariaDB refreshes its ``INNODB_TRX`` cache only when nobody read it for 100 ms."""
+
+
+_BOUNDED_VERBS = ("SELECT", "INSERT", "UPDATE", "DELETE", "REPLACE", "WITH")
+"""Statements that take ``SET STATEMENT max_statement_time = ... FOR`` (not SET, not
+transaction control)."""
+
+
+def _strip_comment(statement: str) -> str:
+    """The statement after its leading ``/* ... */`` comments (the session tag)."""
+    text = statement.lstrip()
+    while text.startswith("/*"):
+        end = text.find("*/")
+        if end < 0:
+            return text
+        text = text[end + 2:].lstrip()
+    return text
 
 
 class MariadbDialect(Dialect, name="mariadb", aliases=("mysql",)):
@@ -67,12 +86,51 @@ class MariadbDialect(Dialect, name="mariadb", aliases=("mysql",)):
     def engine_options(self) -> dict[str, Any]:
         return {"pool_recycle": 1800}
 
+    def network_args(self, url: URL, connect_timeout: float) -> dict[str, Any]:
+        """PyMySQL's ``connect_timeout``; the socket's keepalive is tuned on connect
+        (:meth:`prepare_engine`).  The server needs nothing per session: its idle timeouts
+        also bound a wait for the rest of a packet a partition cut in two."""
+        if url_setting(url, "connect_timeout") is not None:
+            return {}
+        return {"connect_timeout": float(connect_timeout)}
+
+    def prepare_engine(self, engine: sa.Engine) -> None:
+        @sa.event.listens_for(engine, "connect")
+        def _keepalive(dbapi_conn: Any, _record: Any) -> None:
+            sock = getattr(dbapi_conn, "_sock", None)
+            if sock is not None:
+                tune_keepalive(sock)
+
+    def cut(self, raw: Any) -> bool:
+        """Shut PyMySQL's socket down: its blocked read fails at once (error 2013)."""
+        sock = getattr(raw, "_sock", None)
+        if sock is None:
+            return False
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+            return True
+        except OSError:
+            return False
+
     def sql(self, text: str, tag: SessionTag | None) -> str:
         return tag.comment() + text if tag is not None else text
 
     # idle_transaction_timeout counts from the end of the last statement and takes
     # whole seconds, 0 meaning never: 1, whatever the deadline (base.IDLE_GRACE_SECONDS)
     idle_grace_seconds: ClassVar[float] = 1.0
+    # so each statement of a write transaction carries its own timeout, the time left less
+    # this: it ends before the deadline, and a stopped executor's session 0.9 s after it
+    statement_end_after_deadline: ClassVar[float] = -0.1
+
+    def statement_deadline(self, statement: str, left: float) -> str | None:
+        """``SET STATEMENT max_statement_time = <left - 0.1> FOR <statement>`` for a
+        statement that reads or writes rows (MariaDB 10.1+): exact at the moment it is
+        sent, at no round trip; the session's own settings are left alone."""
+        head = _strip_comment(statement)[:8].upper()
+        if not head.startswith(_BOUNDED_VERBS):
+            return None
+        seconds = max(left + self.statement_end_after_deadline, 0.001)
+        return f"SET STATEMENT max_statement_time = {seconds:.3f} FOR {statement}"
 
     def _set_timeouts(self, conn: sa.Connection, timeout_s: float,
                       lock_timeout_s: float | None) -> None:
@@ -84,9 +142,11 @@ class MariadbDialect(Dialect, name="mariadb", aliases=("mysql",)):
         )
 
     def arm_deadline(self, raw: Any, left: float) -> None:
+        """Statements outside :data:`_BOUNDED_VERBS` (none of a row's) re-arm the session."""
         with raw.cursor() as cursor:
             cursor.execute("SET SESSION max_statement_time = %s, idle_transaction_timeout = %s",
-                           (round(left + REARM_AFTER_SECONDS, 3), int(self.idle_grace_seconds)))
+                           (round(max(left + self.statement_end_after_deadline, 0.001), 3),
+                            int(self.idle_grace_seconds)))
 
     def open_write(self, conn: sa.Connection, tag: SessionTag, timeout_s: float,
                    lock_timeout_s: float | None) -> TxIdentity:

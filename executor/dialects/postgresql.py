@@ -10,24 +10,30 @@ on the same timeline and the xid is not older than the commit log retains.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, ClassVar
 
 import sqlalchemy as sa
+from sqlalchemy.engine import URL
 
 from capgate.executor.dialects.base import (
+    CLIENT_GRACE_SECONDS,
     MARKER_TABLE,
     POLL_SECONDS,
     REARM_AFTER_SECONDS,
+    SERVER_KEEPALIVE,
     Attempt,
     AttemptEvidence,
     Diagnosis,
     Dialect,
     SessionTag,
     TxIdentity,
+    shut_down_socket,
     sqlstate,
+    url_setting,
 )
 from capgate.registry.errors import ExtensionMissing, PrivilegeMissing
 
@@ -145,10 +151,47 @@ class PostgresqlDialect(Dialect, name="postgresql", aliases=("postgres",)):
             "timeline": row["timeline"],
         })
 
+    def network_args(self, url: URL, connect_timeout: float) -> dict[str, Any]:
+        """libpq's own bounds: ``connect_timeout`` (whole seconds, at least 2), client TCP
+        keepalive and user timeout, and -- in the session's ``options``, no round trip --
+        the server's keepalive on this session (:data:`SERVER_KEEPALIVE`).  The server
+        applies no statement or idle timeout while it waits for the rest of a message a
+        partition cut in two; its keepalive is what notices the client is gone then.
+        Settings the URL gives itself are left as they are."""
+        args: dict[str, Any] = {}
+
+        def default(key: str, value: str) -> None:
+            if url_setting(url, key) is None:
+                args[key] = value
+
+        default("connect_timeout", str(max(2, math.ceil(connect_timeout))))
+        default("keepalives", "1")
+        default("keepalives_idle", "5")
+        default("keepalives_interval", "1")
+        default("keepalives_count", "3")
+        default("tcp_user_timeout", "10000")
+        options = url_setting(url, "options") or ""
+        if "tcp_keepalives" not in options:
+            idle, interval, count = SERVER_KEEPALIVE
+            args["options"] = (
+                f"{options} -c tcp_keepalives_idle={idle} -c tcp_keepalives_interval="
+                f"{interval} -c tcp_keepalives_count={count} -c tcp_user_timeout="
+                f"{(idle + interval * count) * 1000}").strip()
+        return args
+
+    def cut(self, raw: Any) -> bool:
+        """Shut the libpq connection's socket down: psycopg's wait on it fails at once."""
+        if raw.closed:
+            return False
+        return shut_down_socket(raw.pgconn.socket)
+
     def arm_deadline(self, raw: Any, left: float) -> None:
+        """The statement timeout to the time left (a statement sent before the next
+        re-arming ends at most :data:`REARM_AFTER_SECONDS` late), the idle timeout to the
+        grace: a stopped executor's locks go by the deadline + 1 s."""
         raw.execute("SELECT set_config('statement_timeout', %s, true),"
                     " set_config('idle_in_transaction_session_timeout', %s, true)",
-                    (_ms(left + REARM_AFTER_SECONDS), _ms(min(left, self.idle_grace_seconds))))
+                    (_ms(left), _ms(min(left, self.idle_grace_seconds))))
 
     def begin_read(self, conn: sa.Connection, tag: SessionTag, timeout_s: float) -> None:
         conn.execute(sa.text("SET TRANSACTION READ ONLY"))
@@ -207,8 +250,11 @@ class PostgresqlDialect(Dialect, name="postgresql", aliases=("postgres",)):
     def cancel_statement(self, raw: Any, session: int | None,
                          side: Callable[[], AbstractContextManager[sa.Connection]]) -> None:
         """psycopg's cancel request on the session's own connection (``cancel_safe``: 3.2)."""
-        cancel = getattr(raw, "cancel_safe", None) or raw.cancel
-        cancel()
+        safe = getattr(raw, "cancel_safe", None)
+        if safe is not None:  # bounded: through a partition the request never arrives
+            safe(timeout=CLIENT_GRACE_SECONDS)
+        else:
+            raw.cancel()
 
     def terminate_lease_session(self, side: sa.Connection, session: int,
                                 tag: SessionTag) -> bool:

@@ -1,0 +1,493 @@
+"""Network partitions: the deadlines hold when nothing closes.
+
+A partition proxy (``tests/fix_partition.py``) sits between capgate and the
+target, or between capgate and a PostgreSQL ledger, and freezes traffic both
+ways without closing anything -- at a chosen protocol message, or forwarding
+the client's COMMIT and dropping the reply.  Every test here waits with its own
+deadline and fails with the measured figure; none sleeps a fixed time.
+
+* a call cut off mid-work returns by its deadline plus the grace, with a coded
+  outcome (``rolled_back`` when COMMIT was never sent; ``unknown``, CG401, when
+  it was), and resume settles it;
+* a leased call cut off returns by its lease's deadline plus the grace;
+* a stopped executor's row lock is free by its deadline + 1 s, on both engines;
+* a PostgreSQL ledger session cut mid-transaction stops no other executor for
+  longer than the ledger's hold bound;
+* resume through a cut network answers ``unknown`` for the target it cannot
+  reach, in bounded time;
+* a ledger lost at the claim check before COMMIT is an unknown-outcome exit (3)
+  that names ``capgate resume``;
+* resume never says "nothing was sent" while an attempt's opening batch may have
+  run: it ends (or waits for) the live session first;
+* a replay of an applied request is answered from the ledger, with the target
+  cut off, and sends nothing to it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import URL, make_url
+
+from capgate.executor.call import Executor
+from capgate.executor.connectors import ConnectorConfig, Connectors
+from capgate.executor.ledger import open_ledger
+from capgate.executor.recovery.resume import resume
+from capgate.registry import errors
+from capgate.registry.loader import validate_texts
+from capgate.registry.registry import Registry
+from tests.fix_capgate import GRANTS, install_target, registry
+from tests.fix_db import engine_params
+from tests.fix_partition import PartitionProxy, wait_until
+from tests.test_lease_support import lab_registry, lab_schema, spawn, url_text, wait_for_file
+
+DEADLINE = 2.0
+"""The partition rows' timeout (seconds)."""
+GRACE = 1.5
+"""What a call may take past its deadline (docs/scaling.md): the client cuts the
+connection 1 s after the deadline, and the outcome is recorded within 0.5 s more."""
+
+PARTITION_ROWS = """
+format: 1
+connectors: {insurance: {}}
+rows:
+  - operation_id: part.note
+    version: 1
+    connector: insurance
+    description: Append a note to a policy, under a 2 s deadline (test-only).
+    input:
+      type: object
+      additionalProperties: false
+      required: [policy_id, body]
+      properties:
+        policy_id: {type: integer}
+        body: {type: string}
+    target: {system: insurance, object: policy_note, keys: [policy_id]}
+    effect_class: transactional
+    shape: collapsed
+    authorization: {kind: write_grant}
+    environments: [dev]
+    idempotency_key: "{case}:{body}"
+    timeout: {seconds: 2, on_timeout: rolled_back}
+    recovery: retryable
+    statements:
+      - {name: insert_note,
+         sql: "INSERT INTO policy_note (policy_id, author, body) VALUES (:policy_id, 'partition', :body)",
+         expect_rows: 1}
+
+  - operation_id: part.lease
+    version: 1
+    connector: insurance
+    description: Lock a policy and append a note, in a 2 s lease (test-only).
+    input:
+      type: object
+      additionalProperties: false
+      required: [policy_id, body]
+      properties:
+        policy_id: {type: integer}
+        body: {type: string}
+    target: {system: insurance, object: policy, keys: [policy_id]}
+    effect_class: transactional
+    shape: leased
+    authorization: {kind: write_grant}
+    environments: [dev]
+    idempotency_key: "{case}:{body}"
+    timeout: {seconds: 2, on_timeout: rolled_back}
+    recovery: retryable
+    steps:
+      - {name: lock_policy, sql: "UPDATE policy SET holder = holder WHERE policy_id = :policy_id",
+         expect_rows: 1}
+      - {name: add_note,
+         sql: "INSERT INTO policy_note (policy_id, author, body) VALUES (:policy_id, 'partition', :body)",
+         expect_rows: 1}
+"""
+
+
+def partition_registry() -> Registry:
+    result = validate_texts([("partition.yaml", PARTITION_ROWS)])
+    result.raise_for_problems()
+    return Registry(list(lab_registry().rows()) + list(result.rows))
+
+
+def executor_on(target: URL | str, ledger: URL | str, **opts: Any) -> Executor:
+    """An executor over the partition rows (schema not applied: see :func:`prepare`)."""
+    opts.setdefault("case_claim_seconds", 0.0)
+    url = make_url(target).render_as_string(hide_password=False)
+    connectors = Connectors({name: ConnectorConfig(name=name, url=url, environment="dev",
+                                                   **opts)
+                             for name in ("insurance", "insurance_code")})
+    ledger_store = ledger if not isinstance(ledger, str | URL) else open_ledger(ledger)
+    ex = Executor(registry(), connectors, ledger_store, GRANTS)  # type: ignore[arg-type]
+    ex.registry = partition_registry()
+    return ex
+
+
+def prepare(target: URL) -> None:
+    """The example schema, capgate's tables and the lab tables in ``target``."""
+    from capgate.sqlfiles import apply_schema
+
+    engine = sa.create_engine(target, poolclass=sa.pool.NullPool)
+    try:
+        apply_schema(engine)
+        install_target(engine)
+    finally:
+        engine.dispose()
+    lab_schema(target)
+
+
+def notes(target: URL, body: str) -> int:
+    engine = sa.create_engine(target, poolclass=sa.pool.NullPool)
+    try:
+        with engine.connect() as conn:
+            return int(conn.execute(sa.text("SELECT count(*) FROM policy_note WHERE body = :b"),
+                                    {"b": body}).scalar_one())
+    finally:
+        engine.dispose()
+
+
+@dataclass
+class Running:
+    """A call running in a thread: its answer or error, and how long it took."""
+
+    work: Callable[[], Any]
+    result: Any = None
+    error: BaseException | None = None
+    elapsed: float | None = None
+    thread: threading.Thread = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.started = time.monotonic()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.result = self.work()
+        except BaseException as exc:  # reported to the test
+            self.error = exc
+        finally:
+            self.elapsed = time.monotonic() - self.started
+
+    def returned_within(self, bound: float, what: str) -> float:
+        """Wait for it with a deadline; fail with the measured figure."""
+        self.thread.join(bound + 0.5)
+        if self.thread.is_alive():
+            raise AssertionError(f"{what}: still running {time.monotonic() - self.started:.1f} "
+                                 f"s after it started (bound {bound:.1f} s)")
+        assert self.elapsed is not None
+        assert self.elapsed <= bound, f"{what}: returned after {self.elapsed:.2f} s " \
+                                      f"(bound {bound:.1f} s)"
+        return self.elapsed
+
+
+@pytest.fixture(params=engine_params("postgresql", "mariadb"))
+def target(request: pytest.FixtureRequest) -> URL:
+    url: URL = request.getfixturevalue({"postgresql": "pg_url", "mariadb": "mariadb_url"}[
+        request.param])
+    prepare(url)
+    return url
+
+
+def is_pg(url: URL) -> bool:
+    return url.get_backend_name() == "postgresql"
+
+
+def marker_sent(m: Any) -> bool:
+    """The opening batch's landing-marker insert (PostgreSQL: in the opening statement)."""
+    return bool(m.sql) and "capgate_landed" in m.sql and "INSERT" in m.sql.upper()
+
+
+# --- a call cut off returns by its deadline ------------------------------------------------
+
+
+def test_a_call_cut_off_after_its_insert_returns_by_its_deadline(
+        target: URL, partition_proxy: Callable[..., PartitionProxy], tmp_path: Path) -> None:
+    """Frozen after the row's INSERT was sent: no COMMIT was ever sent, so the call is
+    ``rolled_back`` (the connection cut at the deadline), by the deadline + the grace."""
+    proxy = partition_proxy(target)
+    ex = executor_on(proxy.url(target), f"sqlite:///{tmp_path / 'ledger.db'}")
+    ex.connectors.get("insurance").check_target()
+    trigger = proxy.freeze_when(lambda m: m.mentions("INSERT INTO policy_note"), after=True)
+    run = Running(lambda: ex.call("part.note", {"policy_id": 1, "body": "cut-1"},
+                                  case="P-cut", who="agent"))
+    try:
+        trigger.fired.wait(10)
+        assert trigger.fired.is_set()
+        elapsed = run.returned_within(DEADLINE + GRACE, "a call frozen after its INSERT")
+    finally:
+        proxy.reset()
+    assert run.error is None, run.error
+    out = run.result
+    print(f"returned {out.status} after {elapsed:.2f} s (deadline {DEADLINE:g} s)")
+    assert out.status == "rolled_back", out.reason
+    assert out.reason["kind"] == "timeout" and out.reason.get("connection_cut") is True, \
+        out.reason
+    assert notes(target, "cut-1") == 0
+    assert [e.kind for e in ex.ledger.events("P-cut")][-1] == "observed"
+    ex.close()
+
+
+def test_a_commit_whose_reply_is_dropped_is_unknown_and_resume_settles_it(
+        target: URL, partition_proxy: Callable[..., PartitionProxy], tmp_path: Path) -> None:
+    """The sharpest partition: the COMMIT reaches the server, its answer never comes back.
+    The call says ``unknown`` (CG401, exit 3) by its deadline + the grace; resume, from a
+    healthy path, finds the marker and records ``applied``: exactly one row."""
+    ledger = f"sqlite:///{tmp_path / 'ledger.db'}"
+    proxy = partition_proxy(target)
+    ex = executor_on(proxy.url(target), ledger)
+    ex.connectors.get("insurance").check_target()
+    trigger = proxy.drop_commit_reply()
+    run = Running(lambda: ex.call("part.note", {"policy_id": 1, "body": "cut-2"},
+                                  case="P-commit", who="agent"))
+    try:
+        trigger.fired.wait(10)
+        assert trigger.fired.is_set()
+        elapsed = run.returned_within(DEADLINE + GRACE, "a call whose COMMIT reply was dropped")
+    finally:
+        proxy.heal()
+    print(f"answered {type(run.error).__name__} after {elapsed:.2f} s")
+    assert isinstance(run.error, errors.OutcomeUnknown), run.error
+    assert run.error.exit_code == 3 and "capgate resume P-commit" in run.error.message
+    healthy = executor_on(target, ledger)
+    report = resume(healthy, "P-commit")
+    assert [i.classification for i in report.intents] == ["applied"], report.to_dict()
+    assert notes(target, "cut-2") == 1
+    healthy.close()
+    ex.close()
+
+
+def test_a_leased_call_cut_off_returns_by_its_lease_deadline(
+        target: URL, partition_proxy: Callable[..., PartitionProxy], tmp_path: Path) -> None:
+    """The watchdog's cancel and terminate travel over the cut network too: the client's
+    own cut ends the wait, and the lease says ``lease_expired`` by its deadline + grace."""
+    proxy = partition_proxy(target)
+    ex = executor_on(proxy.url(target), f"sqlite:///{tmp_path / 'ledger.db'}")
+    ex.connectors.get("insurance").check_target()
+    trigger = proxy.freeze_when(lambda m: m.mentions("UPDATE policy SET holder"), after=True)
+    run = Running(lambda: ex.call("part.lease", {"policy_id": 1, "body": "cut-3"},
+                                  case="P-lease", who="agent"))
+    try:
+        trigger.fired.wait(10)
+        assert trigger.fired.is_set()
+        elapsed = run.returned_within(DEADLINE + GRACE, "a leased call frozen mid-lease")
+    finally:
+        proxy.reset()
+    assert run.error is None, run.error
+    out = run.result
+    print(f"returned {out.status} after {elapsed:.2f} s: {out.reason}")
+    assert out.status == "rolled_back"
+    assert out.reason["kind"] == "lease_expired", out.reason
+    assert notes(target, "cut-3") == 0
+    ex.close()
+
+
+# --- a stopped executor's locks (SIGSTOP) ------------------------------------------------------
+
+
+def _grant_time(target: URL, deadline_epoch: float, bound: float) -> float:
+    """Poll policy 1's row lock (a short lock wait each time) until it is granted; the wall
+    clock time it was.  Fails with the measured figure past ``deadline_epoch + bound``."""
+    engine = sa.create_engine(target, poolclass=sa.pool.NullPool)
+    try:
+        with engine.connect() as conn:
+            if is_pg(target):
+                conn.execute(sa.text("SET lock_timeout = '100ms'"))
+            else:
+                conn.execute(sa.text("SET SESSION innodb_lock_wait_timeout = 1"))
+            while True:
+                try:
+                    conn.execute(sa.text("UPDATE policy SET holder = holder "
+                                         "WHERE policy_id = 1"))
+                    granted = time.time()
+                    conn.rollback()
+                    return granted
+                except sa.exc.DBAPIError:
+                    conn.rollback()
+                late = time.time() - deadline_epoch
+                if late > bound:
+                    raise AssertionError(f"the stopped executor's row lock still held "
+                                         f"{late:+.2f} s after its deadline (bound {bound} s)")
+    finally:
+        engine.dispose()
+
+
+def _sleeping(target: URL, case: str) -> bool:
+    """Whether the child's sleeping statement is running on the server now."""
+    engine = sa.create_engine(target, poolclass=sa.pool.NullPool)
+    sql = ("SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND query LIKE "
+           f"'%pg_sleep%' AND application_name LIKE '%{case}%'"
+           if is_pg(target) else
+           "SELECT count(*) FROM information_schema.PROCESSLIST WHERE INFO LIKE '%SLEEP(%' "
+           "AND ID <> CONNECTION_ID() AND DB = DATABASE()")
+    try:
+        with engine.connect() as conn:
+            return int(conn.execute(sa.text(sql)).scalar_one()) > 0
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.crash
+def test_a_stopped_executors_lock_is_free_by_its_deadline_plus_one_second(
+        target: URL, tmp_path: Path) -> None:
+    """SIGSTOP while a statement runs into the deadline (the worst moment to stop): the
+    server's statement timeout ends it, then its idle timeout the session -- the lock is
+    free by the deadline + 1 s on both engines."""
+    ledger = f"sqlite:///{tmp_path / 'ledger.db'}"
+    ready = tmp_path / "ready"
+    case = f"P-stop-{uuid.uuid4().hex[:8]}"
+    proc = spawn("call", {"target": url_text(target), "ledger": ledger,
+                          "operation": "lab.hold_sleeping", "case": case,
+                          "inputs": {"policy_id": 1, "ready": str(ready), "seconds": 30}})
+    try:
+        wait_for_file(ready, proc)
+        wait_until("the sleeping statement on the server", lambda: _sleeping(target, case), 10)
+        os.kill(proc.pid, signal.SIGSTOP)
+        stopped = time.time()
+        ex = executor_on(target, ledger)
+        lease = next(e for e in ex.ledger.events(case) if e.kind == "lease_started")
+        deadline = float(lease.payload["state"]["lease"]["deadline_epoch"])
+        granted = _grant_time(target, deadline, bound=1.0)
+        print(f"stopped {deadline - stopped:.2f} s before its deadline; lock free "
+              f"{granted - deadline:+.3f} s after the deadline")
+        assert granted - deadline <= 1.0
+        ex.close()
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=10)
+
+
+# --- resume through a cut network ------------------------------------------------------------
+
+
+def test_resume_through_a_cut_network_answers_unknown_in_bounded_time(
+        target: URL, partition_proxy: Callable[..., PartitionProxy], tmp_path: Path) -> None:
+    ledger = f"sqlite:///{tmp_path / 'ledger.db'}"
+    proxy = partition_proxy(target)
+    ex = executor_on(proxy.url(target), ledger, connect_timeout=2.0)
+    ex.connectors.get("insurance").check_target()
+    trigger = proxy.drop_commit_reply()
+    run = Running(lambda: ex.call("part.note", {"policy_id": 1, "body": "cut-4"},
+                                  case="P-resume", who="agent"))
+    try:
+        trigger.fired.wait(10)
+        run.returned_within(DEADLINE + GRACE, "the call")
+        # still frozen: a fresh executor's resume through the same cut network
+        fresh = executor_on(proxy.url(target), ledger, connect_timeout=2.0)
+        resumed = Running(lambda: resume(fresh, "P-resume", wait_seconds=1.0))
+        elapsed = resumed.returned_within(2.0 + 1.0 + 3.0, "resume through a cut network")
+        assert resumed.error is None, resumed.error
+        report = resumed.result
+        print(f"resume answered after {elapsed:.2f} s: "
+              f"{[(i.classification, i.evidence.get('rule')) for i in report.intents]}")
+        assert [i.classification for i in report.intents] == ["unknown"]
+        assert "unreachable" in str(report.intents[0].evidence.get("rule"))
+        assert report.exit_code == 3
+        fresh.close()
+    finally:
+        proxy.reset()
+    healthy = executor_on(target, ledger)
+    report = resume(healthy, "P-resume")
+    assert [i.classification for i in report.intents] == ["applied"], report.to_dict()
+    assert notes(target, "cut-4") == 1
+    healthy.close()
+    ex.close()
+
+
+# --- a replay needs only the ledger --------------------------------------------------------------
+
+
+def test_a_replay_is_answered_from_the_ledger_with_the_target_cut_off(
+        target: URL, partition_proxy: Callable[..., PartitionProxy], tmp_path: Path) -> None:
+    ledger = f"sqlite:///{tmp_path / 'ledger.db'}"
+    inputs = {"policy_id": 1, "body": "replayed-1"}
+    first = executor_on(target, ledger)
+    assert first.call("part.note", inputs, case="P-replay", who="agent").status == \
+        "applied_verified"
+    first.close()
+    proxy = partition_proxy(target)
+    proxy.freeze()
+    fresh = executor_on(proxy.url(target), ledger, connect_timeout=2.0)  # a new process's view
+    try:
+        run = Running(lambda: fresh.call("part.note", inputs, case="P-replay", who="agent"))
+        elapsed = run.returned_within(1.5, "a replay with the target cut off")
+    finally:
+        proxy.reset()
+    assert run.error is None, run.error
+    print(f"replayed after {elapsed:.2f} s")
+    assert run.result.status == "applied_verified" and run.result.replayed
+    assert proxy.sent == []  # nothing -- not even a connection's startup -- reached the target
+    assert notes(target, "replayed-1") == 1
+    fresh.close()
+
+
+def test_a_replay_sends_nothing_to_the_target(target: URL, tmp_path: Path,
+                                              sent_sql: Callable[[Executor], Any]) -> None:
+    """No opening batch (and no duplicate-key error in the server's log) for a replay."""
+    ledger = f"sqlite:///{tmp_path / 'ledger.db'}"
+    ex = executor_on(target, ledger)
+    inputs = {"policy_id": 1, "body": "replayed-2"}
+    assert ex.call("part.note", inputs, case="P-replay2", who="agent").status == \
+        "applied_verified"
+    sent = sent_sql(ex)
+    again = ex.call("part.note", inputs, case="P-replay2", who="agent")
+    assert again.replayed and again.status == "applied_verified"
+    assert sent == [], sent
+    ex.close()
+
+
+# --- resume and an opening batch that ran -----------------------------------------------------------
+
+
+def test_resume_ends_the_live_session_of_an_unrecorded_opening_before_it_decides(
+        target: URL, partition_proxy: Callable[..., PartitionProxy], tmp_path: Path) -> None:
+    """A leased call cut inside its opening batch: the marker INSERT ran, the session holds
+    its transaction, the ledger has ``prepared`` and nothing more.  Resume from elsewhere
+    must not say "nothing was sent": it ends (or waits for) that live session, then decides
+    -- and the request is applied exactly once, not closed ``rolled_back``."""
+    ledger = f"sqlite:///{tmp_path / 'ledger.db'}"
+    proxy = partition_proxy(target)
+    ex = executor_on(proxy.url(target), ledger)
+    ex.connectors.get("insurance").check_target()
+    if is_pg(target):
+        # the opening statement executed, its Sync held: the session stays in its
+        # transaction, holding the marker's key, with no server timeout running
+        seen: list[Any] = []
+
+        def split(m: Any) -> bool:
+            if marker_sent(m):
+                seen.append(m)
+            return bool(seen) and m.kind == "S" and m.conn == seen[0].conn
+        trigger = proxy.freeze_when(split)
+    else:
+        trigger = proxy.freeze_when(marker_sent, after=True)
+    run = Running(lambda: ex.call("part.lease", {"policy_id": 1, "body": "opening-1"},
+                                  case="P-open", who="agent"))
+    try:
+        assert trigger.fired.wait(10)
+        healthy = executor_on(target, ledger)
+        report = resume(healthy, "P-open", wait_seconds=3.0)
+    finally:
+        proxy.reset()
+    run.thread.join(30)
+    print(report.lines())
+    (intent,) = report.intents
+    assert "nothing was sent" not in str(intent.evidence.get("rule")), intent.evidence
+    assert intent.action != "closed_not_applied"
+    assert intent.outcome != "rolled_back", intent.to_dict()
+    if intent.action != "retried":  # it could not end the session: unknown, never a guess
+        assert intent.classification == "unknown"
+        report = resume(healthy, "P-open")
+    assert notes(target, "opening-1") == 1
+    assert healthy.ledger.snapshot("P-open") is not None
+    healthy.close()
+    ex.close()
