@@ -28,7 +28,7 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from capgate.executor import gates, promotion, shapes
+from capgate.executor import boundaries, gates, promotion, shapes
 from capgate.executor.approvals import SigningKey
 from capgate.executor.budget import SessionBudgets
 from capgate.executor.claims import ImpactClaims
@@ -64,6 +64,7 @@ from capgate.registry.errors import (
     EnvironmentNotAllowed,
     IdempotencyConflict,
     InputInvalid,
+    LedgerError,
     ReconciliationRequired,
     RequestInFlight,
     UnknownOperation,
@@ -272,6 +273,7 @@ class Executor:
         error: BaseException | None = None
         lost: IdempotencyRecord | None = None
         flight = contextlib.ExitStack()
+        recorded = flight.enter_context(boundaries.recording())
         try:
             flight.enter_context(self._flying(None if rehearse else idem))
             promotion.check(self.rt, ctx)  # issue 16: a promotion needs simulation evidence
@@ -292,6 +294,14 @@ class Executor:
             if lost is None:
                 error = exc
                 raise
+        except LedgerError as exc:
+            if ctx.intent_id not in recorded:
+                error = exc
+                raise  # nothing of the call was recorded: the ledger's own refusal
+            # the intent is open and the call cannot finish recording it: an unknown
+            # outcome that says what to run (never exit 2, "usage or configuration")
+            error = boundaries.ledger_unreachable(self.rt, ctx, exc, recorded=True)
+            raise error from exc
         except BaseException as exc:
             error = exc
             raise

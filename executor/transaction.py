@@ -26,8 +26,8 @@ import sqlalchemy as sa
 from capgate.executor import boundaries, context
 from capgate.executor import outcome as oc
 from capgate.executor.context import CallContext, Rollback
-from capgate.executor.dialects import TxIdentity
 from capgate.executor.cutoff import Cut
+from capgate.executor.dialects import TxIdentity
 from capgate.executor.dialects.base import CLIENT_GRACE_SECONDS, MARKER_TABLE, TARGET_TABLES
 from capgate.executor.effects import record_survivors
 from capgate.executor.expectations import CheckResult, evaluate

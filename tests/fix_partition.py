@@ -110,6 +110,10 @@ class _Framer:
     def __init__(self, protocol: str) -> None:
         self.protocol = protocol
         self.startup = True
+        self.statements: dict[bytes, str] = {}
+        """PostgreSQL: the SQL of each statement the client parsed, by name (a Bind
+        names its statement: psycopg prepares a statement after a few runs, and then
+        sends only Bind and Execute)."""
 
     def next(self, buf: bytearray) -> tuple[int, str, str | None] | None:
         """(size, kind, sql) of the first whole message in ``buf``; None if incomplete."""
@@ -127,7 +131,7 @@ class _Framer:
             if len(buf) < length:
                 return None
             (code,) = struct.unpack("!I", buf[4:8])
-            if code == _PG_SSL_REQUEST or code == _PG_GSS_REQUEST:
+            if code in (_PG_SSL_REQUEST, _PG_GSS_REQUEST):
                 return length, "ssl_request", None
             self.startup = False
             return length, "cancel" if code == _PG_CANCEL_REQUEST else "startup", None
@@ -146,6 +150,11 @@ class _Framer:
             parts = body.split(b"\0", 2)
             if len(parts) >= 2:
                 sql = parts[1].decode("utf-8", "replace")
+                self.statements[parts[0]] = sql
+        elif kind == "B":
+            parts = body.split(b"\0", 2)
+            if len(parts) >= 2:
+                sql = self.statements.get(parts[1])
         return size, kind, sql
 
     @staticmethod
@@ -179,6 +188,8 @@ class _Pipe:
         self.client_eof = False
         self.server_eof = False
         self.discard_replies = False
+        self.dropping: _Trigger | None = None
+        """A drop-reply trigger waiting for the Sync of its batch before it freezes."""
         self.up_done = False  # the client's end of stream delivered to the server
         self.down_done = False
         self.closed = False
@@ -244,10 +255,15 @@ class _Pipe:
             proxy.sent.append(message)
             self.server.sendall(bytes(self.to_server[:size]))
             del self.to_server[:size]
+            if self.dropping is not None and kind == "S":  # the batch's end reached the server
+                trigger, self.dropping = self.dropping, None
             if trigger is not None:
                 if trigger.action == "drop_reply":
                     self.discard_replies = True
                     self.to_client.clear()
+                    if kind in ("P", "B", "E", "D"):  # extended protocol: the statement runs
+                        self.dropping = trigger       # at its Sync; forward up to it first
+                        continue
                 proxy.fire(trigger, message)
                 return
         if self.client_eof and not self.to_server and not proxy.frozen and not self.up_done:

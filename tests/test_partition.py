@@ -30,7 +30,7 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,7 +41,7 @@ from sqlalchemy.engine import URL, make_url
 
 from capgate.executor.call import Executor
 from capgate.executor.connectors import ConnectorConfig, Connectors
-from capgate.executor.ledger import open_ledger
+from capgate.executor.ledger import LedgerBounds, open_ledger
 from capgate.executor.recovery.resume import resume
 from capgate.registry import errors
 from capgate.registry.loader import validate_texts
@@ -82,7 +82,8 @@ rows:
     recovery: retryable
     statements:
       - {name: insert_note,
-         sql: "INSERT INTO policy_note (policy_id, author, body) VALUES (:policy_id, 'partition', :body)",
+         sql: "INSERT INTO policy_note (policy_id, author, body)
+               VALUES (:policy_id, 'partition', :body)",
          expect_rows: 1}
 
   - operation_id: part.lease
@@ -108,7 +109,8 @@ rows:
       - {name: lock_policy, sql: "UPDATE policy SET holder = holder WHERE policy_id = :policy_id",
          expect_rows: 1}
       - {name: add_note,
-         sql: "INSERT INTO policy_note (policy_id, author, body) VALUES (:policy_id, 'partition', :body)",
+         sql: "INSERT INTO policy_note (policy_id, author, body)
+               VALUES (:policy_id, 'partition', :body)",
          expect_rows: 1}
 """
 
@@ -445,7 +447,7 @@ def test_a_replay_sends_nothing_to_the_target(target: URL, tmp_path: Path,
     ex.close()
 
 
-# --- resume and an opening batch that ran -----------------------------------------------------------
+# --- resume and an opening batch that ran -------------------------------------------------
 
 
 def test_resume_ends_the_live_session_of_an_unrecorded_opening_before_it_decides(
@@ -491,3 +493,220 @@ def test_resume_ends_the_live_session_of_an_unrecorded_opening_before_it_decides
     assert healthy.ledger.snapshot("P-open") is not None
     healthy.close()
     ex.close()
+
+
+# --- the ledger behind the partition (PostgreSQL) ------------------------------------------
+
+
+BOUNDS = LedgerBounds(wait_seconds=3.0, hold_seconds=1.0, connect_seconds=2.0)
+"""Small bounds, so the tests wait seconds, not the defaults' tens of seconds."""
+
+
+def _first_sync_after(word: str) -> Callable[[Any], bool]:
+    """A predicate for the Sync that ends the first batch in which ``word`` was sent: the
+    batch's statements have run, and the server waits for the rest with no timeout."""
+    seen: list[Any] = []
+
+    def match(m: Any) -> bool:
+        if not seen and m.mentions(word):
+            seen.append(m)
+        return bool(seen) and m.kind == "S" and m.conn == seen[0].conn
+    return match
+
+
+@pytest.mark.parametrize("where", ["before_commit", "mid_batch"])
+def test_a_ledger_cut_mid_transaction_stops_no_other_executor_for_long(
+        target: URL, pg_ledger_url: URL, partition_proxy: Callable[..., PartitionProxy],
+        where: str) -> None:
+    """Executor A is cut from the ledger inside the transaction of its ``prepared`` event
+    (where it claims its idempotency key, its impact key and its budget slot).
+    ``before_commit``: the server has run it all and the session is idle in its
+    transaction; ``mid_batch``: the batch's Sync never arrives, so the session is
+    ``active`` with no server timeout running.  Another executor's calls on the same and
+    on another ticket, and a resume, each return within the hold bound + 1.5 s; A itself
+    answers CG430 (exit 3) within its wait bound."""
+    proxy = partition_proxy(pg_ledger_url)
+    a = executor_on(target, open_ledger(proxy.url(pg_ledger_url), bounds=BOUNDS))
+    warm = a.call("part.note", {"policy_id": 3, "body": "ledger-warm"}, case="T-0",
+                  who="agent")  # the process's once-only set-up, done before the cut
+    assert warm.status == "applied_verified", warm.reason
+    if where == "before_commit":
+        seen: list[Any] = []
+
+        def commit_of_prepared(m: Any) -> bool:
+            if m.mentions("INSERT INTO cg_idempotency"):
+                seen.append(m)
+            return bool(seen) and m.is_commit
+        trigger = proxy.freeze_when(commit_of_prepared)
+    else:
+        trigger = proxy.freeze_when(_first_sync_after("INSERT INTO cg_idempotency"))
+    run_a = Running(lambda: a.call("part.note", {"policy_id": 1, "body": "ledger-a"},
+                                   case="T-1", who="agent"))
+    b: Executor | None = None
+    try:
+        assert trigger.fired.wait(10), "A never reached the ledger transaction"
+        b = executor_on(target, open_ledger(pg_ledger_url, bounds=BOUNDS))
+        for case, body in (("T-2", "ledger-b-other"), ("T-1", "ledger-b-same")):
+            call = Running(lambda c=case, t=body: b.call(  # type: ignore[union-attr]
+                "part.note", {"policy_id": 1, "body": t}, case=c, who="agent"))
+            elapsed = call.returned_within(BOUNDS.hold_seconds + 1.5,
+                                           f"another executor's call on {case}")
+            assert call.error is None, call.error
+            assert call.result.status == "applied_verified", call.result.reason
+            print(f"{case}: applied after {elapsed:.2f} s (hold {BOUNDS.hold_seconds:g} s)")
+        resumed = Running(lambda: resume(b, "T-2"))  # type: ignore[arg-type]
+        resumed.returned_within(BOUNDS.hold_seconds + 1.5, "a resume from elsewhere")
+        elapsed_a = run_a.returned_within(BOUNDS.wait_seconds + GRACE,
+                                          "the executor cut from its ledger")
+    finally:
+        proxy.reset()
+    print(f"A answered {type(run_a.error).__name__} after {elapsed_a:.2f} s")
+    assert isinstance(run_a.error, errors.LedgerUnreachable), run_a.error
+    assert run_a.error.exit_code == 3 and "capgate resume T-1" in run_a.error.message
+    assert b is not None
+    assert notes(target, "ledger-a") == 0
+    assert notes(target, "ledger-b-other") == notes(target, "ledger-b-same") == 1
+    b.close()
+    a.close()
+
+
+def test_a_ledger_lost_at_the_claim_check_is_an_unknown_outcome(
+        target: URL, pg_ledger_url: URL, partition_proxy: Callable[..., PartitionProxy]
+        ) -> None:
+    """The ledger is reset at the impact-claim check just before COMMIT: the intent is
+    recorded and open, nothing was committed.  The caller gets CG430, exit 3, naming
+    ``capgate resume`` -- not CG411 (exit 2, "usage or configuration") -- and resume
+    applies it exactly once."""
+    proxy = partition_proxy(pg_ledger_url)
+    a = executor_on(target, open_ledger(proxy.url(pg_ledger_url), bounds=BOUNDS))
+    a.connectors.get("insurance").check_target()
+    trigger = proxy.freeze_when(lambda m: m.mentions("SELECT 1 FROM cg_claims"))
+    run = Running(lambda: a.call("part.note", {"policy_id": 1, "body": "claim-check"},
+                                 case="T-claim", who="agent"))
+    try:
+        assert trigger.fired.wait(10), "the call never reached its claim check"
+        proxy.reset()
+        run.returned_within(BOUNDS.wait_seconds + GRACE, "a call whose ledger was reset")
+    finally:
+        proxy.reset()
+    error = run.error
+    assert isinstance(error, errors.CapgateError), error
+    print(f"{error.code} (exit {error.exit_code}): {error.message}")
+    assert error.code == "CG430" and error.exit_code == 3
+    assert "capgate resume T-claim" in error.message and error.details["recorded"] is True
+    assert notes(target, "claim-check") == 0
+    healthy = executor_on(target, open_ledger(pg_ledger_url, bounds=BOUNDS))
+    report = resume(healthy, "T-claim")
+    assert [(i.classification, i.action) for i in report.intents] == [
+        ("not_applied", "retried")], report.to_dict()
+    assert notes(target, "claim-check") == 1
+    healthy.close()
+    a.close()
+
+
+# --- a batch split by the partition (the server side) -------------------------------------------
+
+
+def _session_alive(target: URL, case: str) -> bool:
+    """Whether the server still has a session of the call in ``case`` (its label)."""
+    engine = sa.create_engine(target, poolclass=sa.pool.NullPool)
+    try:
+        with engine.connect() as conn:
+            if is_pg(target):
+                sql = ("SELECT count(*) FROM pg_stat_activity "
+                       f"WHERE application_name LIKE '%{case}%'")
+            else:  # the call's session holds the policy row: does a transaction?
+                sql = ("SELECT count(*) FROM information_schema.INNODB_TRX t JOIN "
+                       "information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id "
+                       "WHERE p.DB = DATABASE() AND p.ID <> CONNECTION_ID()")
+            return int(conn.execute(sa.text(sql)).scalar_one()) > 0
+    finally:
+        engine.dispose()
+
+
+def test_a_split_batch_on_mariadb_loses_its_session_by_the_deadline_plus_one_second(
+        mariadb_url: URL, partition_proxy: Callable[..., PartitionProxy],
+        tmp_path: Path) -> None:
+    """MariaDB reads a command under the session's idle timeout, whether it waits for the
+    next packet or for the rest of one: a partition between two packets of a leased call
+    leaves a session the server ends by the deadline + 1 s."""
+    prepare(mariadb_url)
+    proxy = partition_proxy(mariadb_url)
+    ex = executor_on(proxy.url(mariadb_url), f"sqlite:///{tmp_path / 'ledger.db'}")
+    ex.connectors.get("insurance").check_target()
+    trigger = proxy.freeze_when(lambda m: m.mentions("INSERT INTO policy_note"))
+    started = time.monotonic()
+    run = Running(lambda: ex.call("part.lease", {"policy_id": 1, "body": "split-m"},
+                                  case="P-split-m", who="agent"))
+    try:
+        assert trigger.fired.wait(10)
+        wait_until("the split session's end",
+                             lambda: not _session_alive(mariadb_url, "P-split-m"),
+                             DEADLINE + 1.0 + 1.0)
+        late = time.monotonic() - started - DEADLINE
+        print(f"the session ended {late:+.2f} s after the deadline")
+        assert late <= 1.0
+        run.returned_within(DEADLINE + GRACE + 1.0, "the split call")
+    finally:
+        proxy.reset()
+    ex.close()
+
+
+def test_a_split_batch_on_postgresql_outlives_its_deadline_but_never_commits(
+        pg_url: URL, partition_proxy: Callable[..., PartitionProxy], tmp_path: Path) -> None:
+    """What holds on PostgreSQL when a partition splits a batch between its messages (here
+    between a statement's Bind and its Execute): the server applies no statement or idle
+    timeout while it waits for the rest, so -- behind a proxy, whose kernel answers the
+    server's keepalive probes -- the session outlives the deadline, holding its locks (the
+    figure is printed).  The call still returns by its deadline + the grace, ``rolled_back``
+    (COMMIT was never sent), and the session can never commit: when the partition heals, the
+    server gets the rest of the batch and the client's end of stream, and rolls it back.  On
+    a real network the keepalive capgate asks for on every session ends it about 4 s after
+    the last packet (``SERVER_KEEPALIVE``; see the next test)."""
+    prepare(pg_url)
+    proxy = partition_proxy(pg_url)
+    ex = executor_on(proxy.url(pg_url), f"sqlite:///{tmp_path / 'ledger.db'}")
+    ex.connectors.get("insurance").check_target()
+    seen: list[Any] = []
+
+    def execute_of_insert(m: Any) -> bool:  # its Parse and Bind sent, its Execute held
+        if m.mentions("INSERT INTO policy_note"):
+            seen.append(m)
+        return bool(seen) and m.kind == "E" and m.conn == seen[0].conn
+    trigger = proxy.freeze_when(execute_of_insert)
+    started = time.monotonic()
+    run = Running(lambda: ex.call("part.lease", {"policy_id": 1, "body": "split-p"},
+                                  case="P-split-p", who="agent"))
+    try:
+        assert trigger.fired.wait(10)
+        run.returned_within(DEADLINE + GRACE, "the split call")
+        assert run.error is None and run.result.status == "rolled_back", run.error
+        alive = _session_alive(pg_url, "P-split-p")
+        print(f"{time.monotonic() - started - DEADLINE:+.2f} s after the deadline the split "
+              f"session is {'still alive' if alive else 'gone'} (behind the proxy)")
+        proxy.heal()
+        _, took = wait_until("the split session's end once healed",
+                             lambda: not _session_alive(pg_url, "P-split-p"), 5.0)
+        print(f"healed: the session ended {took:.2f} s later")
+    finally:
+        proxy.reset()
+    assert notes(pg_url, "split-p") == 0
+    ex.close()
+
+
+def test_every_postgresql_session_asks_the_server_for_keepalive(pg_url: URL) -> None:
+    """What ends a split batch's session on a real network: the server's keepalive, set
+    per session through libpq's options (no round trip), and libpq's own on the client."""
+    from capgate.executor.dialects.base import SERVER_KEEPALIVE
+
+    ex = executor_on(pg_url, open_ledger(pg_url.set(), bounds=BOUNDS), connect_timeout=3)
+    try:
+        with ex.connectors.get("insurance").engine.connect() as conn:
+            got = [conn.execute(sa.text(f"SHOW {name}")).scalar_one() for name in
+                   ("tcp_keepalives_idle", "tcp_keepalives_interval", "tcp_keepalives_count")]
+        assert [int(v.rstrip("s")) for v in got] == list(SERVER_KEEPALIVE)
+        with ex.ledger.engine.connect() as conn:
+            idle = conn.execute(sa.text("SHOW idle_in_transaction_session_timeout")).scalar()
+        assert idle == "1s", idle
+    finally:
+        ex.close()

@@ -324,7 +324,10 @@ class SessionTag:
     DATE through ``NLS_DATE_FORMAT``) can."""
 
     def text(self, limit: int = 63) -> str:
-        raw = f"capgate {self.case_id} {self.operation_id} {self.intent_id}"
+        """``capgate INTENT CASE OPERATION``, cut at ``limit`` (PostgreSQL keeps 63 bytes of
+        ``application_name``): the intent id first, so that it is always whole -- resume
+        finds a session whose opening was never recorded by it."""
+        raw = f"capgate {self.intent_id} {self.case_id} {self.operation_id}"
         return _SAFE.sub("_", raw)[:limit]
 
     def comment(self) -> str:
@@ -358,6 +361,9 @@ class Attempt:
     """The landing marker's key; None when the row writes no marker."""
     error: str | None = None
     """The error recorded with the attempt (an in-doubt commit names itself in it)."""
+    tag: SessionTag | None = None
+    """The call's session label (case, operation, intent): what an opening whose
+    identity was never recorded leaves on the server (:meth:`Dialect.opening_evidence`)."""
 
 
 @dataclass
@@ -811,6 +817,22 @@ class Dialect(Registered):
         """
         return {a.intent_id: AttemptEvidence() for a in attempts}
 
+    def opening_evidence(self, engine: sa.Engine, attempts: Sequence[Attempt], *,
+                         terminate: bool, wait_seconds: float,
+                         probe_writes: bool = True) -> dict[str, AttemptEvidence]:
+        """Whether an attempt that may have sent its opening batch -- its transaction's
+        identity never recorded (a leased call cut inside its opening, a retry cut
+        before ``attempt_started``) -- has a session still alive, by intent id.
+
+        ``finished`` True: no session of the intent is alive (any that was has been
+        ended, with ``terminate``, and waited for up to ``wait_seconds``); None: it
+        cannot be told, and the answer stays ``unknown`` -- never "nothing was sent".
+        Default: what :meth:`attempt_evidence` says without an identity (SQLite's write
+        lock tells; elsewhere nothing does).
+        """
+        return self.attempt_evidence(engine, attempts, terminate=terminate,
+                                     wait_seconds=wait_seconds, probe_writes=probe_writes)
+
     # --- capgate doctor ------------------------------------------------------
 
     def describe_server(self, conn: sa.Connection) -> str:
@@ -820,6 +842,39 @@ class Dialect(Registered):
     def diagnose(self, conn: sa.Connection, diagnosis: Diagnosis) -> None:
         """Read-only checks of what the connector's rows need here: privileges, session
         limits, what resume relies on, extensions.  Default: none."""
+
+
+def opening_by_marker_key(key_state: Callable[[sa.Connection, str], str], engine: sa.Engine,
+                          attempts: Sequence[Attempt], *, wait_seconds: float,
+                          probe_writes: bool = True) -> dict[str, AttemptEvidence]:
+    """:meth:`Dialect.opening_evidence` for an engine that can ask an open transaction's
+    hold on a key without privileges (``key_state``: a rolled-back insert of the same
+    key waits for it; ``held``, ``taken`` or ``free``).  The opening inserted the
+    landing marker, so while its transaction is open it holds the key: asked again
+    until ``wait_seconds`` pass.  Without a key, or in a dry run (no probe insert), it
+    cannot be told."""
+    answers = {a.intent_id: AttemptEvidence(identity="unrecorded") for a in attempts}
+    asked = [a for a in attempts if a.idem_key and probe_writes]
+    if not asked:
+        return answers
+    deadline = time.monotonic() + max(0.0, wait_seconds)
+    with engine.connect() as probe:
+        for a in asked:
+            assert a.idem_key is not None
+            answer = answers[a.intent_id]
+            while True:
+                state = key_state(probe, a.idem_key)
+                if state != "held" or time.monotonic() >= deadline:
+                    break
+            answer.notes["marker_key"] = {"probe": "insert of the same key, rolled back",
+                                          "answer": state}
+            answer.finished = state != "held"
+            answer.notes["opening"] = ("no open transaction holds its marker's key"
+                                       if answer.finished else
+                                       "an open transaction still holds its marker's key")
+            if not answer.finished:
+                answer.notes["session_alive"] = True
+    return answers
 
 
 def sqlstate(exc: BaseException) -> str | None:

@@ -36,6 +36,7 @@ from capgate.executor.dialects.base import (
     TxIdentity,
     chunks,
     first_line,
+    opening_by_marker_key,
     tune_keepalive,
     url_setting,
     vendor_code,
@@ -87,19 +88,34 @@ class MariadbDialect(Dialect, name="mariadb", aliases=("mysql",)):
         return {"pool_recycle": 1800}
 
     def network_args(self, url: URL, connect_timeout: float) -> dict[str, Any]:
-        """PyMySQL's ``connect_timeout``; the socket's keepalive is tuned on connect
-        (:meth:`prepare_engine`).  The server needs nothing per session: its idle timeouts
-        also bound a wait for the rest of a packet a partition cut in two."""
-        if url_setting(url, "connect_timeout") is not None:
-            return {}
-        return {"connect_timeout": float(connect_timeout)}
+        """PyMySQL's ``connect_timeout`` bounds only the TCP connect: the handshake that
+        follows reads with ``read_timeout``, so that is set too -- for the handshake alone
+        (:meth:`prepare_engine` lifts it once the session is open: a call's statements are
+        bounded by its deadline instead).  The socket's keepalive is tuned there as well.
+        The server needs nothing per session: its idle timeouts also bound a wait for the
+        rest of a packet a partition cut in two."""
+        args: dict[str, Any] = {}
+        for key in ("connect_timeout", "read_timeout", "write_timeout"):
+            if url_setting(url, key) is None:
+                args[key] = float(connect_timeout)
+        return args
 
     def prepare_engine(self, engine: sa.Engine) -> None:
+        mine = {key for key in ("read_timeout", "write_timeout")
+                if url_setting(engine.url, key) is None}
+
         @sa.event.listens_for(engine, "connect")
-        def _keepalive(dbapi_conn: Any, _record: Any) -> None:
+        def _opened(dbapi_conn: Any, _record: Any) -> None:
             sock = getattr(dbapi_conn, "_sock", None)
-            if sock is not None:
-                tune_keepalive(sock)
+            if sock is None:
+                return
+            tune_keepalive(sock)
+            if "read_timeout" in mine:  # the handshake's bound, not the session's
+                dbapi_conn._read_timeout = None
+                dbapi_conn._current_timeout = None
+                sock.settimeout(None)
+            if "write_timeout" in mine:
+                dbapi_conn._write_timeout = None
 
     def cut(self, raw: Any) -> bool:
         """Shut PyMySQL's socket down: its blocked read fails at once (error 2013)."""
@@ -126,11 +142,12 @@ class MariadbDialect(Dialect, name="mariadb", aliases=("mysql",)):
         """``SET STATEMENT max_statement_time = <left - 0.1> FOR <statement>`` for a
         statement that reads or writes rows (MariaDB 10.1+): exact at the moment it is
         sent, at no round trip; the session's own settings are left alone."""
-        head = _strip_comment(statement)[:8].upper()
-        if not head.startswith(_BOUNDED_VERBS):
+        body = _strip_comment(statement)
+        if not body[:8].upper().startswith(_BOUNDED_VERBS):
             return None
         seconds = max(left + self.statement_end_after_deadline, 0.001)
-        return f"SET STATEMENT max_statement_time = {seconds:.3f} FOR {statement}"
+        tag = statement[:len(statement) - len(body)]  # the session tag stays in front
+        return f"{tag}SET STATEMENT max_statement_time = {seconds:.3f} FOR {body}"
 
     def _set_timeouts(self, conn: sa.Connection, timeout_s: float,
                       lock_timeout_s: float | None) -> None:
@@ -342,6 +359,15 @@ class MariadbDialect(Dialect, name="mariadb", aliases=("mysql",)):
                 if not answer.finished:
                     answer.notes["session_alive"] = True
         return answers
+
+    def opening_evidence(self, engine: sa.Engine, attempts: Sequence[Attempt], *,
+                         terminate: bool, wait_seconds: float,
+                         probe_writes: bool = True) -> dict[str, AttemptEvidence]:
+        """By the marker's key (:func:`opening_by_marker_key`): MariaDB's own timeouts
+        end such a session by its deadline + 0.9 s, even one a partition left between two
+        packets, so waiting settles it."""
+        return opening_by_marker_key(self.marker_key_state, engine, attempts,
+                                     wait_seconds=wait_seconds, probe_writes=probe_writes)
 
     @staticmethod
     def _sessions(conn: sa.Connection, attempts: Iterable[Attempt]

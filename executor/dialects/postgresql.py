@@ -23,7 +23,6 @@ from capgate.executor.dialects.base import (
     CLIENT_GRACE_SECONDS,
     MARKER_TABLE,
     POLL_SECONDS,
-    REARM_AFTER_SECONDS,
     SERVER_KEEPALIVE,
     Attempt,
     AttemptEvidence,
@@ -357,6 +356,54 @@ class PostgresqlDialect(Dialect, name="postgresql", aliases=("postgres",)):
                     answer.finished = True
                 elif answer.outcome == "in_progress":
                     answer.finished = False
+        return answers
+
+    def opening_evidence(self, engine: sa.Engine, attempts: Sequence[Attempt], *,
+                         terminate: bool, wait_seconds: float,
+                         probe_writes: bool = True) -> dict[str, AttemptEvidence]:
+        """The opening labels the session with the call's tag (``application_name``, for
+        the transaction only: it reverts when the transaction ends), so a session still
+        carrying it is that attempt's, alive in its transaction.  With ``terminate``
+        exactly those backends (pid and start time) are ended, then watched until they
+        are gone -- a session the partition split mid-batch has no server timeout to
+        end it, and waiting alone would never settle it."""
+        answers = {a.intent_id: AttemptEvidence(identity="unrecorded") for a in attempts}
+        apps = {a.tag.text(): a.intent_id for a in attempts if a.tag is not None}
+        if not apps:
+            return answers
+        query = sa.text(
+            "SELECT pid, backend_start::text, application_name, state FROM pg_stat_activity"
+            " WHERE application_name IN :apps AND pid <> pg_backend_pid()"
+        ).bindparams(sa.bindparam("apps", expanding=True))
+        alive: dict[str, list[dict[str, Any]]] = {}
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            deadline = time.monotonic() + max(0.0, wait_seconds)
+            ended: set[str] = set()
+            while True:
+                alive = {}
+                for pid, start, app, state in conn.execute(query, {"apps": sorted(apps)}):
+                    alive.setdefault(apps[str(app)], []).append(
+                        {"pid": int(pid), "backend_start": start, "state": state})
+                for intent_id, sessions in alive.items():
+                    notes = answers[intent_id].notes
+                    notes.setdefault("opening_sessions", sessions)
+                    if terminate and intent_id not in ended:
+                        notes["terminated_session"] = [
+                            {**s, "done": self.terminate_session(conn, s)} for s in sessions]
+                        ended.add(intent_id)
+                if not alive or time.monotonic() >= deadline:
+                    break
+                time.sleep(POLL_SECONDS)
+        for a in attempts:
+            answer = answers[a.intent_id]
+            if a.tag is None:
+                continue
+            answer.finished = a.intent_id not in alive
+            answer.notes["opening"] = ("no session of it is alive (application_name "
+                                       f"{a.tag.text()!r})") if answer.finished else \
+                "a session of it is still alive"
+            if not answer.finished:
+                answer.notes["session_alive"] = True
         return answers
 
     def _xact_status(self, conn: sa.Connection, attempts: Iterable[Attempt]) -> dict[str, str]:
