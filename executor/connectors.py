@@ -23,6 +23,7 @@ from capgate.executor.dialects import safe_url as safe_url  # the one redaction 
 from capgate.executor.dialects.base import (
     CONNECT_TIMEOUT_SECONDS,
     NETWORK_TIMEOUT_SECONDS,
+    ConnectCuts,
     StatementCuts,
     rearm_before_statement,
 )
@@ -198,6 +199,7 @@ class Connector:
         engine = connector_engine(config, dialect, **options)
         sa.event.listen(engine, "before_cursor_execute", rearm_before_statement, retval=True)
         StatementCuts(dialect, config.network_timeout).install(engine)
+        ConnectCuts(dialect.cut, config.connect_timeout).install(engine)
         return cls(config=config, engine=engine, dialect=dialect)
 
     def check_target(self) -> None:

@@ -66,6 +66,7 @@ from capgate.executor.claims import ImpactClaims
 from capgate.executor.context import CallContext, Rollback
 from capgate.executor.dialects.base import (
     DEADLINE_KEY,
+    ConnectCuts,
     StatementCuts,
     TxDeadline,
 )
@@ -163,6 +164,7 @@ def _side_engine(connector: Connector) -> sa.Engine:
             engine = connector_engine(connector.config, connector.dialect,
                                       poolclass=sa.pool.NullPool)
             StatementCuts(connector.dialect, connector.config.network_timeout).install(engine)
+            ConnectCuts(connector.dialect.cut, connector.config.connect_timeout).install(engine)
             _SIDE[connector.engine] = engine
         return engine
 

@@ -247,6 +247,7 @@ class _Pipe:
                 break
             size, kind, sql = framed
             message = Message(self.number, self.index, next(proxy.seq), kind, sql, size)
+            proxy.received = message.seq + 1
             trigger = proxy.match(message)
             if trigger is not None and trigger.action == "before":
                 proxy.fire(trigger, message)
@@ -306,6 +307,8 @@ class PartitionProxy:
         self.frozen = False
         self.frozen_at: float | None = None
         self.seq = itertools.count()
+        self.received = 0
+        """How many client messages the proxy has framed (forwarded or held)."""
         self.sent: list[Message] = []
         """Every client message forwarded, in order."""
         self.pipes: list[_Pipe] = []
@@ -357,6 +360,12 @@ class PartitionProxy:
         """Freeze everything at the first client message that ``match``es: held (the
         default) or forwarded first (``after``)."""
         return self._arm(match, "after" if after else "before")
+
+    def freeze_at(self, count: int, *, after: bool = False) -> _Trigger:
+        """Freeze at the ``count``-th client message from now (0: the next one)."""
+        with self.lock:
+            first = self.received
+        return self.freeze_when(lambda m: m.seq >= first + count, after=after)
 
     def drop_reply_when(self, match: Predicate) -> _Trigger:
         """Forward the first client message that ``match``es, then freeze, discarding what

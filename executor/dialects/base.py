@@ -303,6 +303,36 @@ class StatementCuts:
             disarm_statement_cut(context.connection)
 
 
+class ConnectCuts:
+    """Pool events: a new session that is not ready within ``seconds`` is cut.
+
+    The driver's own connect timeout bounds its handshake; SQLAlchemy then sends the
+    first session's set-up queries (server version, type information) with its events
+    off, where no statement cut runs.  ``connect`` (run first: ``insert=True``) arms a cut
+    on the new driver connection, ``checkout`` disarms it once the session is handed out.
+    """
+
+    _KEY = "capgate_connect_cut"
+
+    def __init__(self, cut: Callable[[Any], object], seconds: float) -> None:
+        self.cut = cut
+        self.seconds = seconds
+
+    def install(self, engine: sa.Engine) -> None:
+        sa.event.listen(engine, "connect", self.connected, insert=True)
+        sa.event.listen(engine, "checkout", self.checked_out)
+
+    def connected(self, dbapi_connection: Any, record: Any) -> None:
+        cut = self.cut
+        record.info[self._KEY] = CUTTER.arm(time.monotonic() + self.seconds,
+                                            lambda: cut(dbapi_connection))
+
+    def checked_out(self, dbapi_connection: Any, record: Any, proxy: Any) -> None:
+        armed = record.info.pop(self._KEY, None)
+        if armed is not None:
+            armed.disarm()
+
+
 def disarm_statement_cut(conn: sa.Connection) -> bool:
     """Disarm the statement's cut (True: it had fired -- the connection was cut)."""
     if conn.invalidated or conn.closed:

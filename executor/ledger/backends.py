@@ -45,7 +45,12 @@ from sqlalchemy.engine import URL, Connection, Engine, make_url
 
 from capgate.executor.cutoff import cutting
 from capgate.executor.dialects import engine_name, normalise_url
-from capgate.executor.dialects.base import SERVER_KEEPALIVE, shut_down_socket, url_setting
+from capgate.executor.dialects.base import (
+    SERVER_KEEPALIVE,
+    ConnectCuts,
+    shut_down_socket,
+    url_setting,
+)
 from capgate.executor.dialects.registration import Implementations, Registered
 from capgate.executor.ledger.schema import cases, events, idempotency
 from capgate.registry.errors import LedgerError
@@ -127,6 +132,11 @@ def operation(seconds: float) -> Iterator[float]:
         yield deadline
     finally:
         _OPERATION.reset(token)
+
+
+_SILENT_UNTIL: contextvars.ContextVar[float] = contextvars.ContextVar(
+    "capgate_ledger_silent_until", default=0.0)
+"""``time.monotonic()`` until which this thread opens no new session to the store."""
 
 
 def operation_left(default: float) -> float:
@@ -488,23 +498,23 @@ class PostgreSQLBackend(Backend, name="postgresql"):
                                                if e.split("=")[0] not in options)]).strip()
         return args
 
-    _silent_until: float = 0.0
-    """``time.monotonic()`` until which no new session is tried: the store did not answer
-    in time (a cut, a connect timeout), so a partition is likely, and every follow-up of
-    the failed work (releasing a budget slot, a claim) would wait its full bound again."""
-
     def _silent(self) -> None:
-        """The store went silent: new sessions fail at once for the hold bound."""
-        self._silent_until = time.monotonic() + self.bounds.hold_seconds
+        """The store did not answer this thread in time (a cut, a connect timeout): a
+        partition is likely, and every follow-up of the failed work -- giving back a budget
+        slot, a claim -- would wait its full bound again.  So for the hold bound this
+        thread's new sessions fail at once (other threads, other calls, still try)."""
+        _SILENT_UNTIL.set(time.monotonic() + self.bounds.hold_seconds)
 
     def check_reachable(self) -> None:
-        """Refuse at once while the store is known silent (see :attr:`_silent_until`)."""
-        left = self._silent_until - time.monotonic()
+        """Refuse at once while the store is known silent to this thread (:meth:`_silent`)."""
+        left = _SILENT_UNTIL.get() - time.monotonic()
         if left > 0:
             raise HotDisconnect(f"the ledger did not answer in time; not trying again for "
                                 f"{left:.1f} s")
 
-    def hot_connect(self, url: URL) -> Any:
+    def hot_connect(self, url: URL, *, side: bool = False) -> Any:
+        """A session for the call path (``side``: the reaper's, whose failure to connect
+        says nothing about the store the calls see: it marks nothing silent)."""
         import psycopg
 
         if operation_left(1.0) <= 0:
@@ -518,7 +528,8 @@ class PostgreSQLBackend(Backend, name="postgresql"):
         try:
             return psycopg.connect(conninfo, **kwargs)
         except psycopg.errors.ConnectionTimeout:
-            self._silent()
+            if not side:
+                self._silent()
             raise
 
     @staticmethod
@@ -594,7 +605,7 @@ class PostgreSQLBackend(Backend, name="postgresql"):
             if not running.is_set():
                 return
             try:
-                side = self.hot_connect(url)
+                side = self.hot_connect(url, side=True)
             except Exception:  # the side path is cut too: the client's own cut decides
                 return
             try:
@@ -666,6 +677,7 @@ class PostgreSQLBackend(Backend, name="postgresql"):
             connect_args["application_name"] = "capgate-ledger"
         engine = sa.create_engine(url, connect_args=connect_args)
         _StatementCuts(self).install(engine)
+        ConnectCuts(self.cut, self.bounds.connect_seconds).install(engine)
 
         @sa_event.listens_for(engine, "do_connect")
         def _reachable(dialect: Any, record: Any, cargs: Any, cparams: Any) -> None:
