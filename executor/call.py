@@ -260,7 +260,7 @@ class Executor:
             # whose marker the target would refuse -- and for a gated row checks no gate
             # (its plan and approval may be another case's).  A key claimed after this read
             # is still caught, atomically, by `prepared`.
-            owner = self.ledger.get_idempotency(idem)
+            owner = self.ledger.key_owner(idem)
             if owner is not None:
                 return self._follow_owner(owner, row, fp, idem, case)
         ctx = CallContext(row, inputs, case, who, connector, uuid.uuid4().hex, idem, fp, plan,

@@ -710,3 +710,105 @@ def test_every_postgresql_session_asks_the_server_for_keepalive(pg_url: URL) -> 
         assert idle == "1s", idle
     finally:
         ex.close()
+
+
+# --- the partition matrix (docs/crash-matrix.md) ----------------------------------------------
+
+
+def _after(word: str, kind: str) -> Callable[[Any], bool]:
+    """The first ``kind`` message on the connection after one mentioning ``word``."""
+    seen: list[Any] = []
+
+    def match(m: Any) -> bool:
+        if not seen and m.mentions(word):
+            seen.append(m)
+            return False
+        return bool(seen) and m.conn == seen[0].conn and (
+            m.kind == kind or (kind == "commit" and m.is_commit))
+    return match
+
+
+BOUNDARIES: dict[str, tuple[str, str, Callable[[], Callable[[Any], bool]]]] = {
+    # name: (side, fault, the predicate's factory)
+    "target: the opening unanswered": ("target", "after", lambda: marker_sent),
+    "target: the statement unanswered": (
+        "target", "after", lambda: lambda m: m.mentions("INSERT INTO policy_note")),
+    "target: COMMIT held (never reaches the server)": (
+        "target", "before", lambda: lambda m: m.is_commit),
+    "target: COMMIT's reply dropped": ("target", "drop", lambda: lambda m: m.is_commit),
+    "ledger: `prepared` unanswered": (
+        "ledger", "before", lambda: _after("INSERT INTO cg_idempotency", "commit")),
+    "ledger: `prepared` COMMIT's reply dropped": (
+        "ledger", "drop", lambda: _after("INSERT INTO cg_idempotency", "commit")),
+    "ledger: the claim check unanswered": (
+        "ledger", "before", lambda: lambda m: m.mentions("SELECT 1 FROM cg_claims")),
+    "ledger: `observed` COMMIT's reply dropped": (
+        "ledger", "drop", lambda: _after("UPDATE cg_claims SET case_id = NULL", "commit")),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.partition
+@pytest.mark.parametrize("heal", ["healed", "reset"])
+@pytest.mark.parametrize("boundary", list(BOUNDARIES))
+def test_partition_matrix(target: URL, pg_ledger_url: URL, boundary: str, heal: str,
+                          partition_proxy: Callable[..., PartitionProxy]) -> None:
+    """One call cut off at each boundary, on each engine: what it answers and by when,
+    then -- the partition healed or reset -- what resume concludes from a healthy path.
+    The effect is in the target exactly as the ledger finally says.  With
+    ``CAPGATE_PARTITION_MATRIX_OUT=FILE`` each cell is written (JSON lines) for the table
+    in docs/crash-matrix.md."""
+    import json
+
+    side, fault, factory = BOUNDARIES[boundary]
+    target_proxy = partition_proxy(target)
+    ledger_proxy = partition_proxy(pg_ledger_url)
+    cut = executor_on(target_proxy.url(target),
+                      open_ledger(ledger_proxy.url(pg_ledger_url), bounds=BOUNDS),
+                      connect_timeout=2.0, network_timeout=2.0)
+    warm = cut.call("part.note", {"policy_id": 3, "body": "matrix-warm"}, case="M-0",
+                    who="agent")
+    assert warm.status == "applied_verified", warm.reason
+    proxy = target_proxy if side == "target" else ledger_proxy
+    match = factory()
+    trigger = (proxy.drop_reply_when(match) if fault == "drop"
+               else proxy.freeze_when(match, after=fault == "after"))
+    body = f"matrix-{uuid.uuid4().hex[:8]}"
+    run = Running(lambda: cut.call("part.note", {"policy_id": 1, "body": body}, case="M-1",
+                                   who="agent"))
+    bound = (DEADLINE if side == "target" else BOUNDS.wait_seconds) + GRACE
+    try:
+        assert trigger.fired.wait(10), f"the call never reached {boundary}"
+        elapsed = run.returned_within(bound, boundary)
+    finally:
+        (proxy.heal if heal == "healed" else proxy.reset)()
+    answer = (run.result.status if run.error is None else
+              f"{run.error.code} (exit {run.error.exit_code})"
+              if isinstance(run.error, errors.CapgateError) else repr(run.error))
+    healthy = executor_on(target, open_ledger(pg_ledger_url, bounds=BOUNDS))
+    concluded = "nothing in flight"
+    if healthy.ledger.snapshot("M-1") is not None:
+        report = resume(healthy, "M-1", wait_seconds=3.0)
+        assert report.resolved, report.lines()
+        if report.intents:
+            (i,) = report.intents
+            concluded = f"{i.classification}: {i.evidence.get('rule')} -> {i.action}"
+    owner = healthy.ledger.get_idempotency(f"M-1:{body}")
+    recorded = None
+    if owner is not None:
+        recorded = (healthy.ledger.intent(owner.case_id, owner.intent_id)
+                    .get("outcome_record") or {}).get("status")
+    rows = notes(target, body)
+    print(f"{boundary} [{heal}]: {answer} after {elapsed:.2f} s; resume: {concluded}; "
+          f"recorded {recorded}, rows {rows}")
+    assert rows == (1 if recorded == "applied_verified" else 0), (recorded, rows)
+    out = os.environ.get("CAPGATE_PARTITION_MATRIX_OUT")
+    if out:
+        with open(out, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps({"engine": "mariadb" if not is_pg(target) else "postgresql",
+                                 "boundary": boundary, "heal": heal, "answer": answer,
+                                 "elapsed": round(elapsed, 2), "bound": bound,
+                                 "resume": concluded, "recorded": recorded,
+                                 "rows": rows}) + "\n")
+    healthy.close()
+    cut.close()

@@ -1683,6 +1683,19 @@ class Ledger:
         return existing
 
     @_reconnecting
+    def key_owner(self, key: str) -> IdempotencyRecord | None:
+        """:meth:`get_idempotency` on the call path: one statement on this thread's own
+        connection (PostgreSQL: one round trip, none of a pooled session's set-up)."""
+        with self._hot_guarded("read an idempotency key", durable=True, write=False) as tx:
+            row = tx.run(_KEY_OWNER, {"k": key}).first()
+        if row is None:
+            return None
+        return IdempotencyRecord(idem_key=str(row[0]), case_id=str(row[1]),
+                                 intent_id=str(row[2]), fingerprint=str(row[3]),
+                                 operation_id=str(row[4]), version=int(row[5]),
+                                 created_at=parse_time(str(row[6])))
+
+    @_reconnecting
     def get_idempotency(self, key: str) -> IdempotencyRecord | None:
         """The claim of ``key``, or None if nobody claimed it."""
         with self._guard("read an idempotency key"), self._read_one.connect() as conn:
@@ -2038,6 +2051,8 @@ _CLAIM_KEY = ("INSERT INTO cg_idempotency (idem_key, case_id, intent_id, fingerp
               ":fingerprint, :operation_id, :version, :created_at) "
               "ON CONFLICT (idem_key) DO NOTHING RETURNING idem_key")
 _LANDED = "SELECT digest FROM cg_events WHERE case_id = :case_id AND digest = :digest"
+_KEY_OWNER = ("SELECT idem_key, case_id, intent_id, fingerprint, operation_id, version, "
+              "created_at FROM cg_idempotency WHERE idem_key = :k")
 
 
 def _head_params(new: NewHead) -> dict[str, Any]:
