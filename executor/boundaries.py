@@ -155,7 +155,8 @@ def ledger_unreachable(rt: Runtime, ctx: CallContext, exc: LedgerError,
                        recorded: bool | None) -> LedgerUnreachable:
     """The call lost its ledger after (``recorded``) or while (None) recording its intent:
     an unknown outcome that says what to run, never a usage error."""
-    state = "is open in the ledger" if recorded else "may or may not have been recorded"
+    state = ("was recorded, but the call could not finish recording what became of it"
+             if recorded else "may or may not have been recorded")
     return LedgerUnreachable(
         f"the ledger stopped answering during {ctx.row.ref} (intent {ctx.intent_id} of case "
         f"{ctx.case_id!r}): {exc.message}; the intent {state}.  Run `capgate resume "

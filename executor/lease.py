@@ -23,14 +23,18 @@ transaction is open, and it is enforced three times:
    CONNECTION``), so its locks go with it.
 2. **The server.**  As for every write (``executor.dialects.base``): the
    statement timeout is the time left (re-armed before a statement that starts
-   more than ``REARM_AFTER_SECONDS`` after the last arming) and the idle timeout
-   is a constant ``IDLE_GRACE_SECONDS``, because the server counts it from the
-   end of the last statement.  So a hung executor (SIGSTOP, a partition) --
-   whose watchdog is stopped too -- loses its session and its row locks within
-   ``Dialect.locks_gone_after_deadline()`` of the deadline (1 s; 1.25 s on
-   MariaDB), whether it stopped before, during or after a statement.  A
+   more than ``REARM_AFTER_SECONDS`` after the last arming; on MariaDB carried
+   by each statement itself) and the idle timeout is a constant
+   ``IDLE_GRACE_SECONDS``, because the server counts it from the end of the
+   last statement.  So a hung executor (SIGSTOP, a partition that delivers
+   whole batches) -- whose watchdog is stopped too -- loses its session and its
+   row locks within ``Dialect.locks_gone_after_deadline()`` of the deadline
+   (1 s; 0.9 s on MariaDB), whether it stopped before, during or after a
+   statement.  (A PostgreSQL session whose batch a partition split waits for
+   the rest with no timeout: its keepalive ends it; see docs/scaling.md.)  A
    SIGKILLed executor's socket is closed by its kernel: the server rolls back
-   at once.
+   at once.  The caller's own wait is cut 1 s past the deadline
+   (:mod:`executor.cutoff`), so a partition cannot keep it either.
 3. **The ledger.**  ``lease_started`` records the deadline (wall clock and
    epoch) before the first step; ``lease_released`` or ``lease_expired``
    (naming the step that was running at the deadline) follows the COMMIT or

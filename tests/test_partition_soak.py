@@ -120,6 +120,7 @@ def test_partition_soak(soak_target: URL, pg_ledger_url: URL,
     late: list[str] = []
     unsettled: list[str] = []
     tally: Counter[str] = Counter()
+    slowest: dict[str, float] = {}
     for n in range(calls):
         fault = rng.choice(FAULTS)
         body = f"soak-{seed}-{n}"
@@ -141,6 +142,7 @@ def test_partition_soak(soak_target: URL, pg_ledger_url: URL,
             late.append(f"{body} {fault}: {run.elapsed or 'still running'} s "
                         f"(bound {bound:.1f} s) -> {said}")
         answers[body] = (fault, str(said))
+        slowest[fault] = max(slowest.get(fault, 0.0), run.elapsed or float("inf"))
         if os.environ.get("CAPGATE_PARTITION_SOAK_VERBOSE"):
             print(f"  {body} {fault} {run.elapsed and round(run.elapsed, 2)} s: "
                   f"{said} {getattr(run.error, 'message', '')[:300]}")
@@ -177,6 +179,8 @@ def test_partition_soak(soak_target: URL, pg_ledger_url: URL,
     print("faults and answers:")
     for key, count in sorted(tally.items()):
         print(f"  {count:4d}  {key}")
+    print("slowest answer per fault: " + ", ".join(
+        f"{fault} {seconds:.2f} s" for fault, seconds in sorted(slowest.items())))
     print(f"duplicates {len(duplicates)}, lost {len(lost)}, phantoms {len(phantoms)}, "
           f"unsettled {len(unsettled)}, late {len(late)} of {calls}")
     healthy.close()
