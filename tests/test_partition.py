@@ -498,7 +498,8 @@ def test_resume_ends_the_live_session_of_an_unrecorded_opening_before_it_decides
 # --- the ledger behind the partition (PostgreSQL) ------------------------------------------
 
 
-BOUNDS = LedgerBounds(wait_seconds=3.0, hold_seconds=1.0, connect_seconds=2.0)
+BOUNDS = LedgerBounds(wait_seconds=3.0, read_seconds=3.0, hold_seconds=1.0,
+                      connect_seconds=2.0)
 """Small bounds, so the tests wait seconds, not the defaults' tens of seconds."""
 
 
@@ -812,3 +813,45 @@ def test_partition_matrix(target: URL, pg_ledger_url: URL, boundary: str, heal: 
                                  "rows": rows}) + "\n")
     healthy.close()
     cut.close()
+
+
+# --- the bounds themselves (no server) ----------------------------------------------------
+
+
+def test_the_ledger_url_carries_its_bounds_and_the_driver_never_sees_them() -> None:
+    from capgate.executor.ledger.backends import backend_for
+
+    backend, url = backend_for("postgresql://u@h/db?capgate_wait=4&capgate_hold=2"
+                               "&capgate_read=30&application_name=x")
+    assert backend.bounds == LedgerBounds(wait_seconds=4, read_seconds=30, hold_seconds=2)
+    assert dict(url.query) == {"application_name": "x"}
+    args = backend.network_args(url)  # type: ignore[attr-defined]
+    assert "-c idle_in_transaction_session_timeout=2000ms" in args["options"]
+    with pytest.raises(errors.LedgerError, match="capgate_hold"):
+        backend_for("postgresql://u@h/db?capgate_hold=soon")
+    with pytest.raises(errors.LedgerError, match="hold_seconds"):
+        backend_for("postgresql://u@h/db?capgate_hold=0")
+
+
+def test_a_connection_keeps_its_own_options_and_gets_the_servers_keepalive() -> None:
+    from capgate.executor.dialects import dialect_for
+
+    url = make_url("postgresql+psycopg://u@h/db?options=-csearch_path%3Dx&keepalives_idle=9")
+    args = dialect_for(url).network_args(url, 3.5)
+    assert args["options"].startswith("-csearch_path=x -c tcp_keepalives_idle=")
+    assert "keepalives_idle" not in args  # the URL's own setting wins
+    assert args["connect_timeout"] == "4"  # whole seconds, rounded up
+
+
+def test_a_mariadb_statement_carries_the_time_left_behind_its_session_tag() -> None:
+    from capgate.executor.dialects import dialect_for
+
+    dialect = dialect_for("mysql+pymysql://u@h/db")
+    tagged = "/* capgate case=C op=o intent=i */ UPDATE policy SET x = 1"
+    assert dialect.statement_deadline(tagged, 2.0) == (
+        "/* capgate case=C op=o intent=i */ SET STATEMENT max_statement_time = 1.900 FOR "
+        "UPDATE policy SET x = 1")
+    assert dialect.statement_deadline("SELECT 1", -5.0) == \
+        "SET STATEMENT max_statement_time = 0.001 FOR SELECT 1"
+    assert dialect.statement_deadline("START TRANSACTION", 2.0) is None
+    assert dialect.locks_gone_after_deadline() <= 1.0

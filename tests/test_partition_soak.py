@@ -37,7 +37,8 @@ from tests.test_partition import GRACE, Running, executor_on, partition_registry
 pytestmark = [pytest.mark.slow, pytest.mark.partition]
 
 DEADLINE = 1.0
-BOUNDS = LedgerBounds(wait_seconds=1.5, hold_seconds=1.0, connect_seconds=2.0)
+BOUNDS = LedgerBounds(wait_seconds=1.5, read_seconds=1.5, hold_seconds=1.0,
+                      connect_seconds=2.0)
 
 SOAK_ROW = """
 format: 1

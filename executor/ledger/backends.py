@@ -67,14 +67,18 @@ class LedgerBounds:
     ledger waits for the kernel's TCP timers, and one cut off in the middle of a
     transaction holds its row locks -- the case head, an idempotency key, a budget
     slot -- while every other executor waits behind it.  Set on the ledger URL
-    (``?capgate_wait=15&capgate_hold=5&capgate_connect=5``, stripped before the
-    driver sees it) or with ``open_ledger(..., bounds=...)``.
+    (``?capgate_wait=15&capgate_read=120&capgate_hold=5&capgate_connect=5``, stripped
+    before the driver sees it) or with ``open_ledger(..., bounds=...)``.
     """
 
     wait_seconds: float = 15.0
-    """One ledger operation -- a transaction of the call path with its reconnects, or one
-    statement of a read -- unanswered this long: its connection is cut (LedgerError,
-    ``connection_lost``; during a call, CG430)."""
+    """One ledger operation of the call path -- a transaction with its reconnects --
+    unanswered this long: its connection is cut (LedgerError, ``connection_lost``;
+    during a call, CG430)."""
+    read_seconds: float = 120.0
+    """One statement through the store's engine -- a read (``ledger verify``, resume's
+    load of many cases, listings), a migration -- unanswered this long: cut.  Longer than
+    ``wait_seconds``, so that a large read is never taken for a partition."""
     hold_seconds: float = 5.0
     """A ledger transaction left waiting on its client this long (idle in it, or cut in the
     middle of a message) is ended: by the server (``idle_in_transaction_session_timeout``),
@@ -84,11 +88,12 @@ class LedgerBounds:
     """Opening a session (libpq counts whole seconds, at least 2)."""
 
     _QUERY: ClassVar[dict[str, str]] = {"capgate_wait": "wait_seconds",
+                                        "capgate_read": "read_seconds",
                                         "capgate_hold": "hold_seconds",
                                         "capgate_connect": "connect_seconds"}
 
     def __post_init__(self) -> None:
-        for name in ("wait_seconds", "hold_seconds", "connect_seconds"):
+        for name in ("wait_seconds", "read_seconds", "hold_seconds", "connect_seconds"):
             value = getattr(self, name)
             if not (isinstance(value, int | float) and value > 0):
                 raise LedgerError(f"the ledger's {name} must be a number of seconds > 0, "
@@ -880,9 +885,8 @@ _LEDGER_TABLES = ("cg_cases", "cg_events", "cg_idempotency", "cg_claims", "cg_bu
 
 
 class _StatementCuts:
-    """Engine events on a PostgreSQL store: each statement is cut when it is unanswered at
-    the end of its ledger operation (or :attr:`LedgerBounds.wait_seconds` after it began,
-    outside one)."""
+    """Engine events on a PostgreSQL store: each statement is cut when it is unanswered
+    :attr:`LedgerBounds.read_seconds` after it began."""
 
     _KEY = "capgate_ledger_cut"
 
@@ -899,9 +903,8 @@ class _StatementCuts:
         from capgate.executor.cutoff import CUTTER
 
         raw = conn.connection.driver_connection
-        left = operation_left(self.backend.bounds.wait_seconds)
         backend = self.backend
-        conn.info[self._KEY] = CUTTER.arm(time.monotonic() + max(0.0, left),
+        conn.info[self._KEY] = CUTTER.arm(time.monotonic() + backend.bounds.read_seconds,
                                           lambda: backend.cut(raw))
 
     def after(self, conn: Connection, *_: Any) -> None:
