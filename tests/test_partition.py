@@ -855,3 +855,45 @@ def test_a_mariadb_statement_carries_the_time_left_behind_its_session_tag() -> N
         "SET STATEMENT max_statement_time = 0.001 FOR SELECT 1"
     assert dialect.statement_deadline("START TRANSACTION", 2.0) is None
     assert dialect.locks_gone_after_deadline() <= 1.0
+
+
+def test_capgate_call_cut_off_answers_exit_3_by_its_deadline(
+        pg_url: URL, partition_proxy: Callable[..., PartitionProxy], tmp_path: Path) -> None:
+    """The command line alike: ``capgate call`` whose COMMIT reply is dropped exits 3 (the
+    outcome unknown, CG401, naming resume) by its deadline + the grace, after its own
+    start-up; ``capgate resume`` then records it applied."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.fix_capgate import CAPABILITIES
+    from tests.test_resume import write_config
+
+    prepare(pg_url)
+    caps = tmp_path / "caps"
+    caps.mkdir()
+    (caps / "partition.yaml").write_text(PARTITION_ROWS, "utf-8")
+    proxy = partition_proxy(pg_url)
+    config = write_config(tmp_path, proxy.url(pg_url), f"sqlite:///{tmp_path / 'ledger.db'}")
+    text = config.read_text("utf-8").replace(
+        f"capabilities = [{json.dumps(str(CAPABILITIES))}]",
+        f"capabilities = [{json.dumps(str(CAPABILITIES))}, {json.dumps(str(caps))}]")
+    config.write_text(text, "utf-8")
+    trigger = proxy.drop_commit_reply()
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "capgate", "call", "part.note", "--case", "P-cli", "--input",
+         json.dumps({"policy_id": 1, "body": "cli-1"}), "--json", "--config", str(config)],
+        capture_output=True, text=True, timeout=60, check=False)
+    elapsed = time.monotonic() - started
+    proxy.heal()
+    assert trigger.fired.is_set(), done.stderr
+    print(f"capgate call: exit {done.returncode} after {elapsed:.2f} s")
+    assert done.returncode == 3, (done.stdout, done.stderr)
+    assert "CG401" in done.stdout + done.stderr and "capgate resume P-cli" in \
+        done.stdout + done.stderr
+    assert elapsed <= DEADLINE + GRACE + 3.0, elapsed  # 3 s: the interpreter's start-up
+    healthy = executor_on(pg_url, f"sqlite:///{tmp_path / 'ledger.db'}")
+    assert [i.classification for i in resume(healthy, "P-cli").intents] == ["applied"]
+    assert notes(pg_url, "cli-1") == 1
+    healthy.close()
