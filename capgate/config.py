@@ -79,6 +79,9 @@ CONNECTOR_KEYS: dict[str, str] = {
     "case_session_budget": "an integer >= 1",
     "case_claim_seconds": "a number of seconds >= 0 (0: a write's claim lasts one call)",
     "statement_timeout": "a number of seconds > 0",
+    "connect_timeout": "a number of seconds > 0: how long opening a session may take",
+    "network_timeout": "a number of seconds > 0: how long a statement outside a call may "
+                       "go unanswered before its connection is cut",
     "simulation_approver_roles": "a list of role names",
     "connect_args": "a table of driver connect() arguments; a secret as { env = \"VAR\" }",
     "thick_mode": "true, or a table (lib_dir, config_dir, driver_name): python-oracledb Thick",
@@ -460,6 +463,8 @@ def _connector(name: str, spec: Mapping[str, Any], base: Path,
     case_budget = number("case_session_budget", None, int, 1)
     case_claims = number("case_claim_seconds", 900.0, float, 0)
     timeout = number("statement_timeout", 30.0, float, 0, strict=True)
+    connect_timeout = number("connect_timeout", 5.0, float, 0, strict=True)
+    network_timeout = number("network_timeout", 10.0, float, 0, strict=True)
     driver = _driver_settings(spec, url if isinstance(url, str) else None, problem)
     if driver is None:
         ok = False
@@ -476,6 +481,8 @@ def _connector(name: str, spec: Mapping[str, Any], base: Path,
                                session_budget=session_budget, db_user_budget=db_user_budget,
                                budget_wait_seconds=wait, claim_wait_seconds=claim_wait,
                                statement_timeout=timeout,
+                               connect_timeout=connect_timeout,
+                               network_timeout=network_timeout,
                                case_session_budget=case_budget,
                                case_claim_seconds=case_claims,
                                simulation_approver_roles=tuple(roles), **driver,

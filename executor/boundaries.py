@@ -19,8 +19,10 @@ as a case-level ``stale_attempt`` event (evidence, not state) by
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from capgate.executor import context
@@ -37,6 +39,7 @@ from capgate.registry.errors import (
     AttemptSuperseded,
     CaseConflict,
     LedgerError,
+    LedgerUnreachable,
     ReconciliationRequired,
     UnknownPlan,
 )
@@ -49,7 +52,8 @@ from capgate.registry.vocabulary import RollbackReason
 
 _OUTSIDE_RETRIES = 8
 
-__all__ = ["attempt_started", "attempts", "case_guard", "observed", "prepared", "record_stale"]
+__all__ = ["attempt_started", "attempts", "case_guard", "ledger_unreachable", "observed",
+           "prepared", "record_stale", "recording"]
 
 
 def prepared(rt: Runtime, ctx: CallContext, identity: TxIdentity | None = None) -> None:
@@ -117,14 +121,52 @@ def prepared(rt: Runtime, ctx: CallContext, identity: TxIdentity | None = None) 
                 # would end it as idle); the caller rolls it back, waits, opens again
                 raise
             wait.prepare()
+        except LedgerError as exc:
+            if exc.details.get("connection_lost"):  # the commit of the intent is in doubt
+                raise ledger_unreachable(rt, ctx, exc, recorded=None) from exc
+            raise
     else:
         raise LedgerError(f"could not record intent {ctx.intent_id} after "
                           f"{_OUTSIDE_RETRIES} tries under contention; retry the call",
                           case_id=ctx.case_id)
+    recorded = _RECORDED.get()
+    if recorded is not None:
+        recorded.add(ctx.intent_id)
     rt.hooks.after_prepared(ctx)
     context.at_boundary("after_prepared")
     if identity is not None:
         context.at_boundary("after_attempt_started")
+
+
+_RECORDED: contextvars.ContextVar[set[str] | None] = contextvars.ContextVar(
+    "capgate_recorded_intents", default=None)
+"""The intents whose ``prepared`` committed during the call this thread is making."""
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[set[str]]:
+    """A call's span: the intents it records as prepared are collected (see
+    :func:`ledger_unreachable`)."""
+    recorded: set[str] = set()
+    token = _RECORDED.set(recorded)
+    try:
+        yield recorded
+    finally:
+        _RECORDED.reset(token)
+
+
+def ledger_unreachable(rt: Runtime, ctx: CallContext, exc: LedgerError,
+                       recorded: bool | None) -> LedgerUnreachable:
+    """The call lost its ledger after (``recorded``) or while (None) recording its intent:
+    an unknown outcome that says what to run, never a usage error."""
+    state = ("was recorded, but the call could not finish recording what became of it"
+             if recorded else "may or may not have been recorded")
+    return LedgerUnreachable(
+        f"the ledger stopped answering during {ctx.row.ref} (intent {ctx.intent_id} of case "
+        f"{ctx.case_id!r}): {exc.message}; the intent {state}.  Run `capgate resume "
+        f"{ctx.case_id}` once the ledger answers: it establishes from the target what "
+        "landed, and retries what did not", case=ctx.case_id, intent_id=ctx.intent_id,
+        recorded=recorded, ledger=rt.ledger.url)
 
 
 def case_guard(case_id: str, task: str | None,

@@ -28,7 +28,7 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from capgate.executor import gates, promotion, shapes
+from capgate.executor import boundaries, gates, promotion, shapes
 from capgate.executor.approvals import SigningKey
 from capgate.executor.budget import SessionBudgets
 from capgate.executor.claims import ImpactClaims
@@ -71,6 +71,7 @@ from capgate.registry.errors import (
     EnvironmentNotAllowed,
     IdempotencyConflict,
     InputInvalid,
+    LedgerError,
     ReconciliationRequired,
     RequestInFlight,
     UnknownOperation,
@@ -301,10 +302,13 @@ class Executor:
             idem = f"{idem}{SIMULATION_MARK}{simulation}"
         if rehearse:
             self._check_case(case, task)  # a rehearsal prepares nothing: check the case here
-        elif idem is not None and row.authorization.kind is AuthKind.GATE:
-            # a gate is checked before anything is opened; an execution that owns the key
-            # answers first (its plan -- and approval -- may be another case's)
-            owner = self.ledger.get_idempotency(idem)
+        elif idem is not None:
+            # An execution that owns the key answers first, from the ledger alone: a replay
+            # needs no target (reachable or not), sends it nothing -- not the opening batch
+            # whose marker the target would refuse -- and for a gated row checks no gate
+            # (its plan and approval may be another case's).  A key claimed after this read
+            # is still caught, atomically, by `prepared`.
+            owner = self.ledger.key_owner(idem)
             if owner is not None:
                 return self._follow_owner(owner, row, fp, idem, case)
         ctx = CallContext(row, inputs, case, who, connector, uuid.uuid4().hex, idem, fp, plan,
@@ -317,6 +321,7 @@ class Executor:
         error: BaseException | None = None
         lost: IdempotencyRecord | None = None
         flight = contextlib.ExitStack()
+        recorded = flight.enter_context(boundaries.recording())
         try:
             flight.enter_context(self._flying(None if rehearse else idem))
             promotion.check(self.rt, ctx)  # issue 16: a promotion needs simulation evidence
@@ -337,6 +342,14 @@ class Executor:
             if lost is None:
                 error = exc
                 raise
+        except LedgerError as exc:
+            if ctx.intent_id not in recorded:
+                error = exc
+                raise  # nothing of the call was recorded: the ledger's own refusal
+            # the intent is open and the call cannot finish recording it: an unknown
+            # outcome that says what to run (never exit 2, "usage or configuration")
+            error = boundaries.ledger_unreachable(self.rt, ctx, exc, recorded=True)
+            raise error from exc
         except BaseException as exc:
             error = exc
             raise

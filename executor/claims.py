@@ -126,6 +126,7 @@ from capgate.registry.errors import (
     ImpactConflict,
     LedgerBehindTarget,
     LedgerError,
+    LedgerUnreachable,
     OutcomeUnknown,
     StaleFence,
 )
@@ -847,7 +848,7 @@ class ImpactClaims(CallHooks):
         if isinstance(error, CoordinationRequired) \
                 and error.details.get("requested_by_case") == ctx.case_id:
             self._record_request(ctx, error, refused_intent=ctx.intent_id)
-        if isinstance(error, OutcomeUnknown) or case_held(ctx):
+        if isinstance(error, OutcomeUnknown | LedgerUnreachable) or case_held(ctx):
             with self._lock:  # kept: until it expires / for the case
                 self._held.pop(ctx.intent_id, None)
             return

@@ -20,7 +20,13 @@ from sqlalchemy.engine import URL, make_url
 from capgate.executor.dialects import SECRET_KEY, Dialect, dialect_class, dialect_for
 from capgate.executor.dialects import normalise_url as normalise_url  # the one URL normaliser
 from capgate.executor.dialects import safe_url as safe_url  # the one redaction of a URL
-from capgate.executor.dialects.base import rearm_before_statement
+from capgate.executor.dialects.base import (
+    CONNECT_TIMEOUT_SECONDS,
+    NETWORK_TIMEOUT_SECONDS,
+    ConnectCuts,
+    StatementCuts,
+    rearm_before_statement,
+)
 from capgate.registry.errors import (
     ConfigError,
     ConnectorUnavailable,
@@ -96,6 +102,13 @@ class ConnectorConfig:
     ``0`` claims a write's keys for that call only (the behaviour before issue 17)."""
     statement_timeout: float = 30.0
     """Default server-side statement timeout, for rows that do not set one."""
+    connect_timeout: float = CONNECT_TIMEOUT_SECONDS
+    """How long opening a session may take before it is given up (the driver's own
+    ``connect_timeout``; PostgreSQL counts whole seconds, at least 2)."""
+    network_timeout: float = NETWORK_TIMEOUT_SECONDS
+    """How long one statement outside a call's transaction -- resume's evidence, capgate's
+    checks of its own tables -- may go unanswered before the connection is cut (a call's
+    own statements are bounded by its deadline instead: :mod:`executor.cutoff`)."""
     simulation_approver_roles: tuple[str, ...] = ()
     """Roles that may approve a simulation here (a rehearsal on staging or prod is one).
 
@@ -152,6 +165,9 @@ class ConnectorConfig:
         if not self.case_claim_seconds >= 0:
             raise ConfigError(f"connector {self.name!r}: case_claim_seconds must be >= 0",
                               field="case_claim_seconds")
+        for key in ("connect_timeout", "network_timeout"):
+            if not getattr(self, key) > 0:
+                raise ConfigError(f"connector {self.name!r}: {key} must be > 0", field=key)
 
     @property
     def safe_url(self) -> str:
@@ -185,7 +201,9 @@ class Connector:
             **dialect.pool_options(config.session_budget, config.db_user_budget),
             **dialect.engine_options()}
         engine = connector_engine(config, dialect, **options)
-        sa.event.listen(engine, "before_cursor_execute", rearm_before_statement)
+        sa.event.listen(engine, "before_cursor_execute", rearm_before_statement, retval=True)
+        StatementCuts(dialect, config.network_timeout).install(engine)
+        ConnectCuts(dialect.cut, config.connect_timeout).install(engine)
         return cls(config=config, engine=engine, dialect=dialect)
 
     def check_target(self) -> None:
@@ -273,8 +291,13 @@ def connector_engine(config: ConnectorConfig, dialect: Dialect | None = None, *,
     dialect = dialect or dialect_for(target)
     dialect.configure({"current_schema": config.current_schema})
     extra = driver_options(config, credentials=url is None)
-    if "connect_args" in extra:
-        options["connect_args"] = {**options.get("connect_args", {}), **extra["connect_args"]}
+    # the network's bounds first (connect timeout, keepalive): the connector's own
+    # connect_args, and the URL's settings, win over them
+    network = dialect.network_args(target, config.connect_timeout)
+    options["connect_args"] = {**network, **options.get("connect_args", {}),
+                               **extra.get("connect_args", {})}
+    if not options["connect_args"]:
+        del options["connect_args"]
     engine = sa.create_engine(target, **options)
     dialect.prepare_engine(engine)
     return engine

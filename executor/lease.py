@@ -23,14 +23,18 @@ transaction is open, and it is enforced three times:
    CONNECTION``), so its locks go with it.
 2. **The server.**  As for every write (``executor.dialects.base``): the
    statement timeout is the time left (re-armed before a statement that starts
-   more than ``REARM_AFTER_SECONDS`` after the last arming) and the idle timeout
-   is a constant ``IDLE_GRACE_SECONDS``, because the server counts it from the
-   end of the last statement.  So a hung executor (SIGSTOP, a partition) --
-   whose watchdog is stopped too -- loses its session and its row locks within
-   ``Dialect.locks_gone_after_deadline()`` of the deadline (1 s; 1.25 s on
-   MariaDB), whether it stopped before, during or after a statement.  A
+   more than ``REARM_AFTER_SECONDS`` after the last arming; on MariaDB carried
+   by each statement itself) and the idle timeout is a constant
+   ``IDLE_GRACE_SECONDS``, because the server counts it from the end of the
+   last statement.  So a hung executor (SIGSTOP, a partition that delivers
+   whole batches) -- whose watchdog is stopped too -- loses its session and its
+   row locks within ``Dialect.locks_gone_after_deadline()`` of the deadline
+   (1 s; 0.9 s on MariaDB), whether it stopped before, during or after a
+   statement.  (A PostgreSQL session whose batch a partition split waits for
+   the rest with no timeout: its keepalive ends it; see docs/scaling.md.)  A
    SIGKILLed executor's socket is closed by its kernel: the server rolls back
-   at once.
+   at once.  The caller's own wait is cut 1 s past the deadline
+   (:mod:`executor.cutoff`), so a partition cannot keep it either.
 3. **The ledger.**  ``lease_started`` records the deadline (wall clock and
    epoch) before the first step; ``lease_released`` or ``lease_expired``
    (naming the step that was running at the deadline) follows the COMMIT or
@@ -46,6 +50,7 @@ function objects registered; an unregistered callable is refused.
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import itertools
 import os
@@ -63,7 +68,12 @@ from capgate.executor import boundaries
 from capgate.executor import outcome as oc
 from capgate.executor.claims import ImpactClaims
 from capgate.executor.context import CallContext, Rollback
-from capgate.executor.dialects.base import DEADLINE_KEY, TxDeadline
+from capgate.executor.dialects.base import (
+    DEADLINE_KEY,
+    ConnectCuts,
+    StatementCuts,
+    TxDeadline,
+)
 from capgate.executor.outcome import Outcome
 from capgate.executor.runtime import Runtime
 from capgate.executor.steps import require, run_registered
@@ -147,11 +157,18 @@ _SIDE_LOCK = threading.Lock()
 
 
 def _side_engine(connector: Connector) -> sa.Engine:
-    """A pool-less engine for the watchdog's side connection (KILL, pg_terminate_backend)."""
+    """A pool-less engine for the watchdog's side connection (KILL, pg_terminate_backend),
+    with the connector's settings -- its connect timeout among them: over a cut network
+    the side connection must give up too."""
+    from capgate.executor.connectors import connector_engine
+
     with _SIDE_LOCK:
         engine = _SIDE.get(connector.engine)
         if engine is None:
-            engine = sa.create_engine(connector.engine.url, poolclass=sa.pool.NullPool)
+            engine = connector_engine(connector.config, connector.dialect,
+                                      poolclass=sa.pool.NullPool)
+            StatementCuts(connector.dialect, connector.config.network_timeout).install(engine)
+            ConnectCuts(connector.dialect.cut, connector.config.connect_timeout).install(engine)
             _SIDE[connector.engine] = engine
         return engine
 
@@ -192,6 +209,10 @@ class Lease:
         self.terminated = False
         self.errors: list[str] = []
         self._lock = threading.Lock()
+        self._in_flight = 0
+        """The watchdog's network actions (cancel, terminate) under way."""
+        self._quiet = threading.Event()
+        self._quiet.set()
         raw: Any = conn.connection.driver_connection
         self._raw = raw
         self._session: int | None = None
@@ -221,10 +242,24 @@ class Lease:
             self._check_locked(conn)
             self.state = "done"
 
-    def close(self) -> None:
+    def close(self, conn: sa.Connection | None = None) -> None:
+        """The lease is over.  While a cancel or terminate of the watchdog is still
+        travelling (a slow or cut network), ``conn`` is closed instead of going back to
+        the pool, so that it can never reach the next call on the same session."""
         with self._lock:
             self.state = "done"
             self._raw = None  # the watchdog's queue may hold this lease until its deadline
+            busy = not self._quiet.is_set()
+        if conn is not None and busy and not conn.invalidated:
+            with contextlib.suppress(Exception):
+                conn.invalidate()
+
+    def _landed(self) -> None:
+        """A network action of the watchdog came back (or failed)."""
+        with self._lock:
+            self._in_flight -= 1
+            if not self._in_flight:
+                self._quiet.set()
 
     def _check_locked(self, conn: sa.Connection) -> None:
         if not self.expired and time.monotonic() >= self.deadline:
@@ -240,30 +275,48 @@ class Lease:
     # -- the watchdog
 
     def fire(self) -> None:
-        """At the deadline: mark the lease expired and cancel the running statement."""
+        """At the deadline: mark the lease expired and cancel the running statement.
+
+        The cancel travels over the network (a cancel request, a side connection) and,
+        through a partition, may never arrive: it runs outside the lease's lock, so the
+        main thread -- whose own wait the transaction's guard cuts -- is never held by it.
+        """
         with self._lock:
             if self.state != "running":
                 return
             self.expired = True
             self.step_at_deadline = self.step
             self.enforced_by = "watchdog_cancel"
-            try:
-                self._cancel()
-            except Exception as exc:  # the server's timeouts still hold
-                self.errors.append(f"cancel: {type(exc).__name__}: {exc}")
+            self._in_flight += 1
+            self._quiet.clear()
         _WATCHDOG.at(self.deadline + ESCALATE_AFTER_SECONDS, self, self.escalate)
+        try:
+            self._cancel()
+        except Exception as exc:  # the server's timeouts still hold
+            with self._lock:
+                self.errors.append(f"cancel: {type(exc).__name__}: {exc}")
+        finally:
+            self._landed()
 
     def escalate(self) -> None:
         """Still running after the cancel: terminate the session, and its locks with it."""
         with self._lock:
             if self.state != "running" or self._session is None:
                 return  # finished; or no session id (SQLite, Oracle): nothing to terminate
-            try:
-                self.terminated = self._terminate()
-                # no such session: the server's own timeout ended it first
-                self.enforced_by = "watchdog_terminate" if self.terminated else "server"
-            except Exception as exc:  # the server's timeouts still hold
+            self._in_flight += 1
+            self._quiet.clear()
+        try:
+            terminated = self._terminate()
+        except Exception as exc:  # the server's timeouts still hold
+            with self._lock:
                 self.errors.append(f"terminate: {type(exc).__name__}: {exc}")
+            return
+        finally:
+            self._landed()
+        with self._lock:
+            self.terminated = terminated
+            # no such session: the server's own timeout ended it first
+            self.enforced_by = "watchdog_terminate" if terminated else "server"
 
     def _cancel(self) -> None:
         self.dialect.cancel_statement(self._raw, self._session,
@@ -372,7 +425,7 @@ def run_leased(rt: Runtime, ctx: CallContext) -> Outcome:
             verify_and_replay(ctx, conn, evidence)
             current.finish(conn)
         finally:
-            current.close()
+            current.close(conn)
             evidence["lease"] = current.summary()
 
     if not ctx.rehearse:
@@ -394,9 +447,13 @@ def run_leased(rt: Runtime, ctx: CallContext) -> Outcome:
 def _settle(rt: Runtime, ctx: CallContext, current: Lease, result: Outcome) -> Outcome:
     """Name the expiry in the outcome; record ``lease_released`` / ``lease_expired``."""
     reason = dict(result.reason) if result.reason is not None else None
+    # an engine whose statements carry their own timeout stops them a little before the
+    # deadline (MariaDB: 0.1 s), so that its whole-second idle timeout still ends a stopped
+    # executor's session within the deadline + 1 s
+    early = max(0.0, -current.dialect.statement_end_after_deadline)
     if result.status == oc.ROLLED_BACK and not current.expired and reason is not None \
             and reason.get("kind") in ("timeout", "database_error") \
-            and time.monotonic() >= current.deadline:
+            and time.monotonic() >= current.deadline - early:
         # the server's own timeout ended it (e.g. the process was stopped past the deadline)
         current.expired = True
         current.step_at_deadline = current.step

@@ -19,6 +19,7 @@ from capgate.executor import boundaries
 from capgate.executor import outcome as oc
 from capgate.executor.compensate import compensate
 from capgate.executor.context import CallContext
+from capgate.executor.dialects.base import CLIENT_GRACE_SECONDS
 from capgate.executor.hooks import RetryOutside
 from capgate.executor.outcome import Outcome, jsonable
 from capgate.executor.plan import binds_for
@@ -52,7 +53,7 @@ def read(rt: Runtime, ctx: CallContext) -> Outcome:
         except BaseException:
             conn.close()
             raise
-    with conn:
+    with conn, dialect.guard(conn, float(row.timeout.seconds) + CLIENT_GRACE_SECONDS):
         try:
             dialect.begin_read(conn, ctx.tag, row.timeout.seconds)
             for i, st in enumerate(row.statements):

@@ -26,8 +26,9 @@ import sqlalchemy as sa
 from capgate.executor import boundaries, context
 from capgate.executor import outcome as oc
 from capgate.executor.context import CallContext, Rollback
+from capgate.executor.cutoff import Cut
 from capgate.executor.dialects import TxIdentity
-from capgate.executor.dialects.base import MARKER_TABLE, TARGET_TABLES
+from capgate.executor.dialects.base import CLIENT_GRACE_SECONDS, MARKER_TABLE, TARGET_TABLES
 from capgate.executor.effects import record_survivors
 from capgate.executor.expectations import CheckResult, evaluate
 from capgate.executor.ledger import KeyAlreadyClaimed
@@ -133,36 +134,57 @@ def marker_row(rt: Runtime, ctx: CallContext) -> dict[str, Any] | None:
 
 
 @contextlib.contextmanager
-def open_write(rt: Runtime, ctx: CallContext) -> Iterator[tuple[sa.Connection, TxIdentity]]:
-    """A labelled write transaction; a pooled connection found dead is replaced once."""
+def open_write(rt: Runtime, ctx: CallContext
+               ) -> Iterator[tuple[sa.Connection, TxIdentity, Cut]]:
+    """A labelled write transaction, guarded by its deadline; a pooled connection found
+    dead is replaced once.
+
+    The guard (:meth:`Dialect.guard`) cuts the connection when the server has not
+    answered :data:`CLIENT_GRACE_SECONDS` past the transaction's deadline: a partition
+    then ends the wait, instead of the kernel's TCP timers.  An opening that was cut is
+    not tried again: its statements may be running in a session the partition keeps.
+    """
     dialect = ctx.connector.dialect
+    seconds = float(ctx.row.timeout.seconds) + CLIENT_GRACE_SECONDS
     for attempt in (1, 2):
         conn = rt.connect(ctx.connector, ctx)
-        try:
-            identity = dialect.begin_write(conn, ctx.tag, ctx.row.timeout.seconds,
-                                           ctx.row.timeout.lock_seconds, marker_row(rt, ctx))
-        except sa.exc.DBAPIError as exc:
-            conn.close()
-            if not exc.connection_invalidated:
-                raise  # e.g. the marker's key already landed: the caller reports it
-            if attempt == 1:
-                continue  # nothing was sent but the opening query: safe to reopen
-            raise ConnectorUnavailable(
-                f"connector {ctx.connector.name!r} could not open a transaction: "
-                f"{str(exc.orig).splitlines()[0] if exc.orig else exc}",
-                connector=ctx.connector.name) from None
-        try:
-            yield conn, identity
-        except BaseException:
-            # the session may be gone (terminated by resume, the server's lease
-            # timeout): its rollback failing must not hide what went wrong here
-            with contextlib.suppress(sa.exc.DBAPIError):
-                conn.rollback()
-            raise
-        finally:
-            dialect.end_deadline(conn)
-            with contextlib.suppress(sa.exc.DBAPIError):
+        with contextlib.ExitStack() as guarded:
+            cut = guarded.enter_context(dialect.guard(conn, seconds))
+            try:
+                identity = dialect.begin_write(conn, ctx.tag, ctx.row.timeout.seconds,
+                                               ctx.row.timeout.lock_seconds,
+                                               marker_row(rt, ctx))
+            except sa.exc.DBAPIError as exc:
+                fired = cut.disarm()
                 conn.close()
+                if not exc.connection_invalidated:
+                    raise  # e.g. the marker's key already landed: the caller reports it
+                if fired:
+                    raise ConnectorUnavailable(
+                        f"connector {ctx.connector.name!r} did not answer the opening of "
+                        f"the transaction within its {ctx.row.timeout.seconds:g} s deadline "
+                        f"+ {CLIENT_GRACE_SECONDS:g} s: the connection was cut (a network "
+                        "partition?); COMMIT was never sent, so nothing of it can commit",
+                        connector=ctx.connector.name, connection_cut=True) from None
+                if attempt == 1:
+                    continue  # a pooled session found dead at once: safe to reopen
+                raise ConnectorUnavailable(
+                    f"connector {ctx.connector.name!r} could not open a transaction: "
+                    f"{str(exc.orig).splitlines()[0] if exc.orig else exc}",
+                    connector=ctx.connector.name) from None
+            try:
+                yield conn, identity, cut
+            except BaseException:
+                # the session may be gone (terminated by resume, the server's lease
+                # timeout, cut by the guard): its rollback failing must not hide what
+                # went wrong here
+                with contextlib.suppress(sa.exc.DBAPIError):
+                    conn.rollback()
+                raise
+            finally:
+                dialect.end_deadline(conn)
+                with contextlib.suppress(sa.exc.DBAPIError):
+                    conn.close()
         return
 
 
@@ -186,10 +208,17 @@ def run_transaction(rt: Runtime, ctx: CallContext, body: Body, *,
         rt.hooks.before_write(ctx)
     with contextlib.ExitStack() as stack:
         try:
-            conn, identity = stack.enter_context(open_write(rt, ctx))
+            conn, identity, guard = stack.enter_context(open_write(rt, ctx))
         except ConnectorUnavailable as exc:
             if prepare:
-                raise  # nothing recorded, nothing sent: a refusal, not an outcome
+                raise  # nothing recorded, nothing can commit: a refusal, not an outcome
+            if exc.details.get("connection_cut"):
+                return ctx.outcome(oc.ROLLED_BACK, evidence, {
+                    "kind": RollbackReason.TIMEOUT, "where": "begin", "connection_cut": True,
+                    "message": exc.message, "timeout_seconds": ctx.row.timeout.seconds,
+                    "on_timeout": str(ctx.row.timeout.on_timeout),
+                    "note": "no answer to the opening of the transaction: COMMIT was never "
+                            "sent, so nothing of this attempt can land"})
             return ctx.outcome(oc.ROLLED_BACK, evidence, {
                 "kind": RollbackReason.CONNECTION_FAILED, "where": "connect",
                 "message": exc.message, "statements_sent": 0,
@@ -219,7 +248,7 @@ def run_transaction(rt: Runtime, ctx: CallContext, body: Body, *,
             _rollback(ctx, conn, evidence)
             return ctx.outcome(oc.ROLLED_BACK, evidence, rb.reason)
         except sa.exc.DBAPIError as exc:
-            reason = db_error_reason(ctx, exc, "statement")
+            reason = db_error_reason(ctx, exc, "statement", guard)
             _rollback(ctx, conn, evidence)
             return ctx.outcome(oc.ROLLED_BACK, evidence, reason)
         except TransactionSplit as split:  # issue 18: part of the call committed early
@@ -234,8 +263,9 @@ def run_transaction(rt: Runtime, ctx: CallContext, body: Body, *,
             conn.commit()
         except sa.exc.DBAPIError as exc:
             if exc.connection_invalidated:
-                _commit_uncertain(rt, ctx, exc)
-            return ctx.outcome(oc.ROLLED_BACK, evidence, db_error_reason(ctx, exc, "commit"))
+                _commit_uncertain(rt, ctx, exc, guard)
+            return ctx.outcome(oc.ROLLED_BACK, evidence,
+                               db_error_reason(ctx, exc, "commit", guard))
         context.at_boundary("after_commit")
         try:
             dialect.reset_session(conn)
@@ -253,6 +283,8 @@ def _rollback(ctx: CallContext, conn: sa.Connection,
     """
     try:
         conn.rollback()
+        if conn.invalidated:  # the session is gone (terminated, cut): nothing to reset, and
+            return            # touching it would open a new one, over a network maybe cut
         ctx.connector.dialect.reset_session(conn)
     except sa.exc.DBAPIError:
         return  # the session is gone (terminated, timed out): the server rolled it back
@@ -260,18 +292,28 @@ def _rollback(ctx: CallContext, conn: sa.Connection,
         record_survivors(ctx, conn, evidence)
 
 
-def _commit_uncertain(rt: Runtime, ctx: CallContext, exc: sa.exc.DBAPIError) -> NoReturn:
-    """The connection was lost around COMMIT: record that, then say the outcome is unknown."""
+def _commit_uncertain(rt: Runtime, ctx: CallContext, exc: sa.exc.DBAPIError,
+                      cut: Cut | None = None) -> NoReturn:
+    """The connection was lost around COMMIT: record that, then say the outcome is unknown.
+
+    ``cut`` fired: the COMMIT was sent and no answer came by the deadline + the grace --
+    the server may have committed (a partition dropped its reply) or not.
+    """
+    error = str(exc.orig).splitlines()[0] if exc.orig else ""
+    if cut is not None and cut.fired:
+        error = (f"no answer to COMMIT {CLIENT_GRACE_SECONDS:g} s past the "
+                 f"{ctx.row.timeout.seconds:g} s deadline: the client cut the connection")
     try:
         rt.ledger.append(ctx.case_id, "commit_uncertain", {
-            "state": {"error": str(exc.orig).splitlines()[0] if exc.orig else ""},
+            "state": {"error": error, "connection_cut": bool(cut is not None and cut.fired)},
         }, intent_id=ctx.intent_id, attempt=ctx.attempt)
     except AttemptSuperseded as late:
         boundaries.record_stale(rt, ctx, "commit_uncertain", late)
     raise OutcomeUnknown(
-        f"the connection was lost around COMMIT of intent {ctx.intent_id}; "
-        f"run `capgate resume {ctx.case_id}` to establish what landed",
-        case=ctx.case_id, intent_id=ctx.intent_id) from None
+        f"the connection was lost around COMMIT of intent {ctx.intent_id} ({error}); the "
+        f"server may have committed: run `capgate resume {ctx.case_id}` to establish what "
+        "landed", case=ctx.case_id, intent_id=ctx.intent_id,
+        connection_cut=bool(cut is not None and cut.fired)) from None
 
 
 def _transaction_split(rt: Runtime, ctx: CallContext, split: TransactionSplit,
@@ -327,10 +369,24 @@ def _landed_before(rt: Runtime, ctx: CallContext, evidence: dict[str, Any]) -> O
                    "nothing of this call was sent"})
 
 
-def db_error_reason(ctx: CallContext, exc: sa.exc.DBAPIError, where: str) -> dict[str, Any]:
-    """A database error as a rollback reason: timeout, read-only, missing table, or other."""
+def db_error_reason(ctx: CallContext, exc: sa.exc.DBAPIError, where: str,
+                    guard: Cut | None = None) -> dict[str, Any]:
+    """A database error as a rollback reason: timeout, read-only, missing table, or other.
+
+    ``guard`` is the transaction's :class:`~executor.cutoff.Cut`: when it fired, the
+    error is the client's own cut at the deadline + the grace (the server never
+    answered), a timeout, whatever the driver called it.
+    """
     dialect = ctx.connector.dialect
     message = cut(str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc), 500)
+    if guard is not None and guard.fired:
+        return {"kind": RollbackReason.TIMEOUT, "where": where, "connection_cut": True,
+                "message": f"no answer from the server {CLIENT_GRACE_SECONDS:g} s past the "
+                           f"{ctx.row.timeout.seconds:g} s deadline: the client cut the "
+                           f"connection ({message})",
+                "timeout_seconds": ctx.row.timeout.seconds,
+                "on_timeout": str(ctx.row.timeout.on_timeout),
+                "note": "COMMIT was never sent: nothing of this attempt can commit"}
     if dialect.is_timeout(exc):
         return {"kind": RollbackReason.TIMEOUT, "where": where, "message": message,
                 "timeout_seconds": ctx.row.timeout.seconds,
@@ -349,7 +405,8 @@ def run_checks(rt: Runtime, ctx: CallContext, checks: Sequence[Check]) -> list[C
     """Run checks in their own read-only transaction (after commit)."""
     dialect = ctx.connector.dialect
     out: list[CheckResult] = []
-    with rt.connect(ctx.connector, ctx) as conn:
+    with rt.connect(ctx.connector, ctx) as conn, \
+            dialect.guard(conn, float(ctx.row.timeout.seconds) + CLIENT_GRACE_SECONDS):
         try:
             dialect.begin_read(conn, ctx.tag, ctx.row.timeout.seconds)
             for check in checks:

@@ -908,12 +908,15 @@ class CallerKeyRefused(CapgateError, code="CG308"):
 
 
 class ConnectorUnavailable(CapgateError, code="CG304", retryable=True):
-    """The connector's database could not be reached; nothing was sent to it.
+    """The connector's database could not be reached; nothing of the call can commit.
 
     Exit 1, not 3: the connection failed before any statement reached the
-    server, so nothing of the call can have landed.  A write already recorded
-    as prepared is closed as ``rolled_back`` with the reason
-    ``connection_failed``; nothing is left open.  Retry when it answers.
+    server -- or (``connection_cut`` in the details) the opening of the
+    transaction got no answer by the row's deadline + 1 s, a network partition,
+    and the client cut the connection: COMMIT is never sent on it, so nothing of
+    the call can land, whatever the server still holds until it ends that
+    session.  A write already recorded as prepared is closed as ``rolled_back``
+    with the reason; nothing is left open.  Retry when it answers.
     """
 
 
@@ -1174,6 +1177,22 @@ class AttemptSuperseded(CapgateError, code="CG403", exit_code=EXIT_UNKNOWN):
     old attempt reaches the case any more: the ledger refuses its events and the
     target's fence refuses its writes.  Its late observation is kept as
     ``stale_attempt`` evidence; the details name the intent's recorded state.
+    """
+
+
+class LedgerUnreachable(CapgateError, code="CG430", exit_code=EXIT_UNKNOWN):
+    """The ledger stopped answering in the middle of a call that may have recorded its intent.
+
+    Exit 3, an unknown outcome, not a usage error: the call was cut off from its
+    ledger -- a network partition, a reset, a store that went away -- after its
+    intent was recorded (``recorded: true``; the case now holds an open intent)
+    or while it was being recorded (``recorded: null``: whether it was is
+    unknown).  The target's transaction was rolled back unless its COMMIT had
+    been sent; what landed is established from evidence by ``capgate resume
+    CASE`` (the details name the case and the intent) once the ledger answers
+    -- resume retries an intent that did not land, or records the one that did.
+    If resume finds no such intent, nothing of the call was recorded or
+    committed and it can be sent again.
     """
 
 

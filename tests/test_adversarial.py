@@ -532,7 +532,7 @@ def test_a_stopped_executor_loses_its_locks_by_the_deadline(
         tmp_path: Path) -> None:
     """Item 13: SIGSTOP before, during or after a statement; the lock goes by the deadline
     plus the engine's bound (``Dialect.locks_gone_after_deadline``: 1 s on PostgreSQL,
-    1.25 s on MariaDB, whose idle timeout counts whole seconds)."""
+    0.9 s on MariaDB, whose idle timeout counts whole seconds)."""
     import datetime as dt
     import json
     import os
@@ -599,7 +599,9 @@ def test_the_lease_sweeper_waits_longer_than_any_engine_keeps_a_stopped_lock() -
     from capgate.executor.lease import SWEEP_MARGIN_SECONDS
 
     bounds = {cls.name: cls.locks_gone_after_deadline() for cls in dialect_classes()}
-    assert bounds["mariadb"] > bounds["postgresql"]  # whole seconds: 1 s idle, not 0.75 s
+    # MariaDB's idle timeout counts whole seconds (1 s, not 0.75 s): its statements carry
+    # their own timeout and end 0.1 s early, so both engines hold a stopped lock <= 1 s
+    assert bounds["postgresql"] <= 1.0 and bounds["mariadb"] <= 1.0, bounds
     assert all(bound < SWEEP_MARGIN_SECONDS for bound in bounds.values()), bounds
 
 

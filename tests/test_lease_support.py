@@ -63,6 +63,31 @@ rows:
          expect_rows: 1}
       - {name: pause, function: tests.pause}
 
+  - operation_id: lab.hold_sleeping
+    version: 1
+    connector: insurance
+    description: Lock a policy row, then sleep in the database past the 3 s lease (test-only).
+    input:
+      type: object
+      additionalProperties: false
+      required: [policy_id]
+      properties:
+        policy_id: {type: integer}
+        seconds: {type: number}
+        ready: {type: string}
+    target: {system: insurance, object: policy, keys: [policy_id]}
+    effect_class: transactional
+    shape: leased
+    authorization: {kind: write_grant}
+    environments: [dev]
+    idempotency_key: "{case}:{policy_id}"
+    timeout: {seconds: 3, on_timeout: rolled_back}
+    recovery: never_retry
+    steps:
+      - {name: lock_policy, sql: "UPDATE policy SET holder = holder WHERE policy_id = :policy_id",
+         expect_rows: 1}
+      - {name: sleep_in_db, function: tests.announce_and_sleep}
+
   - operation_id: lab.slow
     version: 1
     connector: insurance
@@ -155,6 +180,21 @@ if "tests.pause" not in registered_steps():
             os.kill(os.getpid(), signal.SIGSTOP)
         time.sleep(60)
         return {}
+
+    @register_step("tests.announce_and_sleep")
+    def announce_and_sleep(conn: sa.Connection, ctx: CallContext) -> dict[str, Any]:
+        """Tell the parent we hold the lock, then sleep in the database (the parent stops
+        us while the statement runs)."""
+        ready = ctx.inputs.get("ready")
+        if ready:
+            tmp = f"{ready}.tmp"
+            Path(tmp).write_text(json.dumps({"pid": os.getpid(), "at": time.time()}))
+            os.replace(tmp, ready)
+        seconds = float(ctx.inputs.get("seconds") or 30)
+        sleep = "SELECT pg_sleep(:s)" if ctx.connector.dialect.name == "postgresql" \
+            else "SELECT SLEEP(:s)"
+        conn.execute(sa.text(sleep), {"s": seconds})
+        return {"slept": seconds}
 
     @register_step("tests.sleep")
     def sleep(conn: sa.Connection, ctx: CallContext) -> dict[str, Any]:

@@ -446,7 +446,12 @@ def pending(attempted: bool = True, idem: str | None = "k") -> Pending:
     (Facts(marker="present"), True, "k", "applied"),
     (Facts(marker="mismatch"), True, "k", "unknown"),
     (Facts(marker="other_intent"), True, "k", "unknown"),
-    (Facts(marker="absent"), False, "k", "not_applied"),
+    # prepared, no attempt recorded: its opening may have run -- settled only once no
+    # session of it is alive (``Facts.opening``), never "nothing was sent" unasked
+    (Facts(marker="absent", opening="none"), False, "k", "not_applied"),
+    (Facts(marker="absent"), False, "k", "unknown"),
+    (Facts(marker="absent", opening="alive"), False, "k", "unknown"),
+    (Facts(marker="absent", opening="none", unreachable="down"), False, "k", "unknown"),
     (Facts(marker="present"), False, "k", "unknown"),
     (Facts(marker="present", probe="absent"), True, "k", "unknown"),
     (Facts(marker="absent", outcome="committed", finished=True), True, "k", "unknown"),

@@ -10,8 +10,11 @@ engine it is talking to (``tests/test_engine_boundaries.py``).
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import os
 import re
+import socket
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -21,6 +24,7 @@ from typing import Any, ClassVar, Protocol
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, make_url
 
+from capgate.executor.cutoff import CUTTER, Cut
 from capgate.executor.dialects.registration import Implementations, Registered, package_modules
 from capgate.registry.errors import NotSupported
 
@@ -113,6 +117,31 @@ class TxDeadline:
         return self.deadline - time.monotonic()
 
 
+CLIENT_GRACE_SECONDS = 1.0
+"""How long past a write transaction's deadline the client waits for the server's answer
+before it cuts the connection (:mod:`executor.cutoff`).
+
+The server stops a statement at the deadline (its statement timeout is the time left), so
+an answer that has not come a second later will not come: the network is cut.  A call
+therefore returns by its deadline plus this, plus the few milliseconds its outcome takes
+to record (:data:`RETURN_GRACE_SECONDS`)."""
+RETURN_GRACE_SECONDS = 1.5
+"""What a call may take past its deadline when the target stops answering (documented in
+``docs/scaling.md``): the cut at :data:`CLIENT_GRACE_SECONDS`, then the outcome recorded."""
+CUT_KEY = "capgate_cut"
+"""Where the :class:`~executor.cutoff.Cut` guarding a connection's transaction lives
+(``Connection.info``) while it is armed; a statement outside one arms its own."""
+CONNECT_TIMEOUT_SECONDS = 5.0
+"""Default bound on opening a session (a connector's ``connect_timeout``)."""
+NETWORK_TIMEOUT_SECONDS = 10.0
+"""Default bound on one statement outside a call's transaction (a connector's
+``network_timeout``): resume's evidence, capgate's own checks of its tables."""
+SERVER_KEEPALIVE = (2, 1, 2)
+"""TCP keepalive a server is asked to keep on capgate's sessions where it can be set per
+session (PostgreSQL ``tcp_keepalives_idle``, ``_interval``, ``_count``): a client cut off
+by a partition is declared gone about 4 s after its last packet -- even while the server
+waits for the rest of a message, where no statement or idle timeout runs."""
+
 POLL_SECONDS = 0.02
 """Seconds between two looks at a session that is ending (resume's evidence)."""
 IN_LIST_CHUNK = 500
@@ -123,6 +152,40 @@ def chunks(values: Sequence[Any]) -> Iterator[list[Any]]:
     """``values`` in lists of at most :data:`IN_LIST_CHUNK`, for ``IN (...)`` binds."""
     for i in range(0, len(values), IN_LIST_CHUNK):
         yield list(values[i:i + IN_LIST_CHUNK])
+
+
+def shut_down_socket(fd: int) -> bool:
+    """Shut the socket behind file descriptor ``fd`` down both ways (the descriptor stays
+    the driver's to close): every read blocked on it returns at once."""
+    sock = socket.socket(fileno=os.dup(fd))
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+        return True
+    except OSError:  # not connected any more
+        return False
+    finally:
+        sock.close()
+
+
+def tune_keepalive(sock: socket.socket, idle: int = 5, interval: int = 1, count: int = 3,
+                   user_timeout_ms: int = 10_000) -> None:
+    """TCP keepalive and user timeout on a client socket a driver opened (Linux options;
+    skipped where the platform has none)."""
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        for name, value in (("TCP_KEEPIDLE", idle), ("TCP_KEEPINTVL", interval),
+                            ("TCP_KEEPCNT", count), ("TCP_USER_TIMEOUT", user_timeout_ms)):
+            option = getattr(socket, name, None)
+            if option is not None:
+                sock.setsockopt(socket.IPPROTO_TCP, option, value)
+
+
+def url_setting(url: URL, key: str) -> str | None:
+    """A URL query setting as one string (the last, if given twice); None when absent."""
+    value = url.query.get(key)
+    if value is None:
+        return None
+    return str(value[-1] if isinstance(value, tuple) else value)
 
 
 def first_line(exc: BaseException) -> str:
@@ -169,27 +232,133 @@ def _pyformat(text: str) -> str:
 
 
 def rearm_before_statement(conn: Any, cursor: Any, statement: str, parameters: Any,
-                           context: Any, executemany: bool) -> None:
-    """``before_cursor_execute``: re-arm the server's timeouts to the time left.
+                           context: Any, executemany: bool) -> tuple[str, Any]:
+    """``before_cursor_execute`` (``retval=True``): keep the server's timeouts on the time
+    left; returns the statement to send.
 
-    Installed on every connector engine.  Acts only inside a write transaction
-    (one with a :class:`TxDeadline`) when the last arming is older than
+    Installed on every connector engine.  Acts only inside a write transaction (one
+    with a :class:`TxDeadline`).  An engine that can bound one statement in its own
+    text (MariaDB ``SET STATEMENT max_statement_time = ... FOR``) gets the time left
+    written into each statement (:meth:`Dialect.statement_deadline`, no round trip).
+    Otherwise the session's timeouts are re-armed when the last arming is older than
     :data:`REARM_AFTER_SECONDS` -- in a collapsed call that is never, as all its
-    statements follow the opening within milliseconds.  It covers every
-    statement sent in the transaction, registered step functions included.
+    statements follow the opening within milliseconds.  It covers every statement
+    sent in the transaction, registered step functions included.
     """
     tx = conn.info.get(DEADLINE_KEY)
     if tx is None:
-        return
-    now = time.monotonic()
-    if now - tx.armed_at <= REARM_AFTER_SECONDS:
-        return
-    tx.armed_at = now
+        return statement, parameters
     dialect = conn.info.get(DEADLINE_KEY + ":dialect")
-    if dialect is not None:
+    if dialect is None:
+        return statement, parameters
+    now = time.monotonic()
+    bounded = dialect.statement_deadline(statement, tx.deadline - now)
+    if bounded is not None:
+        return bounded, parameters
+    if now - tx.armed_at > REARM_AFTER_SECONDS:
+        tx.armed_at = now
         dialect.arm_deadline(conn.connection.driver_connection, max(tx.deadline - now, 0.001))
+    return statement, parameters
 
 
+def before_statement(conn: sa.Connection, cursor: Any, statement: str, parameters: Any
+                     ) -> tuple[str, Any]:
+    """Run the engine's ``before_cursor_execute`` listeners as SQLAlchemy does, for a
+    statement sent on the driver's own cursor: each may replace the statement (the
+    per-statement deadline), and every one sees it."""
+    for listener in conn.dispatch.before_cursor_execute:
+        statement, parameters = listener(conn, cursor, statement, parameters, None, False)
+    return statement, parameters
+
+
+_STATEMENT_CUT = "capgate_statement_cut"
+
+
+@contextlib.contextmanager
+def _guarded(dialect: Dialect, conn: sa.Connection, seconds: float) -> Iterator[Cut]:
+    raw = conn.connection.driver_connection
+    cut = CUTTER.arm(time.monotonic() + max(0.0, seconds), lambda: dialect.cut(raw))
+    conn.info[CUT_KEY] = cut
+    try:
+        yield cut
+    finally:
+        cut.disarm()
+        if not (conn.invalidated or conn.closed):
+            conn.info.pop(CUT_KEY, None)
+
+
+class StatementCuts:
+    """Engine events: a statement outside a guarded transaction is cut after ``seconds``.
+
+    ``before_cursor_execute`` arms a cut for the statement unless the connection's
+    transaction is guarded already (:meth:`Dialect.guard`); ``after_cursor_execute`` and
+    ``handle_error`` disarm it.  (:meth:`Dialect.execute`, which sends a call's statements
+    on the driver's cursor, disarms it itself.)
+    """
+
+    def __init__(self, dialect: Dialect, seconds: float) -> None:
+        self.dialect = dialect
+        self.seconds = seconds
+
+    def install(self, engine: sa.Engine) -> None:
+        sa.event.listen(engine, "before_cursor_execute", self.before)
+        sa.event.listen(engine, "after_cursor_execute", self.after)
+        sa.event.listen(engine, "handle_error", self.error)
+
+    def before(self, conn: Any, cursor: Any, statement: str, parameters: Any, context: Any,
+               executemany: bool) -> None:
+        info = conn.info
+        if CUT_KEY in info:
+            return
+        raw = conn.connection.driver_connection
+        dialect = self.dialect
+        info[_STATEMENT_CUT] = CUTTER.arm(time.monotonic() + self.seconds,
+                                          lambda: dialect.cut(raw))
+
+    def after(self, conn: Any, *_: Any) -> None:
+        disarm_statement_cut(conn)
+
+    def error(self, context: sa.engine.ExceptionContext) -> None:
+        if context.connection is not None:
+            disarm_statement_cut(context.connection)
+
+
+class ConnectCuts:
+    """Pool events: a new session that is not ready within ``seconds`` is cut.
+
+    The driver's own connect timeout bounds its handshake; SQLAlchemy then sends the
+    first session's set-up queries (server version, type information) with its events
+    off, where no statement cut runs.  ``connect`` (run first: ``insert=True``) arms a cut
+    on the new driver connection, ``checkout`` disarms it once the session is handed out.
+    """
+
+    _KEY = "capgate_connect_cut"
+
+    def __init__(self, cut: Callable[[Any], object], seconds: float) -> None:
+        self.cut = cut
+        self.seconds = seconds
+
+    def install(self, engine: sa.Engine) -> None:
+        sa.event.listen(engine, "connect", self.connected, insert=True)
+        sa.event.listen(engine, "checkout", self.checked_out)
+
+    def connected(self, dbapi_connection: Any, record: Any) -> None:
+        cut = self.cut
+        record.info[self._KEY] = CUTTER.arm(time.monotonic() + self.seconds,
+                                            lambda: cut(dbapi_connection))
+
+    def checked_out(self, dbapi_connection: Any, record: Any, proxy: Any) -> None:
+        armed = record.info.pop(self._KEY, None)
+        if armed is not None:
+            armed.disarm()
+
+
+def disarm_statement_cut(conn: sa.Connection) -> bool:
+    """Disarm the statement's cut (True: it had fired -- the connection was cut)."""
+    if conn.invalidated or conn.closed:
+        return False
+    cut = conn.info.pop(_STATEMENT_CUT, None)
+    return cut.disarm() if cut is not None else False
 
 
 @dataclass(frozen=True)
@@ -205,7 +374,10 @@ class SessionTag:
     DATE through ``NLS_DATE_FORMAT``) can."""
 
     def text(self, limit: int = 63) -> str:
-        raw = f"capgate {self.case_id} {self.operation_id} {self.intent_id}"
+        """``capgate INTENT CASE OPERATION``, cut at ``limit`` (PostgreSQL keeps 63 bytes of
+        ``application_name``): the intent id first, so that it is always whole -- resume
+        finds a session whose opening was never recorded by it."""
+        raw = f"capgate {self.intent_id} {self.case_id} {self.operation_id}"
         return _SAFE.sub("_", raw)[:limit]
 
     def comment(self) -> str:
@@ -239,6 +411,9 @@ class Attempt:
     """The landing marker's key; None when the row writes no marker."""
     error: str | None = None
     """The error recorded with the attempt (an in-doubt commit names itself in it)."""
+    tag: SessionTag | None = None
+    """The call's session label (case, operation, intent): what an opening whose
+    identity was never recorded leaves on the server (:meth:`Dialect.opening_evidence`)."""
 
 
 @dataclass
@@ -331,17 +506,29 @@ class Dialect(Registered):
     idle_grace_seconds: ClassVar[float] = IDLE_GRACE_SECONDS
     """The idle timeout this engine arms on a write transaction (see
     :data:`IDLE_GRACE_SECONDS`); an engine whose setting counts coarser says so."""
+    statement_end_after_deadline: ClassVar[float] = REARM_AFTER_SECONDS
+    """How long past the deadline a statement of a write transaction can still run: the
+    statement timeout is armed to the time left, and re-armed only when the last arming
+    is :data:`REARM_AFTER_SECONDS` old, so a statement sent just before the next
+    re-arming may end that much late.  Negative where each statement carries its own
+    timeout, ended that early (MariaDB, whose idle timeout counts whole seconds)."""
 
     @classmethod
     def locks_gone_after_deadline(cls) -> float:
         """Seconds past its deadline by which a stopped executor's transaction is over.
 
-        Its last statement ends by the deadline plus :data:`REARM_AFTER_SECONDS`
-        (the statement timeout is the time left, re-armed that often), and the
-        server ends the idle session :attr:`idle_grace_seconds` after it.  The lease
-        sweeper's margin must not be shorter than this.
+        Its last statement ends by the deadline plus :attr:`statement_end_after_deadline`,
+        and the server ends the idle session :attr:`idle_grace_seconds` after it: 1 s on
+        PostgreSQL, 0.9 s on MariaDB.  (PostgreSQL also releases a transaction's locks
+        the moment its statement is stopped.)  The lease sweeper's margin must not be
+        shorter than this.
         """
-        return REARM_AFTER_SECONDS + cls.idle_grace_seconds
+        return cls.statement_end_after_deadline + cls.idle_grace_seconds
+
+    def statement_deadline(self, statement: str, left: float) -> str | None:
+        """``statement`` carrying its own timeout of (about) ``left`` seconds, or None
+        where the engine has no such form (the session's timeout is re-armed instead)."""
+        return None
 
     def has_returning(self, verb: str, *, check: bool = False) -> bool:
         """Whether an ``verb`` (INSERT, UPDATE, DELETE) statement can return its keys here."""
@@ -404,6 +591,22 @@ class Dialect(Registered):
 
     def prepare_engine(self, engine: sa.Engine) -> None:
         """Install event hooks (e.g. SQLite pragmas)."""
+
+    # --- the network: connect timeout, keepalive, the client-side cut --------------
+
+    def network_args(self, url: URL, connect_timeout: float) -> dict[str, Any]:
+        """Driver ``connect_args`` bounding the network waits the driver can bound itself:
+        opening a session within ``connect_timeout`` seconds, TCP keepalive and user
+        timeout on the client's socket, and what the server may keep per session.
+        ``url`` is the connection's (its own settings win).  Default: none."""
+        return {}
+
+    def cut(self, raw: Any) -> bool:
+        """Shut the driver connection ``raw``'s socket down, from another thread, so that a
+        read blocked on it fails at once as a lost connection (see :mod:`executor.cutoff`);
+        True if there was a socket to cut.  Default: nothing to cut (no network, or a driver
+        that bounds its own round trips, as python-oracledb's ``call_timeout``)."""
+        return False
 
     def target_ddl(self) -> dict[str, str]:
         """``CREATE TABLE`` for each of capgate's tables in a target, by table name.
@@ -497,8 +700,12 @@ class Dialect(Registered):
         try:
             # inside the try: re-arming the timeouts is a round trip of its own, and it
             # meets a terminated session first (issue 11 item 14: a woken stale executor)
-            conn.dispatch.before_cursor_execute(conn, cursor, sql, binds, None, False)
-            cursor.execute(sql, binds)
+            try:
+                sql, binds = before_statement(conn, cursor, sql, binds)
+                cursor.execute(sql, binds)
+            finally:
+                if CUT_KEY not in fairy.info:
+                    disarm_statement_cut(conn)
         except Exception as exc:
             dbapi = conn.dialect.loaded_dbapi
             if not isinstance(exc, dbapi.Error):
@@ -540,9 +747,21 @@ class Dialect(Registered):
 
     @staticmethod
     def end_deadline(conn: sa.Connection) -> None:
-        """The transaction is over: no more re-arming on this pooled connection."""
+        """The transaction is over: no more re-arming on this pooled connection.
+
+        An invalidated connection is left alone: touching its ``info`` would open a new
+        session (over a network that may be cut), and a new session starts with none.
+        """
+        if conn.invalidated or conn.closed:
+            return
         conn.info.pop(DEADLINE_KEY, None)
         conn.info.pop(DEADLINE_KEY + ":dialect", None)
+
+    def guard(self, conn: sa.Connection, seconds: float) -> AbstractContextManager[Cut]:
+        """Cut ``conn``'s socket if the block has not ended ``seconds`` from now (see
+        :mod:`executor.cutoff`): a transaction's guard, under which no statement arms
+        its own."""
+        return _guarded(self, conn, seconds)
 
     def arm_deadline(self, raw: Any, left: float) -> None:
         """Arm the server: statement timeout to ``left``, idle timeout to the grace.
@@ -675,6 +894,22 @@ class Dialect(Registered):
         """
         return {a.intent_id: AttemptEvidence() for a in attempts}
 
+    def opening_evidence(self, engine: sa.Engine, attempts: Sequence[Attempt], *,
+                         terminate: bool, wait_seconds: float,
+                         probe_writes: bool = True) -> dict[str, AttemptEvidence]:
+        """Whether an attempt that may have sent its opening batch -- its transaction's
+        identity never recorded (a leased call cut inside its opening, a retry cut
+        before ``attempt_started``) -- has a session still alive, by intent id.
+
+        ``finished`` True: no session of the intent is alive (any that was has been
+        ended, with ``terminate``, and waited for up to ``wait_seconds``); None: it
+        cannot be told, and the answer stays ``unknown`` -- never "nothing was sent".
+        Default: what :meth:`attempt_evidence` says without an identity (SQLite's write
+        lock tells; elsewhere nothing does).
+        """
+        return self.attempt_evidence(engine, attempts, terminate=terminate,
+                                     wait_seconds=wait_seconds, probe_writes=probe_writes)
+
     # --- capgate doctor ------------------------------------------------------
 
     def describe_server(self, conn: sa.Connection) -> str:
@@ -698,6 +933,39 @@ class Dialect(Registered):
         else the one thing a person must do first (its package is not installed).
         Default: nothing is needed."""
         return None
+
+
+def opening_by_marker_key(key_state: Callable[[sa.Connection, str], str], engine: sa.Engine,
+                          attempts: Sequence[Attempt], *, wait_seconds: float,
+                          probe_writes: bool = True) -> dict[str, AttemptEvidence]:
+    """:meth:`Dialect.opening_evidence` for an engine that can ask an open transaction's
+    hold on a key without privileges (``key_state``: a rolled-back insert of the same
+    key waits for it; ``held``, ``taken`` or ``free``).  The opening inserted the
+    landing marker, so while its transaction is open it holds the key: asked again
+    until ``wait_seconds`` pass.  Without a key, or in a dry run (no probe insert), it
+    cannot be told."""
+    answers = {a.intent_id: AttemptEvidence(identity="unrecorded") for a in attempts}
+    asked = [a for a in attempts if a.idem_key and probe_writes]
+    if not asked:
+        return answers
+    deadline = time.monotonic() + max(0.0, wait_seconds)
+    with engine.connect() as probe:
+        for a in asked:
+            assert a.idem_key is not None
+            answer = answers[a.intent_id]
+            while True:
+                state = key_state(probe, a.idem_key)
+                if state != "held" or time.monotonic() >= deadline:
+                    break
+            answer.notes["marker_key"] = {"probe": "insert of the same key, rolled back",
+                                          "answer": state}
+            answer.finished = state != "held"
+            answer.notes["opening"] = ("no open transaction holds its marker's key"
+                                       if answer.finished else
+                                       "an open transaction still holds its marker's key")
+            if not answer.finished:
+                answer.notes["session_alive"] = True
+    return answers
 
 
 def sqlstate(exc: BaseException) -> str | None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import re
+import socket
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -21,13 +22,13 @@ from contextlib import AbstractContextManager
 from typing import Any, ClassVar
 
 import sqlalchemy as sa
+from sqlalchemy.engine import URL
 
 from capgate.executor.dialects.base import (
     FENCE_READ,
     FENCE_TABLE,
     FENCE_VALUES,
     MARKER_INSERT,
-    REARM_AFTER_SECONDS,
     Attempt,
     AttemptEvidence,
     Diagnosis,
@@ -36,6 +37,9 @@ from capgate.executor.dialects.base import (
     TxIdentity,
     chunks,
     first_line,
+    opening_by_marker_key,
+    tune_keepalive,
+    url_setting,
     vendor_code,
 )
 from capgate.registry.errors import PrivilegeMissing
@@ -135,6 +139,22 @@ _INNODB_TRX_REFRESH = 0.15
 """MariaDB refreshes its ``INNODB_TRX`` cache only when nobody read it for 100 ms."""
 
 
+_BOUNDED_VERBS = ("SELECT", "INSERT", "UPDATE", "DELETE", "REPLACE", "WITH")
+"""Statements that take ``SET STATEMENT max_statement_time = ... FOR`` (not SET, not
+transaction control)."""
+
+
+def _strip_comment(statement: str) -> str:
+    """The statement after its leading ``/* ... */`` comments (the session tag)."""
+    text = statement.lstrip()
+    while text.startswith("/*"):
+        end = text.find("*/")
+        if end < 0:
+            return text
+        text = text[end + 2:].lstrip()
+    return text
+
+
 class MariadbDialect(Dialect, name="mariadb", aliases=("mysql",)):
     title: ClassVar[str] = "MariaDB"
     driver: ClassVar[str | None] = "mysql+pymysql"
@@ -166,12 +186,67 @@ class MariadbDialect(Dialect, name="mariadb", aliases=("mysql",)):
                 "executed", name=str(name)[:200], dialect=self.name)
         return f"'{user}'@'{host if at else '%'}'"
 
+    def network_args(self, url: URL, connect_timeout: float) -> dict[str, Any]:
+        """PyMySQL's ``connect_timeout`` bounds only the TCP connect: the handshake that
+        follows reads with ``read_timeout``, so that is set too -- for the handshake alone
+        (:meth:`prepare_engine` lifts it once the session is open: a call's statements are
+        bounded by its deadline instead).  The socket's keepalive is tuned there as well.
+        The server needs nothing per session: its idle timeouts also bound a wait for the
+        rest of a packet a partition cut in two."""
+        args: dict[str, Any] = {}
+        for key in ("connect_timeout", "read_timeout", "write_timeout"):
+            if url_setting(url, key) is None:
+                args[key] = float(connect_timeout)
+        return args
+
+    def prepare_engine(self, engine: sa.Engine) -> None:
+        mine = {key for key in ("read_timeout", "write_timeout")
+                if url_setting(engine.url, key) is None}
+
+        @sa.event.listens_for(engine, "connect")
+        def _opened(dbapi_conn: Any, _record: Any) -> None:
+            sock = getattr(dbapi_conn, "_sock", None)
+            if sock is None:
+                return
+            tune_keepalive(sock)
+            if "read_timeout" in mine:  # the handshake's bound, not the session's
+                dbapi_conn._read_timeout = None
+                dbapi_conn._current_timeout = None
+                sock.settimeout(None)
+            if "write_timeout" in mine:
+                dbapi_conn._write_timeout = None
+
+    def cut(self, raw: Any) -> bool:
+        """Shut PyMySQL's socket down: its blocked read fails at once (error 2013)."""
+        sock = getattr(raw, "_sock", None)
+        if sock is None:
+            return False
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+            return True
+        except OSError:
+            return False
+
     def sql(self, text: str, tag: SessionTag | None) -> str:
         return tag.comment() + text if tag is not None else text
 
     # idle_transaction_timeout counts from the end of the last statement and takes
     # whole seconds, 0 meaning never: 1, whatever the deadline (base.IDLE_GRACE_SECONDS)
     idle_grace_seconds: ClassVar[float] = 1.0
+    # so each statement of a write transaction carries its own timeout, the time left less
+    # this: it ends before the deadline, and a stopped executor's session 0.9 s after it
+    statement_end_after_deadline: ClassVar[float] = -0.1
+
+    def statement_deadline(self, statement: str, left: float) -> str | None:
+        """``SET STATEMENT max_statement_time = <left - 0.1> FOR <statement>`` for a
+        statement that reads or writes rows (MariaDB 10.1+): exact at the moment it is
+        sent, at no round trip; the session's own settings are left alone."""
+        body = _strip_comment(statement)
+        if not body[:8].upper().startswith(_BOUNDED_VERBS):
+            return None
+        seconds = max(left + self.statement_end_after_deadline, 0.001)
+        tag = statement[:len(statement) - len(body)]  # the session tag stays in front
+        return f"{tag}SET STATEMENT max_statement_time = {seconds:.3f} FOR {body}"
 
     def _set_timeouts(self, conn: sa.Connection, timeout_s: float,
                       lock_timeout_s: float | None) -> None:
@@ -183,9 +258,11 @@ class MariadbDialect(Dialect, name="mariadb", aliases=("mysql",)):
         )
 
     def arm_deadline(self, raw: Any, left: float) -> None:
+        """Statements outside :data:`_BOUNDED_VERBS` (none of a row's) re-arm the session."""
         with raw.cursor() as cursor:
             cursor.execute("SET SESSION max_statement_time = %s, idle_transaction_timeout = %s",
-                           (round(left + REARM_AFTER_SECONDS, 3), int(self.idle_grace_seconds)))
+                           (round(max(left + self.statement_end_after_deadline, 0.001), 3),
+                            int(self.idle_grace_seconds)))
 
     def open_write(self, conn: sa.Connection, tag: SessionTag, timeout_s: float,
                    lock_timeout_s: float | None) -> TxIdentity:
@@ -381,6 +458,15 @@ class MariadbDialect(Dialect, name="mariadb", aliases=("mysql",)):
                 if not answer.finished:
                     answer.notes["session_alive"] = True
         return answers
+
+    def opening_evidence(self, engine: sa.Engine, attempts: Sequence[Attempt], *,
+                         terminate: bool, wait_seconds: float,
+                         probe_writes: bool = True) -> dict[str, AttemptEvidence]:
+        """By the marker's key (:func:`opening_by_marker_key`): MariaDB's own timeouts
+        end such a session by its deadline + 0.9 s, even one a partition left between two
+        packets, so waiting settles it."""
+        return opening_by_marker_key(self.marker_key_state, engine, attempts,
+                                     wait_seconds=wait_seconds, probe_writes=probe_writes)
 
     @staticmethod
     def _sessions(conn: sa.Connection, attempts: Iterable[Attempt]

@@ -97,6 +97,7 @@ from capgate.executor.dialects.base import (
     Dialect,
     SessionTag,
     TxIdentity,
+    opening_by_marker_key,
     safe_url,
     sqlstate,
 )
@@ -801,6 +802,13 @@ class OracleDialect(Dialect, name="oracle"):
         except sa.exc.DatabaseError:
             return None
         return "resolved" if found is None else str(found)
+
+    def opening_evidence(self, engine: sa.Engine, attempts: Sequence[Attempt], *,
+                         terminate: bool, wait_seconds: float,
+                         probe_writes: bool = True) -> dict[str, AttemptEvidence]:
+        """By the marker's key (:func:`opening_by_marker_key`), privilege-free."""
+        return opening_by_marker_key(self.marker_key_state, engine, attempts,
+                                     wait_seconds=wait_seconds, probe_writes=probe_writes)
 
     def attempt_evidence(self, engine: sa.Engine, attempts: Sequence[Attempt], *,
                          terminate: bool, wait_seconds: float,

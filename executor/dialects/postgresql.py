@@ -10,17 +10,20 @@ on the same timeline and the xid is not older than the commit log retains.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, ClassVar
 
 import sqlalchemy as sa
+from sqlalchemy.engine import URL
 
 from capgate.executor.dialects.base import (
+    CLIENT_GRACE_SECONDS,
     MARKER_TABLE,
     POLL_SECONDS,
-    REARM_AFTER_SECONDS,
+    SERVER_KEEPALIVE,
     Attempt,
     AttemptEvidence,
     Diagnosis,
@@ -28,7 +31,9 @@ from capgate.executor.dialects.base import (
     SessionTag,
     TxIdentity,
     first_line,
+    shut_down_socket,
     sqlstate,
+    url_setting,
 )
 from capgate.registry.errors import ExtensionMissing, PrivilegeMissing
 
@@ -157,10 +162,47 @@ class PostgresqlDialect(Dialect, name="postgresql", aliases=("postgres",)):
             "timeline": row["timeline"],
         })
 
+    def network_args(self, url: URL, connect_timeout: float) -> dict[str, Any]:
+        """libpq's own bounds: ``connect_timeout`` (whole seconds, at least 2), client TCP
+        keepalive and user timeout, and -- in the session's ``options``, no round trip --
+        the server's keepalive on this session (:data:`SERVER_KEEPALIVE`).  The server
+        applies no statement or idle timeout while it waits for the rest of a message a
+        partition cut in two; its keepalive is what notices the client is gone then.
+        Settings the URL gives itself are left as they are."""
+        args: dict[str, Any] = {}
+
+        def default(key: str, value: str) -> None:
+            if url_setting(url, key) is None:
+                args[key] = value
+
+        default("connect_timeout", str(max(2, math.ceil(connect_timeout))))
+        default("keepalives", "1")
+        default("keepalives_idle", "5")
+        default("keepalives_interval", "1")
+        default("keepalives_count", "3")
+        default("tcp_user_timeout", "10000")
+        options = url_setting(url, "options") or ""
+        if "tcp_keepalives" not in options:
+            idle, interval, count = SERVER_KEEPALIVE
+            args["options"] = (
+                f"{options} -c tcp_keepalives_idle={idle} -c tcp_keepalives_interval="
+                f"{interval} -c tcp_keepalives_count={count} -c tcp_user_timeout="
+                f"{(idle + interval * count) * 1000}").strip()
+        return args
+
+    def cut(self, raw: Any) -> bool:
+        """Shut the libpq connection's socket down: psycopg's wait on it fails at once."""
+        if raw.closed:
+            return False
+        return shut_down_socket(raw.pgconn.socket)
+
     def arm_deadline(self, raw: Any, left: float) -> None:
+        """The statement timeout to the time left (a statement sent before the next
+        re-arming ends at most :data:`REARM_AFTER_SECONDS` late), the idle timeout to the
+        grace: a stopped executor's locks go by the deadline + 1 s."""
         raw.execute("SELECT set_config('statement_timeout', %s, true),"
                     " set_config('idle_in_transaction_session_timeout', %s, true)",
-                    (_ms(left + REARM_AFTER_SECONDS), _ms(min(left, self.idle_grace_seconds))))
+                    (_ms(left), _ms(min(left, self.idle_grace_seconds))))
 
     def begin_read(self, conn: sa.Connection, tag: SessionTag, timeout_s: float) -> None:
         conn.execute(sa.text("SET TRANSACTION READ ONLY"))
@@ -219,8 +261,11 @@ class PostgresqlDialect(Dialect, name="postgresql", aliases=("postgres",)):
     def cancel_statement(self, raw: Any, session: int | None,
                          side: Callable[[], AbstractContextManager[sa.Connection]]) -> None:
         """psycopg's cancel request on the session's own connection (``cancel_safe``: 3.2)."""
-        cancel = getattr(raw, "cancel_safe", None) or raw.cancel
-        cancel()
+        safe = getattr(raw, "cancel_safe", None)
+        if safe is not None:  # bounded: through a partition the request never arrives
+            safe(timeout=CLIENT_GRACE_SECONDS)
+        else:
+            raw.cancel()
 
     def terminate_lease_session(self, side: sa.Connection, session: int,
                                 tag: SessionTag) -> bool:
@@ -323,6 +368,54 @@ class PostgresqlDialect(Dialect, name="postgresql", aliases=("postgres",)):
                     answer.finished = True
                 elif answer.outcome == "in_progress":
                     answer.finished = False
+        return answers
+
+    def opening_evidence(self, engine: sa.Engine, attempts: Sequence[Attempt], *,
+                         terminate: bool, wait_seconds: float,
+                         probe_writes: bool = True) -> dict[str, AttemptEvidence]:
+        """The opening labels the session with the call's tag (``application_name``, for
+        the transaction only: it reverts when the transaction ends), so a session still
+        carrying it is that attempt's, alive in its transaction.  With ``terminate``
+        exactly those backends (pid and start time) are ended, then watched until they
+        are gone -- a session the partition split mid-batch has no server timeout to
+        end it, and waiting alone would never settle it."""
+        answers = {a.intent_id: AttemptEvidence(identity="unrecorded") for a in attempts}
+        apps = {a.tag.text(): a.intent_id for a in attempts if a.tag is not None}
+        if not apps:
+            return answers
+        query = sa.text(
+            "SELECT pid, backend_start::text, application_name, state FROM pg_stat_activity"
+            " WHERE application_name IN :apps AND pid <> pg_backend_pid()"
+        ).bindparams(sa.bindparam("apps", expanding=True))
+        alive: dict[str, list[dict[str, Any]]] = {}
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            deadline = time.monotonic() + max(0.0, wait_seconds)
+            ended: set[str] = set()
+            while True:
+                alive = {}
+                for pid, start, app, state in conn.execute(query, {"apps": sorted(apps)}):
+                    alive.setdefault(apps[str(app)], []).append(
+                        {"pid": int(pid), "backend_start": start, "state": state})
+                for intent_id, sessions in alive.items():
+                    notes = answers[intent_id].notes
+                    notes.setdefault("opening_sessions", sessions)
+                    if terminate and intent_id not in ended:
+                        notes["terminated_session"] = [
+                            {**s, "done": self.terminate_session(conn, s)} for s in sessions]
+                        ended.add(intent_id)
+                if not alive or time.monotonic() >= deadline:
+                    break
+                time.sleep(POLL_SECONDS)
+        for a in attempts:
+            answer = answers[a.intent_id]
+            if a.tag is None:
+                continue
+            answer.finished = a.intent_id not in alive
+            answer.notes["opening"] = ("no session of it is alive (application_name "
+                                       f"{a.tag.text()!r})") if answer.finished else \
+                "a session of it is still alive"
+            if not answer.finished:
+                answer.notes["session_alive"] = True
         return answers
 
     def _xact_status(self, conn: sa.Connection, attempts: Iterable[Attempt]) -> dict[str, str]:

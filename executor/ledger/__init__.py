@@ -6,6 +6,7 @@ snapshot reducer, chain checks); ``backends`` holds what differs between the
 SQLite and the PostgreSQL store; ``schema`` declares the tables.
 """
 
+from capgate.executor.ledger.backends import LedgerBounds
 from capgate.executor.ledger.store import (
     FINDING_KINDS,
     GENESIS_DIGEST,
@@ -51,6 +52,7 @@ __all__ = [
     "KeyAlreadyClaimed",
     "KeyClaim",
     "Ledger",
+    "LedgerBounds",
     "PlanRecord",
     "VerifiedCase",
     "VerifyReport",

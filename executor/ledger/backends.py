@@ -26,11 +26,14 @@ one lookup.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
+import math
 import os
 import re
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,13 +43,111 @@ import sqlalchemy as sa
 from sqlalchemy import event as sa_event
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 
+from capgate.executor.cutoff import cutting
 from capgate.executor.dialects import engine_name, normalise_url
+from capgate.executor.dialects.base import (
+    SERVER_KEEPALIVE,
+    ConnectCuts,
+    shut_down_socket,
+    url_setting,
+)
 from capgate.executor.dialects.registration import Implementations, Registered
 from capgate.executor.ledger.schema import cases, events, idempotency
 from capgate.registry.errors import LedgerError
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 """How long a SQLite writer waits for another process's write lock before failing."""
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerBounds:
+    """How long a shared (PostgreSQL) ledger may keep an executor waiting.
+
+    A network partition closes nothing: without bounds, an executor cut off from the
+    ledger waits for the kernel's TCP timers, and one cut off in the middle of a
+    transaction holds its row locks -- the case head, an idempotency key, a budget
+    slot -- while every other executor waits behind it.  Set on the ledger URL
+    (``?capgate_wait=15&capgate_read=120&capgate_hold=5&capgate_connect=5``, stripped
+    before the driver sees it) or with ``open_ledger(..., bounds=...)``.
+    """
+
+    wait_seconds: float = 15.0
+    """One ledger operation of the call path -- a transaction with its reconnects --
+    unanswered this long: its connection is cut (LedgerError, ``connection_lost``;
+    during a call, CG430)."""
+    read_seconds: float = 120.0
+    """One statement through the store's engine -- a read (``ledger verify``, resume's
+    load of many cases, listings), a migration -- unanswered this long: cut.  Longer than
+    ``wait_seconds``, so that a large read is never taken for a partition."""
+    hold_seconds: float = 5.0
+    """A ledger transaction left waiting on its client this long (idle in it, or cut in the
+    middle of a message) is ended: by the server (``idle_in_transaction_session_timeout``),
+    or by any writer still waiting this long -- for its locks, most likely -- which then
+    terminates it from a healthy side session (``end_stuck``), and goes on."""
+    connect_seconds: float = 5.0
+    """Opening a session (libpq counts whole seconds, at least 2)."""
+
+    _QUERY: ClassVar[dict[str, str]] = {"capgate_wait": "wait_seconds",
+                                        "capgate_read": "read_seconds",
+                                        "capgate_hold": "hold_seconds",
+                                        "capgate_connect": "connect_seconds"}
+
+    def __post_init__(self) -> None:
+        for name in ("wait_seconds", "read_seconds", "hold_seconds", "connect_seconds"):
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and value > 0):
+                raise LedgerError(f"the ledger's {name} must be a number of seconds > 0, "
+                                  f"not {value!r}")
+
+    @classmethod
+    def from_url(cls, url: URL) -> tuple[LedgerBounds, URL]:
+        """The bounds a URL sets (``capgate_wait`` ...), and the URL without them."""
+        given: dict[str, float] = {}
+        for key, name in cls._QUERY.items():
+            if key in url.query:
+                raw = url.query[key]
+                text = str(raw[-1] if isinstance(raw, tuple) else raw)
+                try:
+                    given[name] = float(text)
+                except ValueError:
+                    raise LedgerError(f"the ledger URL's {key} must be a number of seconds, "
+                                      f"not {text!r}") from None
+        if not given:
+            return cls(), url
+        return cls(**given), url.difference_update_query(list(cls._QUERY))
+
+
+_OPERATION: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "capgate_ledger_operation", default=None)
+"""The ``time.monotonic()`` by which the ledger operation this thread is in must be
+answered (see :func:`operation`)."""
+
+
+@contextlib.contextmanager
+def operation(seconds: float) -> Iterator[float]:
+    """One ledger operation: everything in the block, reconnects included, shares one
+    deadline ``seconds`` from now (an operation inside another keeps the outer one)."""
+    current = _OPERATION.get()
+    if current is not None:
+        yield current
+        return
+    deadline = time.monotonic() + seconds
+    token = _OPERATION.set(deadline)
+    try:
+        yield deadline
+    finally:
+        _OPERATION.reset(token)
+
+
+_SILENT_UNTIL: contextvars.ContextVar[float] = contextvars.ContextVar(
+    "capgate_ledger_silent_until", default=0.0)
+"""``time.monotonic()`` until which this thread opens no new session to the store."""
+
+
+def operation_left(default: float) -> float:
+    """Seconds left in the current ledger operation (``default`` outside one)."""
+    deadline = _OPERATION.get()
+    return default if deadline is None else deadline - time.monotonic()
 
 _SQLITE_BEGIN_OPTION = "capgate_sqlite_begin"
 _PG_DDL_LOCK_KEY = 0x6367_6C65_6467_6572 & 0x7FFF_FFFF_FFFF_FFFF  # "cgledger"
@@ -105,8 +206,18 @@ class Backend(Registered):
     skip_locked: ClassVar[str] = ""
     """What a ``SELECT ... LIMIT 1`` of a free row adds to skip rows other writers hold."""
 
+    bounds: LedgerBounds = LedgerBounds()
+    """How long the store may keep an executor waiting (set by :func:`backend_for`)."""
+
     def make_engine(self, url: URL) -> Engine:
         raise NotImplementedError
+
+    def is_connection_lost(self, exc: BaseException) -> bool:
+        """Whether ``exc`` (a driver or SQLAlchemy error) means the store's connection is
+        gone -- lost, reset, or cut at its deadline -- rather than a refusal of the store."""
+        if isinstance(exc, HotDisconnect):
+            return True
+        return isinstance(exc, sa.exc.DBAPIError) and bool(exc.connection_invalidated)
 
     def prepare_location(self, url: URL, where: str) -> None:
         """Refuse a store that cannot keep records, and make what it needs (a folder)."""
@@ -367,48 +478,182 @@ class PostgreSQLBackend(Backend, name="postgresql"):
     greatest = "GREATEST"
     skip_locked = " FOR UPDATE SKIP LOCKED"
 
-    def hot_connect(self, url: URL) -> Any:
+    def network_args(self, url: URL) -> dict[str, Any]:
+        """libpq settings bounding every wait the driver and the server can bound:
+        ``connect_timeout`` (what is left of the operation, at most the bound), client TCP
+        keepalive and user timeout, and in the session's ``options`` (no round trip) the
+        server's ``idle_in_transaction_session_timeout`` at the hold bound, with the
+        server's keepalive.  Settings the URL gives itself win."""
+        bounds = self.bounds
+        connect = max(2, math.ceil(min(bounds.connect_seconds,
+                                       operation_left(bounds.connect_seconds))))
+        args: dict[str, Any] = {}
+        for key, value in (("connect_timeout", str(connect)), ("keepalives", "1"),
+                           ("keepalives_idle", "5"), ("keepalives_interval", "1"),
+                           ("keepalives_count", "3"), ("tcp_user_timeout", "10000")):
+            if url_setting(url, key) is None:
+                args[key] = value
+        hold = f"{max(1, int(bounds.hold_seconds * 1000))}ms"
+        idle, interval, count = SERVER_KEEPALIVE
+        options = url_setting(url, "options") or ""
+        extra = [f"-c idle_in_transaction_session_timeout={hold}",
+                 f"-c tcp_keepalives_idle={idle}", f"-c tcp_keepalives_interval={interval}",
+                 f"-c tcp_keepalives_count={count}"]
+        args["options"] = " ".join([options, *(e for e in extra
+                                               if e.split("=")[0] not in options)]).strip()
+        return args
+
+    def _silent(self) -> None:
+        """The store did not answer this thread in time (a cut, a connect timeout): a
+        partition is likely, and every follow-up of the failed work -- giving back a budget
+        slot, a claim -- would wait its full bound again.  So for the hold bound this
+        thread's new sessions fail at once (other threads, other calls, still try)."""
+        _SILENT_UNTIL.set(time.monotonic() + self.bounds.hold_seconds)
+
+    def check_reachable(self) -> None:
+        """Refuse at once while the store is known silent to this thread (:meth:`_silent`)."""
+        left = _SILENT_UNTIL.get() - time.monotonic()
+        if left > 0:
+            raise HotDisconnect(f"the ledger did not answer in time; not trying again for "
+                                f"{left:.1f} s")
+
+    def hot_connect(self, url: URL, *, side: bool = False) -> Any:
+        """A session for the call path (``side``: the reaper's, whose failure to connect
+        says nothing about the store the calls see: it marks nothing silent)."""
         import psycopg
 
+        if operation_left(1.0) <= 0:
+            raise HotDisconnect("the ledger operation's deadline passed before it could "
+                                "reconnect")
+        self.check_reachable()
         conninfo = url.set(drivername="postgresql").render_as_string(hide_password=False)
-        kwargs: dict[str, Any] = {"autocommit": True}
+        kwargs: dict[str, Any] = {"autocommit": True, **self.network_args(url)}
         if "application_name" not in url.query:
             kwargs["application_name"] = "capgate-ledger"
-        return psycopg.connect(conninfo, **kwargs)
+        try:
+            return psycopg.connect(conninfo, **kwargs)
+        except psycopg.errors.ConnectionTimeout:
+            if not side:
+                self._silent()
+            raise
+
+    @staticmethod
+    def cut(conn: Any) -> bool:
+        """Shut a hot connection's socket down (its deadline passed unanswered)."""
+        if conn.closed:
+            return False
+        return shut_down_socket(conn.pgconn.socket)
 
     @contextlib.contextmanager
     def hot_transaction(self, conns: HotConnections, *, durable: bool,
                         write: bool) -> Iterator[HotTx]:
+        """One transaction on this thread's connection, cut when the operation's deadline
+        passes unanswered; a write still running after the hold bound (waiting for a lock,
+        most likely) has the stuck holders ended from a side session (:meth:`end_stuck`),
+        and goes on."""
         conn = conns.get()
         tx = _PgTx(self, conn)
-        if not write:
-            yield tx
-            return
-        try:
-            with conn.pipeline() as pipeline:
-                tx._pipeline = pipeline
-                conn.execute("BEGIN")
-                if not durable:
-                    conn.execute("SET LOCAL synchronous_commit TO OFF")
-                yield tx
-                tx.require_settled()
-                conn.execute("COMMIT")
-        except BaseException as exc:
-            tx._pipeline = None
-            if conn.closed or conn.broken:
-                conns.drop()
-                if isinstance(exc, Exception):
-                    raise HotDisconnect(str(exc)) from exc
-                raise
+        left = operation_left(self.bounds.wait_seconds)
+        with cutting(left, lambda: self.cut(conn)) as cut, \
+                (self._reaping(conns.url) if write else contextlib.nullcontext()):
+            if not write:
+                try:
+                    yield tx
+                except Exception as exc:
+                    if conn.closed or conn.broken or cut.fired:
+                        conns.drop()
+                        if cut.fired:
+                            self._silent()
+                        raise HotDisconnect(_lost(exc, cut.fired)) from exc
+                    raise
+                return
             try:
-                # psycopg's own rollback also forgets the statements it believes prepared:
-                # a pipeline aborted by an error skipped their Parse on the server
-                conn.rollback()
+                with conn.pipeline() as pipeline:
+                    tx._pipeline = pipeline
+                    conn.execute("BEGIN")
+                    if not durable:
+                        conn.execute("SET LOCAL synchronous_commit TO OFF")
+                    yield tx
+                    tx.require_settled()
+                    conn.execute("COMMIT")
+            except BaseException as exc:
+                tx._pipeline = None
+                if conn.closed or conn.broken or cut.fired:
+                    conns.drop()
+                    if cut.fired:
+                        self._silent()
+                    if isinstance(exc, Exception):
+                        raise HotDisconnect(_lost(exc, cut.fired)) from exc
+                    raise
+                try:
+                    # psycopg's own rollback also forgets the statements it believes
+                    # prepared: a pipeline aborted by an error skipped their Parse there
+                    conn.rollback()
+                except Exception:
+                    conns.drop()
+                    raise
+                raise
+            finally:
+                tx._pipeline = None
+
+    @contextlib.contextmanager
+    def _reaping(self, url: URL) -> Iterator[None]:
+        """While the block runs: every hold bound, end the stuck holders of this ledger's
+        locks from a side session (on a thread of its own: never the waiting one)."""
+        from capgate.executor.cutoff import CUTTER
+
+        hold = self.bounds.hold_seconds
+        running = threading.Event()
+        running.set()
+
+        def reap() -> None:
+            if not running.is_set():
+                return
+            try:
+                side = self.hot_connect(url, side=True)
+            except Exception:  # the side path is cut too: the client's own cut decides
+                return
+            try:
+                self.end_stuck(side)
             except Exception:
-                conns.drop()
-            raise
+                pass
+            finally:
+                with contextlib.suppress(Exception):
+                    side.close()
+            if running.is_set():
+                CUTTER.arm(time.monotonic() + hold, spawn)
+
+        def spawn() -> None:
+            threading.Thread(target=reap, name="capgate-ledger-reaper", daemon=True).start()
+
+        first = CUTTER.arm(time.monotonic() + hold, spawn)
+        try:
+            yield
         finally:
-            tx._pipeline = None
+            running.clear()
+            first.disarm()
+
+    def end_stuck(self, conn: Any) -> int:
+        """Terminate the sessions of this ledger that hold its locks while waiting on a
+        client that has not spoken for :attr:`LedgerBounds.hold_seconds` -- idle in their
+        transaction, or in the middle of a message a partition cut in two (``active``,
+        waiting on ``ClientRead``, where no server timeout runs) -- from this healthy
+        session.  Only the same database user's sessions holding locks on this very
+        ledger's tables qualify; a transaction that was never committed rolls back, and
+        its executor learns that its connection was lost.  The number ended."""
+        tables = [f"to_regclass('{name}')" for name in _LEDGER_TABLES]
+        row = conn.execute(
+            "SELECT count(*) FILTER (WHERE pg_terminate_backend(a.pid))"
+            " FROM pg_stat_activity a"
+            " WHERE a.pid <> pg_backend_pid() AND a.usename = current_user"
+            " AND a.datname = current_database()"
+            " AND a.state_change < clock_timestamp() - make_interval(secs => %s)"
+            " AND (a.state IN ('idle in transaction', 'idle in transaction (aborted)')"
+            "      OR (a.state = 'active' AND a.wait_event = 'ClientRead'))"
+            " AND EXISTS (SELECT 1 FROM pg_locks l WHERE l.pid = a.pid AND l.granted"
+            f"            AND l.relation IN ({', '.join(tables)}))",
+            (float(self.bounds.hold_seconds),)).fetchone()
+        return int(row[0]) if row else 0
 
     def is_unique_violation(self, exc: BaseException) -> bool:
         return getattr(exc, "sqlstate", None) == "23505"
@@ -422,11 +667,37 @@ class PostgreSQLBackend(Backend, name="postgresql"):
         return isinstance(exc, psycopg.Error)
 
 
+    def is_connection_lost(self, exc: BaseException) -> bool:
+        """Also a client-side failure to reach the store (no SQLSTATE: it never answered)."""
+        if super().is_connection_lost(exc):
+            return True
+        import psycopg
+
+        orig = getattr(exc, "orig", exc)
+        return isinstance(orig, psycopg.OperationalError) and orig.sqlstate is None
+
     def make_engine(self, url: URL) -> Engine:
-        connect_args: dict[str, Any] = {}
+        connect_args: dict[str, Any] = self.network_args(url)
         if "application_name" not in url.query:
             connect_args["application_name"] = "capgate-ledger"
-        return sa.create_engine(url, connect_args=connect_args)
+        engine = sa.create_engine(url, connect_args=connect_args)
+        _StatementCuts(self).install(engine)
+        ConnectCuts(self.cut, self.bounds.connect_seconds).install(engine)
+
+        @sa_event.listens_for(engine, "do_connect")
+        def _reachable(dialect: Any, record: Any, cargs: Any, cparams: Any) -> None:
+            import psycopg
+
+            try:
+                self.check_reachable()
+            except HotDisconnect as exc:
+                raise psycopg.OperationalError(str(exc)) from None
+            # what is left of the operation bounds the connect, not the default alone
+            left = operation_left(self.bounds.connect_seconds)
+            cparams["connect_timeout"] = str(max(2, math.ceil(min(
+                self.bounds.connect_seconds, max(left, 0.0)))))
+
+        return engine
 
     def consistent_read_options(self) -> dict[str, Any]:
         return {"isolation_level": "REPEATABLE READ"}
@@ -563,6 +834,7 @@ def backend_for(url: str | URL) -> tuple[Backend, URL]:
         raise LedgerError(
             "the ledger URL cannot be parsed; expected sqlite:///path or postgresql://user@host/db"
         ) from None
+    bounds, given = LedgerBounds.from_url(given)
     parsed = normalise_url(given)
     backend = backend_named(parsed.get_backend_name())
     if backend is None or parsed.drivername not in backend.drivers:
@@ -571,6 +843,7 @@ def backend_for(url: str | URL) -> tuple[Backend, URL]:
             "sqlite:///path or postgresql:// (psycopg 3)",
             ledger=given.render_as_string(hide_password=True),
         )
+    backend.bounds = bounds
     return backend, parsed
 
 
@@ -597,6 +870,56 @@ _NAMED = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
 
 class HotDisconnect(Exception):
     """The store's connection died in a hot transaction; whether it committed is unknown."""
+
+
+def _lost(exc: BaseException, cut: bool) -> str:
+    if cut:
+        return "no answer within the ledger's wait bound: the connection was cut"
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+_LEDGER_TABLES = ("cg_cases", "cg_events", "cg_idempotency", "cg_claims", "cg_budget_slots",
+                  "cg_plans", "cg_approvals")
+"""The ledger's tables whose locks a stuck session may hold (see ``end_stuck``)."""
+
+
+class _StatementCuts:
+    """Engine events on a PostgreSQL store: each statement is cut when it is unanswered
+    :attr:`LedgerBounds.read_seconds` after it began."""
+
+    _KEY = "capgate_ledger_cut"
+
+    def __init__(self, backend: PostgreSQLBackend) -> None:
+        self.backend = backend
+
+    def install(self, engine: Engine) -> None:
+        sa_event.listen(engine, "before_cursor_execute", self.before)
+        sa_event.listen(engine, "after_cursor_execute", self.after)
+        sa_event.listen(engine, "handle_error", self.error)
+
+    def before(self, conn: Connection, cursor: Any, statement: str, parameters: Any,
+               context: Any, executemany: bool) -> None:
+        from capgate.executor.cutoff import CUTTER
+
+        raw = conn.connection.driver_connection
+        backend = self.backend
+        conn.info[self._KEY] = CUTTER.arm(time.monotonic() + backend.bounds.read_seconds,
+                                          lambda: backend.cut(raw))
+
+    def after(self, conn: Connection, *_: Any) -> None:
+        self._disarm(conn)
+
+    def error(self, context: sa.engine.ExceptionContext) -> None:
+        if context.connection is not None:
+            self._disarm(context.connection)
+
+    def _disarm(self, conn: Connection) -> None:
+        if conn.invalidated or conn.closed:
+            return
+        cut = conn.info.pop(self._KEY, None)
+        if cut is not None and cut.disarm():
+            self.backend._silent()
 
 
 class HotResult:

@@ -67,9 +67,11 @@ from capgate.executor.ledger.backends import (
     HotDisconnect,
     HotResult,
     HotTx,
+    LedgerBounds,
     NewHead,
     StoredHead,
     backend_for,
+    operation,
 )
 from capgate.executor.ledger.chain import (
     FINDING_KINDS,
@@ -231,15 +233,15 @@ def _reconnecting(method: Callable[_P, _R]) -> Callable[_P, _R]:
 
     @functools.wraps(method)
     def run(*args: _P.args, **kwargs: _P.kwargs) -> _R:
-        for attempt in range(_RECONNECTS):
-            try:
-                return method(*args, **kwargs)
-            except LedgerError as err:
-                cause = err.__cause__
-                lost = isinstance(cause, HotDisconnect) or (
-                    isinstance(cause, sa.exc.DBAPIError) and cause.connection_invalidated)
-                if not lost or attempt == _RECONNECTS - 1:
-                    raise
+        store = args[0]
+        assert isinstance(store, Ledger)
+        with operation(store._backend.bounds.wait_seconds):  # the tries share one deadline
+            for attempt in range(_RECONNECTS):
+                try:
+                    return method(*args, **kwargs)
+                except LedgerError as err:
+                    if not err.details.get("connection_lost") or attempt == _RECONNECTS - 1:
+                        raise
         raise AssertionError("unreachable")
 
     return run
@@ -370,6 +372,7 @@ def open_ledger(
     hmac_key: bytes | None = None,
     clock: Callable[[], datetime] | None = None,
     migrating: bool = False,
+    bounds: LedgerBounds | None = None,
 ) -> Ledger:
     """Open (creating its tables if missing) the ledger store at ``url``.
 
@@ -388,6 +391,8 @@ def open_ledger(
     cannot be reached or prepared, ConfigError for an unusable key.
     """
     backend, parsed = backend_for(url)
+    if bounds is not None:  # (the URL's capgate_* settings otherwise; LedgerBounds)
+        backend.bounds = bounds
     key = _resolve_key(hmac_key)
     where = parsed.render_as_string(hide_password=True)
     backend.prepare_location(parsed, where)
@@ -558,25 +563,32 @@ class Ledger:
 
     @contextlib.contextmanager
     def _guard(self, action: str) -> Iterator[None]:
-        """Turn driver errors into LedgerError; let capgate's own errors through."""
+        """Turn driver errors into LedgerError; let capgate's own errors through.
+
+        The block is one ledger operation (``backends.operation``): a PostgreSQL store
+        that has not answered it within the bounds' ``wait_seconds`` is cut, and a
+        LedgerError whose connection was lost says so (``connection_lost``).
+        """
         if os.getpid() != self._pid:  # a forked child must not share pooled sockets
             self._engine.dispose(close=False)
             with self._heads_lock:
                 self._heads.clear()
             self._pid = os.getpid()
         try:
-            yield
+            with operation(self._backend.bounds.wait_seconds):
+                yield
         except CapgateError:
             raise
         except HotDisconnect as exc:
             raise LedgerError(
                 f"could not {action} in the ledger at {self.url}: the connection was lost "
                 f"({str(exc).splitlines()[0] if str(exc) else 'no reply'})", ledger=self.url,
+                connection_lost=True,
             ) from exc
         except sa.exc.SQLAlchemyError as exc:
             raise LedgerError(
                 f"could not {action} in the ledger at {self.url}: {_describe(exc, self._url)}",
-                ledger=self.url,
+                ledger=self.url, connection_lost=self._backend.is_connection_lost(exc),
             ) from exc
         except Exception as exc:
             if not self._backend.is_driver_error(exc):
@@ -708,6 +720,7 @@ class Ledger:
             f"is unknown: read `capgate ledger show {case_id}` before retrying",
             case_id=case_id,
             outcome="unknown",
+            connection_lost=True,
         )
 
     def append_each(self, items: Sequence[tuple[str, str, Mapping[str, Any], str | None]], *,
@@ -1670,6 +1683,19 @@ class Ledger:
         return existing
 
     @_reconnecting
+    def key_owner(self, key: str) -> IdempotencyRecord | None:
+        """:meth:`get_idempotency` on the call path: one statement on this thread's own
+        connection (PostgreSQL: one round trip, none of a pooled session's set-up)."""
+        with self._hot_guarded("read an idempotency key", durable=True, write=False) as tx:
+            row = tx.run(_KEY_OWNER, {"k": key}).first()
+        if row is None:
+            return None
+        return IdempotencyRecord(idem_key=str(row[0]), case_id=str(row[1]),
+                                 intent_id=str(row[2]), fingerprint=str(row[3]),
+                                 operation_id=str(row[4]), version=int(row[5]),
+                                 created_at=parse_time(str(row[6])))
+
+    @_reconnecting
     def get_idempotency(self, key: str) -> IdempotencyRecord | None:
         """The claim of ``key``, or None if nobody claimed it."""
         with self._guard("read an idempotency key"), self._read_one.connect() as conn:
@@ -2042,6 +2068,8 @@ _CLAIM_KEY = ("INSERT INTO cg_idempotency (idem_key, case_id, intent_id, fingerp
               ":fingerprint, :operation_id, :version, :created_at) "
               "ON CONFLICT (idem_key) DO NOTHING RETURNING idem_key")
 _LANDED = "SELECT digest FROM cg_events WHERE case_id = :case_id AND digest = :digest"
+_KEY_OWNER = ("SELECT idem_key, case_id, intent_id, fingerprint, operation_id, version, "
+              "created_at FROM cg_idempotency WHERE idem_key = :k")
 
 
 def _head_params(new: NewHead) -> dict[str, Any]:

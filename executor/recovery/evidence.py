@@ -75,6 +75,25 @@ class Pending:
         return self.attempt > 0 or bool(self.tx)
 
     @property
+    def opening(self) -> int | None:
+        """The attempt that may have sent its opening batch -- the landing marker's
+        insert among it -- without its transaction's identity being recorded; None
+        when every attempt that can have sent anything is recorded.
+
+        ``prepared`` without an attempt: a leased call (or a compensation) records its
+        attempt only once its transaction is open; ``retrying``: the next attempt is
+        named before it opens.  Cut (or killed) in between, the ledger says less than
+        the target may hold: resume asks the target (``Dialect.opening_evidence``)
+        before it concludes anything.
+        """
+        if self.status == "retrying":
+            retry = int(self.state.get("retry_attempt") or 0)
+            return retry if retry > self.attempt else None
+        if self.status == "prepared" and not self.tx:
+            return max(1, self.attempt)
+        return None
+
+    @property
     def connector(self) -> str | None:
         value = self.state.get("connector")
         return str(value) if value else None
@@ -108,6 +127,10 @@ class Facts:
     probe: str | None = None
     """``present``, ``absent``, ``partial``, ``error``; None when the row has no probe."""
     unreachable: str | None = None
+    opening: str = "unchecked"
+    """For an attempt whose opening may have run unrecorded (``Pending.opening``):
+    ``none`` (no session of it is alive: ended, or gone), ``alive`` (one may still be,
+    or it cannot be told), ``unchecked``."""
     details: dict[str, Any] = field(default_factory=dict)
 
     def note(self, key: str, value: Any) -> None:
@@ -122,12 +145,19 @@ def classify(pending: Pending, facts: Facts) -> tuple[Classification, str]:
         return u, "a marker for this intent landed with a different request fingerprint"
     if facts.marker == "other_intent":
         return u, "the idempotency key landed for another intent"
+    opening = pending.opening
+    if facts.unreachable is not None and (pending.attempted or opening is not None):
+        return u, f"the target is unreachable: {facts.unreachable}"
+    if opening is not None and facts.opening != "none" and facts.marker != "present":
+        return u, (f"attempt {opening} may have sent its opening batch (its transaction's "
+                   "identity was never recorded) and a session of it may still be alive")
     if not pending.attempted:
         if facts.marker == "present":
             return u, "a marker exists for an intent that never recorded an attempt"
+        if opening is not None:
+            return n, (f"attempt {opening} may have sent its opening batch, but no session "
+                       "of it is alive and its marker is absent: nothing of it can land")
         return n, "no attempt_started recorded: nothing was sent to the target"
-    if facts.unreachable is not None:
-        return u, f"the target is unreachable: {facts.unreachable}"
     if facts.marker == "present":
         if facts.probe in ("absent", "partial"):
             return u, "the marker says the effect landed but the landed probe no longer finds it"
@@ -201,6 +231,17 @@ def _gather_connector(connector: Connector, items: list[Pending], facts: dict[st
                       terminate: bool, wait_seconds: float, row_of: RowLookup,
                       probe_writes: bool = True) -> None:
     _set_markers(connector, items, facts)
+    openings = [p for p in items if p.opening is not None
+                and facts[p.intent_id].marker != "present"]
+    if openings:  # first: a live session of an unrecorded opening is ended or waited for
+        answers = connector.dialect.opening_evidence(
+            connector.engine, [Attempt(p.intent_id, {}, p.idem_key, None, _tag(p))
+                               for p in openings],
+            terminate=terminate, wait_seconds=wait_seconds, probe_writes=probe_writes)
+        for p in openings:
+            f, answer = facts[p.intent_id], answers[p.intent_id]
+            f.opening = "none" if answer.finished else "alive"
+            f.note("opening", {"attempt": p.opening, **answer.notes})
     open_items = [p for p in items if p.attempted and facts[p.intent_id].marker != "present"]
     if open_items:
         answers = connector.dialect.attempt_evidence(
@@ -212,10 +253,17 @@ def _gather_connector(connector: Connector, items: list[Pending], facts: dict[st
             f.outcome, f.finished, f.identity = answer.outcome, answer.finished, answer.identity
             for key, value in answer.notes.items():
                 f.note(key, value)
+    if open_items or openings:
         # Re-read: a transaction may have committed between the first look and
         # the moment its session was found finished.
-        _set_markers(connector, open_items, facts)
+        _set_markers(connector, [*open_items, *(p for p in openings if p not in open_items)],
+                     facts)
     _probes(connector, [p for p in items if p.attempted], facts, row_of)
+
+
+def _tag(p: Pending) -> SessionTag:
+    """The label the intent's sessions carried (``CallContext.tag``)."""
+    return SessionTag(p.case_id, str(p.state.get("operation_id") or ""), p.intent_id)
 
 
 def _error_of(p: Pending) -> str | None:

@@ -220,6 +220,12 @@ def summarize(evidence: Mapping[str, Any]) -> str:
                      + f" ({what})")
     elif identity == "changed":
         parts.append("server CHANGED")
+    opening = evidence.get("opening")
+    if isinstance(opening, Mapping):
+        ended = opening.get("terminated_session")
+        parts.append(f"attempt {opening.get('attempt')} (opening unrecorded): "
+                     + (f"ended its live session {ended}; " if ended else "")
+                     + str(opening.get("opening") or "cannot tell whether a session is alive"))
     if evidence.get("terminated_session"):
         parts.append(f"terminated the recorded session {evidence['terminated_session']}")
     session = evidence.get("session")
